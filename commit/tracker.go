@@ -1,0 +1,122 @@
+package commit
+
+import (
+	"sort"
+	"sync"
+)
+
+// Offset is a committable position: the next offset to consume and the leader
+// epoch of the last finished record (-1 when unknown). It mirrors
+// kgo.EpochOffset so that this package does not depend on the client.
+type Offset struct {
+	Epoch  int32
+	Offset int64
+}
+
+type entry struct {
+	offset int64
+	epoch  int32
+	done   bool
+}
+
+// Partition is the watermark of one assignment of one topic partition. Its
+// methods are safe for concurrent use: the poll loop adds offsets while the
+// workers finish them.
+type Partition struct {
+	Topic     string
+	Partition int32
+
+	mu       sync.Mutex
+	entries  []entry // outstanding offsets in increasing order, from head on
+	head     int
+	lastAdd  int64
+	commit   Offset // next offset to commit; Offset < 0 means nothing finished yet
+	pending  int    // entries neither finished nor abandoned
+	detached bool
+}
+
+// NewPartition returns the tracker of a fresh assignment of topic/partition.
+func NewPartition(topic string, partition int32) *Partition {
+	return &Partition{Topic: topic, Partition: partition, lastAdd: -1, commit: Offset{Epoch: -1, Offset: -1}}
+}
+
+// Add records that offset was dispatched. Offsets must be added in
+// increasing order (the order a partition is consumed in); an offset at or
+// below the last added one is ignored and Add reports false.
+func (p *Partition) Add(offset int64, epoch int32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.detached || offset <= p.lastAdd {
+		return false
+	}
+	p.lastAdd = offset
+	if p.head > 0 && p.head == len(p.entries) {
+		p.entries = p.entries[:0]
+		p.head = 0
+	} else if p.head > 1024 && p.head*2 > len(p.entries) {
+		n := copy(p.entries, p.entries[p.head:])
+		p.entries = p.entries[:n]
+		p.head = 0
+	}
+	p.entries = append(p.entries, entry{offset: offset, epoch: epoch})
+	p.pending++
+	return true
+}
+
+// Done records that offset's effect is durable and advances the watermark
+// over every finished offset at the head. It reports whether the offset was
+// outstanding in this assignment; a completion for an unknown offset, a
+// repeated completion, or one that arrives after [Partition.Detach] is
+// ignored.
+func (p *Partition) Done(offset int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.detached {
+		return false
+	}
+	live := p.entries[p.head:]
+	i := sort.Search(len(live), func(i int) bool { return live[i].offset >= offset })
+	if i == len(live) || live[i].offset != offset || live[i].done {
+		return false
+	}
+	live[i].done = true
+	p.pending--
+	for p.head < len(p.entries) && p.entries[p.head].done {
+		e := p.entries[p.head]
+		p.commit = Offset{Epoch: e.epoch, Offset: e.offset + 1}
+		p.head++
+	}
+	return true
+}
+
+// Committable returns the offset that is safe to commit: one past the last
+// offset of the finished prefix. ok is false when no record of this
+// assignment has finished yet.
+func (p *Partition) Committable() (o Offset, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.commit, p.commit.Offset >= 0
+}
+
+// Pending returns how many added offsets are not finished yet.
+func (p *Partition) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pending
+}
+
+// Detach ends this assignment: later Add and Done calls are ignored. It
+// returns the committable offset at the time of detaching.
+func (p *Partition) Detach() (o Offset, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.detached = true
+	return p.commit, p.commit.Offset >= 0
+}
+
+// Detached reports whether the assignment has ended.
+func (p *Partition) Detached() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.detached
+}

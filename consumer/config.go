@@ -1,0 +1,208 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/partition"
+)
+
+// NullKeyPolicy says how records without a key are routed to key-shards.
+type NullKeyPolicy = partition.NullKeyPolicy
+
+const (
+	// NullKeyOrdered handles the null-key records of a partition serially,
+	// in offset order (the default).
+	NullKeyOrdered = partition.NullKeyOrdered
+	// NullKeySpread spreads null-key records over every key-shard, with no
+	// order between them.
+	NullKeySpread = partition.NullKeySpread
+)
+
+// Defaults applied by [Config] to fields left at their zero value.
+const (
+	DefaultShards             = 16
+	DefaultMaxInFlightRecords = 10_000
+	DefaultMaxInFlightBytes   = 64 << 20
+	DefaultDrainTimeout       = 15 * time.Second
+	DefaultRebalanceTimeout   = 60 * time.Second
+	DefaultCommitInterval     = time.Second
+	maxShards                 = 4096
+)
+
+// Config configures one consumer group member. The zero value of every
+// optional field selects the documented default; a Config that contradicts
+// itself is rejected by [New] with an error that says what to change.
+type Config struct {
+	// Brokers are the seed brokers, as host:port. Required.
+	// Java client equivalent: bootstrap.servers.
+	Brokers []string
+
+	// Group is the consumer group id. Required. Java: group.id.
+	Group string
+
+	// Topics are the topics to consume. Required, without duplicates.
+	Topics []string
+
+	// ClientOptions are passed to franz-go's kgo.NewClient before kscope's
+	// own options: use them for TLS (kgo.DialTLSConfig), SASL (kgo.SASL),
+	// a client id, fetch sizes, or another group balancer. kscope always
+	// sets, after these, the options its guarantees depend on: the seed
+	// brokers, group and topics above, autocommit off, rebalances blocked
+	// while a poll is being dispatched, the rebalance callbacks and the
+	// rebalance timeout. Defaults set before these options, and therefore
+	// overridable: the cooperative-sticky balancer and read_committed
+	// isolation.
+	ClientOptions []kgo.Opt
+
+	// Shards is the number of key-shard workers: records with the same
+	// topic and key are handled serially by one of them, different keys in
+	// parallel. Default 16; at most 4096. For I/O-bound handlers the
+	// throughput ceiling is about Shards / handler latency.
+	Shards int
+
+	// MaxInFlightRecords bounds the records that are polled and not yet
+	// finished (queued or running). At the bound the runner stops polling
+	// and pauses fetching for the partitions that hold the most unfinished
+	// records; nothing is dropped. Default 10,000.
+	// Java equivalent (roughly): max.poll.records.
+	MaxInFlightRecords int
+
+	// MaxInFlightBytes bounds the key, value and header bytes of unfinished
+	// records the same way; the bound can be passed by at most one poll.
+	// Default 64 MiB.
+	MaxInFlightBytes int64
+
+	// DrainTimeout bounds how long a revoke (or shutdown) waits for the
+	// records of the revoked partitions that are already running. Past it,
+	// their context is canceled and the rebalance goes on; what finished is
+	// committed. Default 15s; must be shorter than RebalanceTimeout.
+	DrainTimeout time.Duration
+
+	// RebalanceTimeout is how long the group waits for members to rejoin
+	// during a rebalance. Default 60s. Java: max.poll.interval.ms (its role
+	// in a rebalance).
+	RebalanceTimeout time.Duration
+
+	// CommitInterval is how often durable offsets are committed. Offsets are
+	// also committed on revoke and on shutdown. Default 1s.
+	// Java: auto.commit.interval.ms (for a manual-commit consumer).
+	CommitInterval time.Duration
+
+	// NullKeys says how records without a key are routed. Default
+	// NullKeyOrdered.
+	NullKeys NullKeyPolicy
+
+	// Logger receives the runner's structured logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns c with zero fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.MaxInFlightRecords == 0 {
+		c.MaxInFlightRecords = DefaultMaxInFlightRecords
+	}
+	if c.MaxInFlightBytes == 0 {
+		c.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// ConfigError is returned by [New] for a configuration that cannot work. Its
+// message says which field is wrong and what to change.
+type ConfigError struct {
+	Field  string // the Config field at fault
+	Reason string // what is wrong and what to do
+}
+
+func (e *ConfigError) Error() string { return "kscope: Config." + e.Field + ": " + e.Reason }
+
+// validate checks a Config that already has its defaults.
+func (c Config) validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+	}
+	if len(c.Brokers) == 0 {
+		bad("Brokers", "no seed broker given; set it to at least one host:port, such as localhost:9092")
+	}
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			bad("Brokers", "holds an empty address; remove it or give a host:port")
+			break
+		}
+	}
+	if strings.TrimSpace(c.Group) == "" {
+		bad("Group", "no consumer group given; set it to the group id this service consumes as")
+	}
+	if len(c.Topics) == 0 {
+		bad("Topics", "no topic given; set it to the topics to consume")
+	}
+	seen := make(map[string]bool, len(c.Topics))
+	for _, t := range c.Topics {
+		switch {
+		case strings.TrimSpace(t) == "":
+			bad("Topics", "holds an empty topic name; remove it")
+		case seen[t]:
+			bad("Topics", "lists %q twice; list each topic once", t)
+		}
+		seen[t] = true
+	}
+	if c.Shards < 0 || c.Shards > maxShards {
+		bad("Shards", "is %d; set it between 1 and %d (0 selects %d)", c.Shards, maxShards, DefaultShards)
+	}
+	if c.MaxInFlightRecords < 0 {
+		bad("MaxInFlightRecords", "is %d; set it to a positive bound (0 selects %d)", c.MaxInFlightRecords, DefaultMaxInFlightRecords)
+	}
+	if c.MaxInFlightBytes < 0 {
+		bad("MaxInFlightBytes", "is %d; set it to a positive bound (0 selects %d)", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
+	}
+	if c.DrainTimeout < 0 {
+		bad("DrainTimeout", "is %s; set it to a positive duration (0 selects %s)", c.DrainTimeout, DefaultDrainTimeout)
+	}
+	if c.RebalanceTimeout < 0 {
+		bad("RebalanceTimeout", "is %s; set it to a positive duration (0 selects %s)", c.RebalanceTimeout, DefaultRebalanceTimeout)
+	}
+	if c.DrainTimeout > 0 && c.RebalanceTimeout > 0 && c.DrainTimeout >= c.RebalanceTimeout {
+		bad("DrainTimeout", "(%s) must be shorter than RebalanceTimeout (%s), or the group evicts this member while it drains; lower DrainTimeout or raise RebalanceTimeout", c.DrainTimeout, c.RebalanceTimeout)
+	}
+	if c.CommitInterval < 0 {
+		bad("CommitInterval", "is %s; set it to a positive duration (0 selects %s)", c.CommitInterval, DefaultCommitInterval)
+	}
+	if c.NullKeys != NullKeyOrdered && c.NullKeys != NullKeySpread {
+		bad("NullKeys", "is %s; use NullKeyOrdered or NullKeySpread", c.NullKeys)
+	}
+	if len(errs) == 0 {
+		// Let the client reject options it cannot use (a bad TLS or SASL
+		// setup, say) at construction rather than at Run. A client that is
+		// not told to consume does not connect.
+		opts := append(append([]kgo.Opt{}, c.ClientOptions...), kgo.SeedBrokers(c.Brokers...))
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			bad("ClientOptions", "rejected by the Kafka client: %v", err)
+		} else {
+			cl.Close()
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,48 @@
+package consumer
+
+import (
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Record is a consumed Kafka record as a handler sees it. The embedded
+// kgo.Record exposes Topic, Partition, Offset, Key, Value, Headers and
+// Timestamp. A handler must not keep the Record, or slices of it, after it
+// returns.
+type Record struct {
+	*kgo.Record
+
+	part  *partState
+	size  int64
+	state uint8
+}
+
+const (
+	recPending uint8 = iota
+	recDone
+)
+
+// Header returns the value of the last header named key, and whether there
+// was one.
+func (r *Record) Header(key string) ([]byte, bool) {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if r.Headers[i].Key == key {
+			return r.Headers[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// Revoked reports whether the partition this record was consumed from has
+// been revoked from (or lost by) this member since the record was polled.
+// A scope checks it to skip records that the next owner will receive.
+func (r *Record) Revoked() bool {
+	return r.part != nil && r.part.Revoked()
+}
+
+func recordSize(r *kgo.Record) int64 {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}

@@ -1,0 +1,655 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/commit"
+	"github.com/kscope-dev/kscope/partition"
+)
+
+// ErrRunnerUsed is returned by [Runner.Run] on a runner that already ran or
+// was closed: a Runner runs once; build a new one to consume again.
+var ErrRunnerUsed = errors.New("kscope: Runner.Run called on a runner that already ran or was closed; create a new Runner")
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// partState is the runner's view of one partition assignment.
+type partState struct {
+	*partition.Assignment
+	paused   atomic.Bool
+	resumeAt atomic.Int64
+}
+
+// Stats are a runner's own counters, for tests and health checks. Metrics
+// for dashboards come from the observability hooks.
+type Stats struct {
+	InFlight         int64 // records polled and not yet finished
+	InFlightBytes    int64 // their key, value and header bytes
+	MaxInFlight      int64 // the highest InFlight seen
+	MaxInFlightBytes int64 // the highest InFlightBytes seen
+	Polled           int64 // records dispatched to key-shards
+	Done             int64 // records whose effect is durable
+	PausedPartitions int   // partitions paused for backpressure now
+	Pauses           int64 // times a partition was paused for backpressure
+	Assigned         int   // partitions assigned now
+	Rebalances       int64 // assignments, revocations and losses seen
+	Commits          int64 // offset commit requests that succeeded
+	CommitErrors     int64 // offset commit requests that failed
+}
+
+// Runner consumes a group's partitions and hands each record to the
+// key-shard worker of its key. Build one with [New] (AtLeastOnce scope) or a
+// scope package's constructor, call Run, and Close when done.
+type Runner struct {
+	cfg   Config
+	scope Scope
+	log   *slog.Logger
+
+	maxBatch int
+	linger   time.Duration
+	extra    []kgo.Opt
+
+	cl        *kgo.Client
+	tracker   *commit.Tracker
+	committer *commit.Committer
+	pool      *partition.Pool[*Record]
+
+	mu    sync.Mutex
+	parts map[tp]*partState
+
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+
+	room    chan struct{}
+	waiting atomic.Bool
+
+	inflight, inflightBytes         atomic.Int64
+	maxInflight, maxInflightBytes   atomic.Int64
+	polled, done, pauses            atomic.Int64
+	rebalances, commits, commitErrs atomic.Int64
+	paused                          atomic.Int64
+
+	fatalMu sync.Mutex
+	fatal   error
+
+	used     atomic.Bool
+	stopMu   sync.Mutex
+	stopRun  context.CancelFunc
+	finished chan struct{}
+}
+
+// New returns an AtLeastOnce runner: every record is handled at least once
+// and nothing is lost. A record's offset is committed only after its handler
+// returned nil. A handler that fails is retried in place, with backoff,
+// blocking only its key-shard, until it succeeds or the partition moves to
+// another member; after a crash or a rebalance, records handled since the
+// last commit are handled again.
+//
+// AtLeastOnce does not deduplicate: a handler with external effects must be
+// idempotent on its own, or use the DB or Kafka scope.
+func New(cfg Config, h Handler) (*Runner, error) {
+	if h == nil {
+		return nil, &ConfigError{Field: "Handler", Reason: "is nil; pass the function that handles each record"}
+	}
+	cfg = cfg.withDefaults()
+	return newRunner(cfg, &atLeastOnce{h: h, cfg: &cfg})
+}
+
+// NewRunner returns a runner for a Scope. It is the building block of the
+// scope packages; services call their constructors (or [New]).
+func NewRunner(cfg Config, s Scope) (*Runner, error) {
+	if s == nil {
+		return nil, &ConfigError{Field: "Scope", Reason: "is nil"}
+	}
+	return newRunner(cfg.withDefaults(), s)
+}
+
+func newRunner(cfg Config, s Scope) (*Runner, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Runner{
+		cfg:      cfg,
+		scope:    s,
+		log:      cfg.Logger.With("group", cfg.Group),
+		maxBatch: 1,
+		parts:    make(map[tp]*partState),
+		room:     make(chan struct{}, 1),
+		finished: make(chan struct{}),
+	}
+	if b, ok := s.(Batcher); ok {
+		r.maxBatch, r.linger = b.BatchLimits()
+		if r.maxBatch < 1 {
+			r.maxBatch = 1
+		}
+	}
+	if o, ok := s.(ClientOptioner); ok {
+		r.extra = o.ClientOptions()
+	}
+	return r, nil
+}
+
+// Config returns the runner's configuration, with defaults filled in.
+func (r *Runner) Config() Config { return r.cfg }
+
+// Stats returns a snapshot of the runner's counters.
+func (r *Runner) Stats() Stats {
+	r.mu.Lock()
+	assigned := len(r.parts)
+	r.mu.Unlock()
+	return Stats{
+		InFlight:         r.inflight.Load(),
+		InFlightBytes:    r.inflightBytes.Load(),
+		MaxInFlight:      r.maxInflight.Load(),
+		MaxInFlightBytes: r.maxInflightBytes.Load(),
+		Polled:           r.polled.Load(),
+		Done:             r.done.Load(),
+		PausedPartitions: int(r.paused.Load()),
+		Pauses:           r.pauses.Load(),
+		Assigned:         assigned,
+		Rebalances:       r.rebalances.Load(),
+		Commits:          r.commits.Load(),
+		CommitErrors:     r.commitErrs.Load(),
+	}
+}
+
+// Client returns the runner's Kafka client while Run is running, else nil.
+// Use it for what kscope does not wrap (metadata, lag queries); do not poll,
+// commit or close it.
+func (r *Runner) Client() *kgo.Client {
+	r.stopMu.Lock()
+	defer r.stopMu.Unlock()
+	return r.cl
+}
+
+// Run joins the group and consumes until ctx is canceled, Close is called,
+// or a fatal error occurs (returned). Before it returns it stops feeding
+// workers, lets running records finish within DrainTimeout, commits every
+// durable offset, leaves the group, and waits for every goroutine it
+// started. A canceled ctx is a clean stop: Run then returns nil.
+func (r *Runner) Run(ctx context.Context) error {
+	if !r.used.CompareAndSwap(false, true) {
+		return ErrRunnerUsed
+	}
+	defer close(r.finished)
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	r.stopMu.Lock()
+	r.stopRun = stop
+	r.stopMu.Unlock()
+	r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
+	defer r.hardCancel()
+
+	r.tracker = commit.NewTracker()
+	r.pool = partition.NewPool(partition.PoolConfig[*Record]{
+		Shards:   r.cfg.Shards,
+		BatchMax: r.maxBatch,
+		Linger:   r.linger,
+		Process:  r.process,
+		Drop:     r.drop,
+	})
+
+	opts := []kgo.Opt{
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	}
+	opts = append(opts, r.cfg.ClientOptions...)
+	opts = append(opts, r.extra...)
+	opts = append(opts,
+		kgo.SeedBrokers(r.cfg.Brokers...),
+		kgo.ConsumerGroup(r.cfg.Group),
+		kgo.ConsumeTopics(r.cfg.Topics...),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
+		kgo.OnPartitionsAssigned(r.onAssigned),
+		kgo.OnPartitionsRevoked(r.onRevoked),
+		kgo.OnPartitionsLost(r.onLost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
+	}
+	r.stopMu.Lock()
+	r.cl = cl
+	r.stopMu.Unlock()
+	r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
+	r.pool.Start()
+
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		r.commitLoop(runCtx)
+	}()
+
+	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "shards", r.cfg.Shards)
+	r.pollLoop(runCtx)
+	stop()
+	bg.Wait()
+
+	err = r.shutdown(cl)
+	r.stopMu.Lock()
+	r.cl = nil
+	r.stopMu.Unlock()
+	if ferr := r.fatalErr(); ferr != nil {
+		return ferr
+	}
+	return err
+}
+
+// Close stops a running Run and waits for it to return. It is safe to call
+// more than once, concurrently, and on a runner that never ran.
+func (r *Runner) Close() error {
+	if r.used.CompareAndSwap(false, true) {
+		close(r.finished)
+		return nil
+	}
+	r.stopMu.Lock()
+	stop := r.stopRun
+	r.stopMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	<-r.finished
+	return nil
+}
+
+func (r *Runner) setFatal(err error) {
+	r.fatalMu.Lock()
+	if r.fatal == nil {
+		r.fatal = err
+	}
+	r.fatalMu.Unlock()
+	r.stopMu.Lock()
+	stop := r.stopRun
+	r.stopMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+func (r *Runner) fatalErr() error {
+	r.fatalMu.Lock()
+	defer r.fatalMu.Unlock()
+	return r.fatal
+}
+
+func (r *Runner) pollLoop(ctx context.Context) {
+	maxRecs := int64(r.cfg.MaxInFlightRecords)
+	var last *partState
+	for ctx.Err() == nil {
+		room := maxRecs - r.inflight.Load()
+		if room <= 0 || r.inflightBytes.Load() >= r.cfg.MaxInFlightBytes {
+			r.pauseBusiest()
+			r.waiting.Store(true)
+			if r.hasRoom() {
+				r.waiting.Store(false)
+				continue
+			}
+			select {
+			case <-ctx.Done():
+			case <-r.room:
+			}
+			r.waiting.Store(false)
+			continue
+		}
+		fetches := r.cl.PollRecords(ctx, int(room))
+		if fetches.IsClientClosed() {
+			return
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			if isFatal(err) {
+				r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
+				return
+			}
+			r.log.Warn("kscope: fetch error; the client retries", "topic", topic, "partition", p, "err", err)
+		})
+		fetches.EachRecord(func(rec *kgo.Record) {
+			if last == nil || last.Topic != rec.Topic || last.Partition != rec.Partition || last.Revoked() {
+				last = r.state(rec.Topic, rec.Partition)
+			}
+			r.dispatch(last, rec)
+		})
+		last = nil
+		r.cl.AllowRebalance()
+	}
+}
+
+// isFatal reports whether a fetch error cannot heal by retrying.
+func isFatal(err error) bool {
+	for _, e := range []error{
+		kerr.TopicAuthorizationFailed, kerr.GroupAuthorizationFailed,
+		kerr.ClusterAuthorizationFailed, kerr.SaslAuthenticationFailed,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Runner) state(topic string, p int32) *partState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.parts[tp{topic, p}]
+}
+
+func (r *Runner) dispatch(st *partState, rec *kgo.Record) {
+	if st == nil || st.Revoked() {
+		// Not ours (any more): the owner consumes it.
+		return
+	}
+	if !st.Watermark.Add(rec.Offset, rec.LeaderEpoch) {
+		return
+	}
+	size := recordSize(rec)
+	storeMax(&r.maxInflight, r.inflight.Add(1))
+	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(size))
+	r.polled.Add(1)
+	shard := partitionShard(rec, r.cfg.Shards, r.cfg.NullKeys)
+	r.pool.Dispatch(shard, st.Assignment, &Record{Record: rec, part: st, size: size})
+}
+
+func partitionShard(rec *kgo.Record, shards int, nk NullKeyPolicy) int {
+	return partition.Shard(rec.Topic, rec.Partition, rec.Offset, rec.Key, shards, nk)
+}
+
+func storeMax(m *atomic.Int64, v int64) {
+	for {
+		cur := m.Load()
+		if v <= cur || m.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// process is the pool's ProcessFunc: it runs the scope over one batch.
+func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*Record) {
+	r.scope.Process(ctx, batch, r.finish)
+	for _, rec := range batch {
+		if rec.state != recPending {
+			continue
+		}
+		// Left undone: the partition went away, or the runner stopped.
+		r.release(rec)
+		if ctx.Err() == nil && !rec.Revoked() {
+			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.scope, rec.Topic, rec.Partition, rec.Offset))
+		}
+	}
+}
+
+// finish is the done callback scopes call once a record's effect is durable.
+func (r *Runner) finish(rec *Record) {
+	if rec.state != recPending {
+		return
+	}
+	rec.state = recDone
+	st := rec.part
+	if st.Watermark.Done(rec.Offset) {
+		r.done.Add(1)
+	}
+	r.release(rec)
+	if st.paused.Load() && int64(st.Watermark.Pending()) <= st.resumeAt.Load() {
+		r.resume(st)
+	}
+}
+
+// drop is the pool's DropFunc for records that will never run here.
+func (r *Runner) drop(_ *partition.Assignment, rec *Record) {
+	if rec.state == recPending {
+		r.release(rec)
+	}
+}
+
+func (r *Runner) release(rec *Record) {
+	rec.state = recDone
+	n := r.inflight.Add(-1)
+	r.inflightBytes.Add(-rec.size)
+	if r.waiting.Load() && n <= int64(r.cfg.MaxInFlightRecords)*3/4 {
+		select {
+		case r.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *Runner) hasRoom() bool {
+	return r.inflight.Load() <= int64(r.cfg.MaxInFlightRecords)*3/4 &&
+		r.inflightBytes.Load() < r.cfg.MaxInFlightBytes
+}
+
+// pauseBusiest pauses fetching for the partitions that hold more than their
+// fair share of the in-flight bound (at least the busiest one), so that the
+// room that frees up goes to the others. A paused partition resumes when its
+// unfinished records fall to half its share.
+func (r *Runner) pauseBusiest() {
+	r.mu.Lock()
+	type cand struct {
+		st      *partState
+		pending int
+	}
+	var cs []cand
+	for _, st := range r.parts {
+		if !st.paused.Load() {
+			cs = append(cs, cand{st, st.Watermark.Pending()})
+		}
+	}
+	n := len(r.parts)
+	r.mu.Unlock()
+	if len(cs) == 0 || n == 0 {
+		return
+	}
+	sort.Slice(cs, func(i, j int) bool { return cs[i].pending > cs[j].pending })
+	share := max(int64(r.cfg.MaxInFlightRecords)/int64(n), 1)
+	toPause := make(map[string][]int32)
+	for i, c := range cs {
+		if c.pending == 0 || (i > 0 && int64(c.pending) <= share) {
+			break
+		}
+		c.st.resumeAt.Store(share / 2)
+		if c.st.paused.CompareAndSwap(false, true) {
+			r.paused.Add(1)
+			r.pauses.Add(1)
+			toPause[c.st.Topic] = append(toPause[c.st.Topic], c.st.Partition)
+		}
+	}
+	if len(toPause) > 0 {
+		r.cl.PauseFetchPartitions(toPause)
+		r.log.Debug("kscope: in-flight bound reached; paused fetching", "partitions", toPause, "in_flight", r.inflight.Load())
+		// A partition may have finished its work between the count and the
+		// pause; do not leave it paused with nothing to wake it.
+		for _, c := range cs {
+			if c.st.paused.Load() && int64(c.st.Watermark.Pending()) <= c.st.resumeAt.Load() {
+				r.resume(c.st)
+			}
+		}
+	}
+}
+
+func (r *Runner) resume(st *partState) {
+	if st.paused.CompareAndSwap(true, false) {
+		r.paused.Add(-1)
+		r.cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
+	}
+}
+
+func (r *Runner) commitLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := r.committer.Commit(ctx, nil); err != nil && ctx.Err() == nil {
+				r.log.Warn("kscope: offset commit failed; retrying at the next interval", "err", err)
+			}
+		}
+	}
+}
+
+func (r *Runner) onCommit(res commit.Result) {
+	if res.Err != nil {
+		r.commitErrs.Add(1)
+		return
+	}
+	r.commits.Add(1)
+}
+
+func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	r.rebalances.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if old := r.parts[k]; old != nil {
+				old.Revoke()
+				old.Cancel()
+			}
+			wm := r.tracker.Assign(topic, p)
+			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
+		}
+	}
+	r.log.Info("kscope: partitions assigned", "partitions", assigned)
+}
+
+// detach ends the given assignments in this process: no queued record of them
+// starts any more.
+func (r *Runner) detach(parts map[string][]int32) []*partState {
+	var out []*partState
+	r.mu.Lock()
+	for topic, ps := range parts {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if st := r.parts[k]; st != nil {
+				st.Revoke()
+				delete(r.parts, k)
+				out = append(out, st)
+			}
+		}
+	}
+	r.mu.Unlock()
+	for _, st := range out {
+		r.pool.Purge(st.Assignment)
+	}
+	return out
+}
+
+// onRevoked runs with rebalances blocked from the poll loop's side: nothing
+// is being dispatched. It drains the revoked partitions' running records
+// (bounded by DrainTimeout), commits what is durable, and lets the rebalance
+// go on.
+func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	r.rebalances.Add(1)
+	sts := r.detach(revoked)
+	if len(sts) == 0 {
+		return
+	}
+	r.drain(sts)
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
+	if err := r.committer.Commit(ctx, revoked); err != nil {
+		r.log.Warn("kscope: committing revoked partitions failed; their next owner will see the uncommitted records again", "err", err)
+	}
+	cancel()
+	r.forget(sts)
+	r.log.Info("kscope: partitions revoked", "partitions", revoked)
+}
+
+// onLost commits nothing: another member may own the partitions already.
+func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	r.rebalances.Add(1)
+	sts := r.detach(lost)
+	for _, st := range sts {
+		st.Cancel()
+	}
+	r.forget(sts)
+	r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
+}
+
+// drain waits, up to DrainTimeout in all, for the running records of sts,
+// then cancels the context of those still running.
+func (r *Runner) drain(sts []*partState) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
+	defer cancel()
+	for _, st := range sts {
+		if err := st.WaitIdle(ctx); err != nil {
+			r.log.Warn("kscope: drain timeout passed with records still running; canceling them",
+				"topic", st.Topic, "partition", st.Partition, "running", st.Running(), "drain_timeout", r.cfg.DrainTimeout)
+			break
+		}
+	}
+	for _, st := range sts {
+		st.Cancel()
+	}
+}
+
+func (r *Runner) forget(sts []*partState) {
+	resume := make(map[string][]int32)
+	for _, st := range sts {
+		r.tracker.Remove(st.Topic, st.Partition)
+		if st.paused.CompareAndSwap(true, false) {
+			r.paused.Add(-1)
+			resume[st.Topic] = append(resume[st.Topic], st.Partition)
+		}
+	}
+	if len(resume) > 0 {
+		r.cl.ResumeFetchPartitions(resume)
+	}
+}
+
+// shutdown ends every assignment the way a revoke does, stops the workers and
+// leaves the group.
+func (r *Runner) shutdown(cl *kgo.Client) error {
+	r.mu.Lock()
+	all := make(map[string][]int32)
+	for k := range r.parts {
+		all[k.topic] = append(all[k.topic], k.partition)
+	}
+	r.mu.Unlock()
+	sts := r.detach(all)
+	r.drain(sts)
+
+	// drain canceled the context of whatever still runs; a handler that
+	// honors its context returns promptly.
+	var err error
+	stopped := make(chan struct{})
+	go func() {
+		r.pool.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(r.cfg.DrainTimeout):
+		r.hardCancel()
+		err = errors.New("kscope: a handler ignored its canceled context for DrainTimeout; Run returns with its goroutine still running")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
+	if cerr := r.committer.Commit(ctx, all); cerr != nil {
+		r.log.Warn("kscope: final offset commit failed; the records since the last commit will be handled again", "err", cerr)
+	}
+	cancel()
+	r.forget(sts)
+	cl.Close()
+	r.log.Info("kscope: runner stopped")
+	return err
+}

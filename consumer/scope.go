@@ -1,0 +1,123 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Handler handles one record in the AtLeastOnce scope. A nil error means the
+// record's work is done and its offset may be committed.
+type Handler interface {
+	Handle(ctx context.Context, r *Record) error
+}
+
+// HandlerFunc adapts a function to [Handler].
+type HandlerFunc func(ctx context.Context, r *Record) error
+
+// Handle calls f(ctx, r).
+func (f HandlerFunc) Handle(ctx context.Context, r *Record) error { return f(ctx, r) }
+
+// Scope turns the records of one key-shard into durable effects. kscope's
+// scopes implement it: AtLeastOnce ([New]), the DB scope and the Kafka scope.
+// It is exported so that those packages can build on the runner; most
+// services use a scope's constructor instead of implementing one.
+//
+// Process receives records of one partition assignment, in offset order, and
+// is never called concurrently for one shard. It calls done(r) once each
+// record's effect is durable; the runner commits a partition's offset only up
+// to the lowest record not yet done. Process must not return while a record
+// of a live assignment is not done, unless ctx is canceled (the assignment
+// was lost, its drain timeout passed, or the runner stopped); records left
+// undone are redelivered to the partition's next owner.
+type Scope interface {
+	Process(ctx context.Context, batch []*Record, done func(*Record))
+}
+
+// Batcher is implemented by a Scope that wants batches of more than one
+// record: up to MaxBatch records of one partition, waiting at most Linger to
+// fill a batch.
+type Batcher interface {
+	BatchLimits() (maxBatch int, linger time.Duration)
+}
+
+// ClientOptioner is implemented by a Scope that needs options on the
+// runner's Kafka client, such as an offset adjustment on assignment. They
+// are applied after Config.ClientOptions and before kscope's own.
+type ClientOptioner interface {
+	ClientOptions() []kgo.Opt
+}
+
+// atLeastOnce is the AtLeastOnce scope: a record is done once its handler
+// returns nil. A failing record is retried in place, with capped exponential
+// backoff and jitter, blocking only its key-shard, until it succeeds or its
+// partition is revoked; its offset is never committed past.
+type atLeastOnce struct {
+	h   Handler
+	cfg *Config
+}
+
+const (
+	retryBase = 100 * time.Millisecond
+	retryCap  = 30 * time.Second
+)
+
+func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*Record)) {
+	for _, r := range batch {
+		for attempt := 1; ; attempt++ {
+			if ctx.Err() != nil || r.Revoked() {
+				return
+			}
+			err := callHandler(ctx, s.h, r)
+			if err == nil {
+				done(r)
+				break
+			}
+			d := backoff(attempt, retryBase, retryCap)
+			s.cfg.Logger.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
+				recordAttrs(r, attempt, err, d)...)
+			if !sleep(ctx, d) {
+				return
+			}
+		}
+	}
+}
+
+// callHandler runs h and turns a panic into an error, so that one bad record
+// cannot take the process down with every other key-shard's work.
+func callHandler(ctx context.Context, h Handler, r *Record) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return h.Handle(ctx, r)
+}
+
+// backoff returns the delay before retry attempt+1: base doubled per attempt,
+// capped, with full jitter over its upper half.
+func backoff(attempt int, base, limit time.Duration) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < limit; i++ {
+		d *= 2
+	}
+	d = min(d, limit)
+	half := d / 2
+	return half + rand.N(half+1)
+}
+
+// sleep waits for d or ctx, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,175 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Containers starts backends in containers. The integration module provides
+// one backed by testcontainers.
+type Containers interface {
+	Kafka(ctx context.Context) (brokers []string, stop func(), err error)
+	Postgres(ctx context.Context) (url string, stop func(), err error)
+}
+
+var (
+	containersMu sync.Mutex
+	containers   Containers
+)
+
+// UseContainers registers the container provider used when
+// KSCOPE_TEST_CONTAINERS=1.
+func UseContainers(c Containers) {
+	containersMu.Lock()
+	containers = c
+	containersMu.Unlock()
+}
+
+func wantContainers() (Containers, error) {
+	if os.Getenv("KSCOPE_TEST_CONTAINERS") != "1" {
+		return nil, nil
+	}
+	containersMu.Lock()
+	defer containersMu.Unlock()
+	if containers == nil {
+		return nil, errors.New("testenv: KSCOPE_TEST_CONTAINERS=1 but no container provider is linked in; run the integration module's suites (make test-containers)")
+	}
+	return containers, nil
+}
+
+// Kafka is a Kafka backend: external brokers, a kfake cluster, or a container.
+type Kafka struct {
+	Brokers []string
+	// Cluster is the in-process cluster, nil when the brokers are external
+	// or in a container. Fault injection needs it.
+	Cluster *kfake.Cluster
+	// Kind says which backend this is: "external", "kfake" or "container".
+	Kind string
+
+	adminCl *kgo.Client
+	stop    func()
+	once    sync.Once
+}
+
+// StartKafka returns a Kafka backend chosen as the package doc says. opts
+// apply to a kfake cluster only.
+func StartKafka(ctx context.Context, opts ...kfake.Opt) (*Kafka, error) {
+	if env := strings.TrimSpace(os.Getenv("KAFKA_BROKERS")); env != "" {
+		return newKafka(strings.Split(env, ","), nil, "external", func() {})
+	}
+	if c, err := wantContainers(); err != nil {
+		return nil, err
+	} else if c != nil {
+		brokers, stop, err := c.Kafka(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("testenv: starting a Kafka container: %w", err)
+		}
+		return newKafka(brokers, nil, "container", stop)
+	}
+	base := []kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(1)}
+	cl, err := kfake.NewCluster(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: starting an in-process kfake cluster: %w", err)
+	}
+	return newKafka(cl.ListenAddrs(), cl, "kfake", cl.Close)
+}
+
+func newKafka(brokers []string, c *kfake.Cluster, kind string, stop func()) (*Kafka, error) {
+	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &Kafka{Brokers: brokers, Cluster: c, Kind: kind, adminCl: adm, stop: stop}, nil
+}
+
+// KafkaT starts a Kafka backend for one test and stops it when the test ends.
+func KafkaT(t testing.TB, opts ...kfake.Opt) *Kafka {
+	t.Helper()
+	k, err := StartKafka(context.Background(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return k
+}
+
+// Close stops the backend (a no-op for external brokers).
+func (k *Kafka) Close() {
+	k.once.Do(func() {
+		k.adminCl.Close()
+		k.stop()
+	})
+}
+
+// Admin returns an admin client on the backend.
+func (k *Kafka) Admin() *kadm.Client { return kadm.NewClient(k.adminCl) }
+
+// Client returns a new client on the backend's brokers; the caller closes it.
+func (k *Kafka) Client(opts ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(k.Brokers...)}, opts...)...)
+}
+
+// CreateTopic creates topic with the given partition count (replication
+// factor 1 on kfake, the broker default elsewhere).
+func (k *Kafka) CreateTopic(ctx context.Context, topic string, partitions int32) error {
+	resp, err := k.Admin().CreateTopic(ctx, partitions, -1, nil, topic)
+	if err != nil {
+		return err
+	}
+	return resp.Err
+}
+
+// Produce writes records synchronously and returns the first error.
+func (k *Kafka) Produce(ctx context.Context, recs ...*kgo.Record) error {
+	return k.adminCl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// Fault installs faults on the in-process cluster. It fails when the backend
+// is not kfake: a real broker cannot be told to fail on purpose.
+func (k *Kafka) Fault(faults ...kfake.Fault) (*kfake.FaultHandle, error) {
+	if k.Cluster == nil {
+		return nil, fmt.Errorf("testenv: fault injection needs the in-process kfake backend, this one is %s", k.Kind)
+	}
+	return k.Cluster.Fault(faults...), nil
+}
+
+// CommittedOffsets returns the group's committed offset per partition of
+// topic.
+func (k *Kafka) CommittedOffsets(ctx context.Context, group, topic string) (map[int32]int64, error) {
+	resp, err := k.Admin().FetchOffsets(ctx, group)
+	if err != nil {
+		return nil, err
+	}
+	if err := resp.Error(); err != nil {
+		return nil, err
+	}
+	out := make(map[int32]int64)
+	for p, o := range resp[topic] {
+		out[p] = o.At
+	}
+	return out, nil
+}
+
+// EndOffsets returns the end offset (high watermark) per partition of topic.
+func (k *Kafka) EndOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
+	resp, err := k.Admin().ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	if err := resp.Error(); err != nil {
+		return nil, err
+	}
+	out := make(map[int32]int64)
+	resp.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out, nil
+}

@@ -1,0 +1,70 @@
+package partition
+
+import "fmt"
+
+// NullKeyPolicy says how records without a key are routed to shards.
+type NullKeyPolicy int
+
+const (
+	// NullKeyOrdered routes every null-key record of a partition to one
+	// shard, so null-key records keep their partition order. This is the
+	// default.
+	NullKeyOrdered NullKeyPolicy = iota
+	// NullKeySpread spreads null-key records over all shards by offset:
+	// more parallelism, no ordering between them.
+	NullKeySpread
+)
+
+// String returns the policy's name.
+func (p NullKeyPolicy) String() string {
+	switch p {
+	case NullKeyOrdered:
+		return "NullKeyOrdered"
+	case NullKeySpread:
+		return "NullKeySpread"
+	}
+	return fmt.Sprintf("NullKeyPolicy(%d)", int(p))
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// Shard returns the shard, in [0, shards), of a record with the given topic,
+// partition, offset and key. The same topic and key always give the same
+// shard, whatever the partition (a key that moves partitions after a
+// repartition stays on one worker). shards must be positive.
+func Shard(topic string, partition int32, offset int64, key []byte, shards int, nullKeys NullKeyPolicy) int {
+	h := uint64(fnvOffset)
+	for i := 0; i < len(topic); i++ {
+		h ^= uint64(topic[i])
+		h *= fnvPrime
+	}
+	if key == nil {
+		// A separator that no key byte sequence can produce in the keyed
+		// branch, since that branch always mixes in a 0x01 first.
+		h ^= 0
+		h *= fnvPrime
+		v := uint64(uint32(partition))
+		if nullKeys == NullKeySpread {
+			v = v*fnvPrime ^ uint64(offset)
+		}
+		for i := 0; i < 8; i++ {
+			h ^= v & 0xff
+			h *= fnvPrime
+			v >>= 8
+		}
+	} else {
+		h ^= 1
+		h *= fnvPrime
+		for _, b := range key {
+			h ^= uint64(b)
+			h *= fnvPrime
+		}
+	}
+	// Fold the high bits in: FNV's low bits alone spread poorly over small
+	// shard counts.
+	h ^= h >> 32
+	return int(h % uint64(shards))
+}
