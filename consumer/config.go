@@ -56,8 +56,10 @@ type Config struct {
 	// brokers, group and topics above, autocommit off, rebalances blocked
 	// while a poll is being dispatched, the rebalance callbacks and the
 	// rebalance timeout. Defaults set before these options, and therefore
-	// overridable: the cooperative-sticky balancer and read_committed
-	// isolation.
+	// overridable: the cooperative-sticky balancer, read_committed
+	// isolation, and a fetch max wait of 500ms (Java's fetch.max.wait.ms;
+	// franz-go's own default is 5s, which delays a partition resumed after
+	// backpressure by up to that long).
 	ClientOptions []kgo.Opt
 
 	// Shards is the number of key-shard workers: records with the same
@@ -74,8 +76,9 @@ type Config struct {
 	MaxInFlightRecords int
 
 	// MaxInFlightBytes bounds the key, value and header bytes of unfinished
-	// records the same way; the bound can be passed by at most one poll.
-	// Default 64 MiB.
+	// records the same way. A poll asks for as many records as fit at the
+	// average record size seen so far, so records much larger than the
+	// average can pass the bound by their difference. Default 64 MiB.
 	MaxInFlightBytes int64
 
 	// DrainTimeout bounds how long a revoke (or shutdown) waits for the

@@ -75,6 +75,8 @@ type Runner struct {
 
 	room    chan struct{}
 	waiting atomic.Bool
+	avgSize atomic.Int64 // running average record size; 0 until one is seen
+	pauseMu sync.Mutex
 
 	inflight, inflightBytes         atomic.Int64
 	maxInflight, maxInflightBytes   atomic.Int64
@@ -206,6 +208,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	opts := []kgo.Opt{
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(500 * time.Millisecond),
 	}
 	opts = append(opts, r.cfg.ClientOptions...)
 	opts = append(opts, r.extra...)
@@ -290,20 +293,23 @@ func (r *Runner) fatalErr() error {
 }
 
 func (r *Runner) pollLoop(ctx context.Context) {
-	maxRecs := int64(r.cfg.MaxInFlightRecords)
 	var last *partState
 	for ctx.Err() == nil {
-		room := maxRecs - r.inflight.Load()
-		if room <= 0 || r.inflightBytes.Load() >= r.cfg.MaxInFlightBytes {
-			r.pauseBusiest()
+		room, capacity := r.roomNow()
+		if room <= 0 {
+			// At the bound: pause the busiest partitions, then wait until a
+			// quarter of the capacity is free again (workers signal as they
+			// finish), so that polls are not one record at a time.
+			r.pauseBusiest(capacity)
 			r.waiting.Store(true)
-			if r.hasRoom() {
-				r.waiting.Store(false)
-				continue
-			}
-			select {
-			case <-ctx.Done():
-			case <-r.room:
+			for ctx.Err() == nil {
+				if room, capacity = r.roomNow(); room >= max(capacity/4, 1) {
+					break
+				}
+				select {
+				case <-ctx.Done():
+				case <-r.room:
+				}
 			}
 			r.waiting.Store(false)
 			continue
@@ -322,13 +328,24 @@ func (r *Runner) pollLoop(ctx context.Context) {
 			}
 			r.log.Warn("kscope: fetch error; the client retries", "topic", topic, "partition", p, "err", err)
 		})
+		var n, bytes int64
 		fetches.EachRecord(func(rec *kgo.Record) {
+			size := recordSize(rec)
+			n++
+			bytes += size
 			if last == nil || last.Topic != rec.Topic || last.Partition != rec.Partition || last.Revoked() {
 				last = r.state(rec.Topic, rec.Partition)
 			}
-			r.dispatch(last, rec)
+			r.dispatch(last, rec, size)
 		})
 		last = nil
+		if n > 0 {
+			if avg := r.avgSize.Load(); avg == 0 {
+				r.avgSize.Store(max(bytes/n, 1))
+			} else {
+				r.avgSize.Store(max((avg*7+bytes/n)/8, 1))
+			}
+		}
 		r.cl.AllowRebalance()
 	}
 }
@@ -352,7 +369,7 @@ func (r *Runner) state(topic string, p int32) *partState {
 	return r.parts[tp{topic, p}]
 }
 
-func (r *Runner) dispatch(st *partState, rec *kgo.Record) {
+func (r *Runner) dispatch(st *partState, rec *kgo.Record, size int64) {
 	if st == nil || st.Revoked() {
 		// Not ours (any more): the owner consumes it.
 		return
@@ -360,7 +377,6 @@ func (r *Runner) dispatch(st *partState, rec *kgo.Record) {
 	if !st.Watermark.Add(rec.Offset, rec.LeaderEpoch) {
 		return
 	}
-	size := recordSize(rec)
 	storeMax(&r.maxInflight, r.inflight.Add(1))
 	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(size))
 	r.polled.Add(1)
@@ -421,9 +437,9 @@ func (r *Runner) drop(_ *partition.Assignment, rec *Record) {
 
 func (r *Runner) release(rec *Record) {
 	rec.state = recDone
-	n := r.inflight.Add(-1)
+	r.inflight.Add(-1)
 	r.inflightBytes.Add(-rec.size)
-	if r.waiting.Load() && n <= int64(r.cfg.MaxInFlightRecords)*3/4 {
+	if r.waiting.Load() {
 		select {
 		case r.room <- struct{}{}:
 		default:
@@ -431,41 +447,52 @@ func (r *Runner) release(rec *Record) {
 	}
 }
 
-func (r *Runner) hasRoom() bool {
-	return r.inflight.Load() <= int64(r.cfg.MaxInFlightRecords)*3/4 &&
-		r.inflightBytes.Load() < r.cfg.MaxInFlightBytes
+// roomNow returns how many records the next poll may take, and the capacity
+// (the bound in records, the byte bound converted at the average record
+// size). Until a record size is known, a poll takes one record.
+func (r *Runner) roomNow() (room, capacity int64) {
+	capacity = int64(r.cfg.MaxInFlightRecords)
+	avg := r.avgSize.Load()
+	if avg == 0 {
+		return min(capacity-r.inflight.Load(), 1), 1
+	}
+	room = capacity - r.inflight.Load()
+	capacity = min(capacity, max(r.cfg.MaxInFlightBytes/avg, 1))
+	room = min(room, (r.cfg.MaxInFlightBytes-r.inflightBytes.Load())/avg)
+	return room, capacity
 }
 
 // pauseBusiest pauses fetching for the partitions that hold more than their
-// fair share of the in-flight bound (at least the busiest one), so that the
-// room that frees up goes to the others. A paused partition resumes when its
+// fair share of the capacity (at least the busiest one), so that the room
+// that frees up goes to the others. A paused partition resumes when its
 // unfinished records fall to half its share.
-func (r *Runner) pauseBusiest() {
-	r.mu.Lock()
+func (r *Runner) pauseBusiest(capacity int64) {
 	type cand struct {
 		st      *partState
 		pending int
 	}
-	var cs []cand
+	r.mu.Lock()
+	cs := make([]cand, 0, len(r.parts))
 	for _, st := range r.parts {
-		if !st.paused.Load() {
-			cs = append(cs, cand{st, st.Watermark.Pending()})
-		}
+		cs = append(cs, cand{st, st.Watermark.Pending()})
 	}
-	n := len(r.parts)
 	r.mu.Unlock()
-	if len(cs) == 0 || n == 0 {
+	if len(cs) == 0 {
 		return
 	}
 	sort.Slice(cs, func(i, j int) bool { return cs[i].pending > cs[j].pending })
-	share := max(int64(r.cfg.MaxInFlightRecords)/int64(n), 1)
+	share := max(capacity/int64(len(cs)), 1)
+
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
 	toPause := make(map[string][]int32)
 	for i, c := range cs {
 		if c.pending == 0 || (i > 0 && int64(c.pending) <= share) {
 			break
 		}
 		c.st.resumeAt.Store(share / 2)
-		if c.st.paused.CompareAndSwap(false, true) {
+		if !c.st.paused.Load() && !c.st.Revoked() {
+			c.st.paused.Store(true)
 			r.paused.Add(1)
 			r.pauses.Add(1)
 			toPause[c.st.Topic] = append(toPause[c.st.Topic], c.st.Partition)
@@ -474,18 +501,28 @@ func (r *Runner) pauseBusiest() {
 	if len(toPause) > 0 {
 		r.cl.PauseFetchPartitions(toPause)
 		r.log.Debug("kscope: in-flight bound reached; paused fetching", "partitions", toPause, "in_flight", r.inflight.Load())
-		// A partition may have finished its work between the count and the
-		// pause; do not leave it paused with nothing to wake it.
-		for _, c := range cs {
-			if c.st.paused.Load() && int64(c.st.Watermark.Pending()) <= c.st.resumeAt.Load() {
-				r.resume(c.st)
-			}
+	}
+	// A partition may have finished its work between the count and the
+	// pause; do not leave it paused with nothing to wake it.
+	for _, c := range cs {
+		if c.st.paused.Load() && int64(c.st.Watermark.Pending()) <= c.st.resumeAt.Load() {
+			r.resumeLocked(c.st)
 		}
 	}
 }
 
+// resume resumes fetching a partition paused for backpressure. Pausing and
+// resuming are serialized, so the client's paused set and the runner's
+// flags cannot disagree.
 func (r *Runner) resume(st *partState) {
-	if st.paused.CompareAndSwap(true, false) {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	r.resumeLocked(st)
+}
+
+func (r *Runner) resumeLocked(st *partState) {
+	if st.paused.Load() {
+		st.paused.Store(false)
 		r.paused.Add(-1)
 		r.cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
 	}
@@ -603,16 +640,9 @@ func (r *Runner) drain(sts []*partState) {
 }
 
 func (r *Runner) forget(sts []*partState) {
-	resume := make(map[string][]int32)
 	for _, st := range sts {
 		r.tracker.Remove(st.Topic, st.Partition)
-		if st.paused.CompareAndSwap(true, false) {
-			r.paused.Add(-1)
-			resume[st.Topic] = append(resume[st.Topic], st.Partition)
-		}
-	}
-	if len(resume) > 0 {
-		r.cl.ResumeFetchPartitions(resume)
+		r.resume(st)
 	}
 }
 

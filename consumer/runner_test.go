@@ -1,7 +1,11 @@
 package consumer_test
 
 import (
+	"strconv"
+	"sync/atomic"
+
 	"context"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -49,5 +53,93 @@ func TestPerKeyOrderAndNoOverlap(t *testing.T) {
 	obs.checkStrictOrder(t, keys, perKey)
 	if concurrent.peak() < 2 {
 		t.Fatalf("handlers never ran concurrently (peak %d): shards are not parallel", concurrent.peak())
+	}
+}
+
+// Past the in-flight bound the runner pauses the busiest partitions instead
+// of buffering without limit, and resumes them as the work drains.
+func TestBackpressureBoundsInFlight(t *testing.T) {
+	k := testenv.KafkaT(t)
+	ctx := context.Background()
+	const topic = "backlog"
+	if err := k.CreateTopic(ctx, topic, 4); err != nil {
+		t.Fatal(err)
+	}
+	total := produceKeyed(t, k, topic, 40, 75) // 3000 records
+
+	obs := newObserver()
+	cfg := baseConfig(t, k, "g-bp", topic)
+	cfg.Shards = 4
+	cfg.MaxInFlightRecords = 64
+	cfg.MaxInFlightBytes = 1 << 30
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		time.Sleep(100 * time.Microsecond)
+		obs.record(rec)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	waitFor(t, 2*time.Minute, "the backlog drained", func() bool { return obs.handled.Load() >= int64(total) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st := r.Stats()
+	if st.MaxInFlight > int64(cfg.MaxInFlightRecords) {
+		t.Fatalf("in-flight peaked at %d records, bound %d", st.MaxInFlight, cfg.MaxInFlightRecords)
+	}
+	if st.MaxInFlight < int64(cfg.MaxInFlightRecords)/2 {
+		t.Fatalf("in-flight peaked at %d: the backlog never pushed against the bound of %d", st.MaxInFlight, cfg.MaxInFlightRecords)
+	}
+	if st.Pauses == 0 {
+		t.Fatal("the bound was reached but no partition was ever paused")
+	}
+	if st.PausedPartitions != 0 || st.InFlight != 0 {
+		t.Fatalf("after the drain: %d partitions still paused, %d records in flight", st.PausedPartitions, st.InFlight)
+	}
+	obs.checkStrictOrder(t, 40, 75)
+}
+
+func TestBackpressureBoundsInFlightBytes(t *testing.T) {
+	k := testenv.KafkaT(t)
+	ctx := context.Background()
+	const topic = "big-values"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	value := make([]byte, 4096)
+	var recs []*kgo.Record
+	for i := range 600 {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(strconv.Itoa(i % 30)), Value: value})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	cfg := baseConfig(t, k, "g-bytes", topic)
+	cfg.Shards = 2
+	cfg.MaxInFlightBytes = 64 << 10 // 16 records' worth
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		time.Sleep(200 * time.Microsecond)
+		handled.Add(1)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	waitFor(t, time.Minute, "every record handled", func() bool { return handled.Load() >= 600 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Polls are sized by the average record size seen, so with records of
+	// one size the bound holds exactly.
+	st := r.Stats()
+	if st.MaxInFlightBytes > cfg.MaxInFlightBytes {
+		t.Fatalf("in-flight bytes peaked at %d, bound %d", st.MaxInFlightBytes, cfg.MaxInFlightBytes)
+	}
+	if st.MaxInFlightBytes < cfg.MaxInFlightBytes/2 {
+		t.Fatalf("in-flight bytes peaked at %d: the backlog never pushed against the bound of %d", st.MaxInFlightBytes, cfg.MaxInFlightBytes)
 	}
 }

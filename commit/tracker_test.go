@@ -1,0 +1,152 @@
+package commit
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+func TestWatermarkWaitsForLowestUnfinished(t *testing.T) {
+	p := NewPartition("t", 0)
+	for _, o := range []int64{10, 11, 12, 15, 16} { // gaps: compaction, txn markers
+		if !p.Add(o, 3) {
+			t.Fatalf("Add(%d) refused", o)
+		}
+	}
+	if _, ok := p.Committable(); ok {
+		t.Fatal("committable before anything finished")
+	}
+	p.Done(12)
+	p.Done(16)
+	if _, ok := p.Committable(); ok {
+		t.Fatal("committable while 10 is unfinished")
+	}
+	p.Done(10)
+	if o, _ := p.Committable(); o.Offset != 11 || o.Epoch != 3 {
+		t.Fatalf("committable %+v, want 11 (10 done, 11 not)", o)
+	}
+	p.Done(11)
+	if o, _ := p.Committable(); o.Offset != 13 {
+		t.Fatalf("committable %+v, want 13 (one past 12; 15 unfinished)", o)
+	}
+	p.Done(15)
+	if o, _ := p.Committable(); o.Offset != 17 {
+		t.Fatalf("committable %+v, want 17", o)
+	}
+	if p.Pending() != 0 {
+		t.Fatalf("pending %d, want 0", p.Pending())
+	}
+}
+
+func TestWatermarkIgnoresRepeatsUnknownAndDetached(t *testing.T) {
+	p := NewPartition("t", 0)
+	p.Add(1, 0)
+	p.Add(2, 0)
+	if p.Add(2, 0) || p.Add(0, 0) {
+		t.Fatal("Add accepted an offset at or below the last one")
+	}
+	if p.Done(7) {
+		t.Fatal("Done accepted an offset never added")
+	}
+	if !p.Done(1) || p.Done(1) {
+		t.Fatal("Done(1) twice: want true then false")
+	}
+	o, _ := p.Detach()
+	if o.Offset != 2 {
+		t.Fatalf("Detach returned %d, want 2", o.Offset)
+	}
+	if p.Done(2) {
+		t.Fatal("Done after Detach changed a detached assignment")
+	}
+	if o, _ := p.Committable(); o.Offset != 2 {
+		t.Fatalf("a late completion moved a detached watermark to %d", o.Offset)
+	}
+}
+
+// checkWatermark finishes the offsets of p in a random order and checks after
+// every step that the committable offset is exactly one past the finished
+// prefix: never beyond an unfinished offset, never behind a finished prefix.
+func checkWatermark(t *testing.T, rng *rand.Rand, n int) {
+	p := NewPartition("t", 0)
+	offsets := make([]int64, n)
+	var o int64
+	for i := range offsets {
+		o += 1 + int64(rng.IntN(3))
+		offsets[i] = o
+		p.Add(o, 0)
+	}
+	done := make([]bool, n)
+	for _, i := range rng.Perm(n) {
+		p.Done(offsets[i])
+		done[i] = true
+		prefix := 0
+		for prefix < n && done[prefix] {
+			prefix++
+		}
+		got, ok := p.Committable()
+		switch {
+		case prefix == 0 && ok:
+			t.Fatalf("committable %d with offset %d unfinished", got.Offset, offsets[0])
+		case prefix > 0 && (!ok || got.Offset != offsets[prefix-1]+1):
+			t.Fatalf("committable %+v (ok=%v), want %d", got, ok, offsets[prefix-1]+1)
+		}
+		if prefix < n && ok && got.Offset > offsets[prefix] {
+			t.Fatalf("committable %d passes unfinished offset %d", got.Offset, offsets[prefix])
+		}
+	}
+}
+
+func TestWatermarkProperty(t *testing.T) {
+	for seed := range uint64(300) {
+		rng := rand.New(rand.NewPCG(seed, seed*7+1))
+		checkWatermark(t, rng, 1+rng.IntN(3000))
+	}
+}
+
+func FuzzWatermark(f *testing.F) {
+	f.Add(uint64(1), uint16(10))
+	f.Add(uint64(42), uint16(2000))
+	f.Fuzz(func(t *testing.T, seed uint64, n uint16) {
+		checkWatermark(t, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), 1+int(n%5000))
+	})
+}
+
+// Interleaved adds and completions, as the poll loop and workers produce
+// them, with the slice compaction that a long-lived partition goes through.
+func TestWatermarkStreaming(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	p := NewPartition("t", 0)
+	var next int64
+	var open []int64
+	for step := 0; step < 200_000; step++ {
+		if len(open) < 50 && rng.IntN(2) == 0 {
+			p.Add(next, 0)
+			open = append(open, next)
+			next++
+			continue
+		}
+		if len(open) == 0 {
+			continue
+		}
+		i := rng.IntN(min(len(open), 8))
+		p.Done(open[i])
+		open = append(open[:i], open[i+1:]...)
+		o, ok := p.Committable()
+		if len(open) > 0 && ok && o.Offset > open[0] {
+			t.Fatalf("step %d: committable %d passes unfinished %d", step, o.Offset, open[0])
+		}
+		if len(open) == 0 && o.Offset != next {
+			t.Fatalf("step %d: all finished but committable %d, want %d", step, o.Offset, next)
+		}
+	}
+}
+
+func BenchmarkWatermarkAddDone(b *testing.B) {
+	p := NewPartition("t", 0)
+	b.ReportAllocs()
+	for i := range b.N {
+		p.Add(int64(i), 0)
+		if i >= 16 {
+			p.Done(int64(i - 16 + (i % 3)))
+		}
+	}
+}

@@ -1,0 +1,122 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// After Run returns, every goroutine it started is gone and every finished
+// record's offset is committed; Close is idempotent.
+func TestShutdownCommitsAndLeavesNoGoroutines(t *testing.T) {
+	k := testenv.KafkaT(t)
+	ctx := context.Background()
+	const topic = "shutdown"
+	if err := k.CreateTopic(ctx, topic, 3); err != nil {
+		t.Fatal(err)
+	}
+	total := produceKeyed(t, k, topic, 20, 10)
+	leaks := goleak.IgnoreCurrent()
+
+	var handled atomic.Int64
+	cfg := baseConfig(t, k, "g-shutdown", topic)
+	cfg.CommitInterval = time.Hour // only the shutdown commit can commit
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		handled.Add(1)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	waitFor(t, time.Minute, "every record handled", func() bool { return handled.Load() >= int64(total) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	goleak.VerifyNone(t, leaks)
+	if !committedAll(t, k, "g-shutdown", topic) {
+		t.Fatal("Run returned without committing the finished records")
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.Close() }()
+	}
+	wg.Wait()
+	if err := r.Run(ctx); !errors.Is(err, consumer.ErrRunnerUsed) {
+		t.Fatalf("second Run: %v, want ErrRunnerUsed", err)
+	}
+}
+
+// Close stops a running runner; a handler stuck past the drain timeout gets
+// its context canceled instead of holding shutdown forever.
+func TestCloseCancelsStuckHandlerAfterDrainTimeout(t *testing.T) {
+	k := testenv.KafkaT(t)
+	ctx := context.Background()
+	const topic = "stuck"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	produceKeyed(t, k, topic, 1, 3)
+	leaks := goleak.IgnoreCurrent()
+
+	entered := make(chan struct{}, 1)
+	var canceled atomic.Bool
+	cfg := baseConfig(t, k, "g-stuck", topic)
+	cfg.DrainTimeout = 300 * time.Millisecond
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		canceled.Store(true)
+		return ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-entered
+	start := time.Now()
+	r.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("Close took %s with a 300ms drain timeout", el)
+	}
+	if !canceled.Load() {
+		t.Fatal("the stuck handler's context was never canceled")
+	}
+	goleak.VerifyNone(t, leaks)
+	com, err := k.CommittedOffsets(ctx, "g-stuck", topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if com[0] > 0 {
+		t.Fatalf("committed offset %d past a record that never succeeded", com[0])
+	}
+}
+
+func TestCloseBeforeRun(t *testing.T) {
+	r, err := consumer.New(consumer.Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}},
+		consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	r.Close()
+	if err := r.Run(context.Background()); !errors.Is(err, consumer.ErrRunnerUsed) {
+		t.Fatalf("Run after Close: %v", err)
+	}
+}
