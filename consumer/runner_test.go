@@ -23,34 +23,34 @@ func TestPerKeyOrderAndNoOverlap(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 6); err != nil {
 		t.Fatal(err)
 	}
-	total := produceKeyed(t, k, topic, keys, perKey)
+	total := k.ProduceKeyed(t, topic, keys, perKey)
 
-	obs := newObserver()
+	obs := testenv.NewObserver()
 	concurrent := newGauge()
 	cfg := baseConfig(t, k, "g-order", topic)
 	cfg.Shards = 8
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
-		leave := obs.enter(rec)
+		leave := obs.Enter(rec.Key)
 		defer leave()
 		concurrent.add(1)
 		defer concurrent.add(-1)
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
-		obs.record(rec)
+		obs.Record(rec.Value)
 		return nil
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runAsync(t, r)
-	waitFor(t, time.Minute, "every record handled", func() bool { return obs.handled.Load() >= int64(total) })
-	waitFor(t, 30*time.Second, "offsets committed to the end", func() bool { return committedAll(t, k, "g-order", topic) })
+	testenv.WaitFor(t, time.Minute, "every record handled", func() bool { return obs.Handled() >= int64(total) })
+	testenv.WaitFor(t, 30*time.Second, "offsets committed to the end", func() bool { return k.CommittedAll(t, "g-order", topic) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if n := obs.overlaps.Load(); n != 0 {
+	if n := obs.Overlaps(); n != 0 {
 		t.Fatalf("%d times two handlers ran at once for one key", n)
 	}
-	obs.checkStrictOrder(t, keys, perKey)
+	obs.CheckStrictOrder(t, keys, perKey)
 	if concurrent.peak() < 2 {
 		t.Fatalf("handlers never ran concurrently (peak %d): shards are not parallel", concurrent.peak())
 	}
@@ -65,23 +65,23 @@ func TestBackpressureBoundsInFlight(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 4); err != nil {
 		t.Fatal(err)
 	}
-	total := produceKeyed(t, k, topic, 40, 75) // 3000 records
+	total := k.ProduceKeyed(t, topic, 40, 75) // 3000 records
 
-	obs := newObserver()
+	obs := testenv.NewObserver()
 	cfg := baseConfig(t, k, "g-bp", topic)
 	cfg.Shards = 4
 	cfg.MaxInFlightRecords = 64
 	cfg.MaxInFlightBytes = 1 << 30
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
 		time.Sleep(100 * time.Microsecond)
-		obs.record(rec)
+		obs.Record(rec.Value)
 		return nil
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runAsync(t, r)
-	waitFor(t, 2*time.Minute, "the backlog drained", func() bool { return obs.handled.Load() >= int64(total) })
+	testenv.WaitFor(t, 2*time.Minute, "the backlog drained", func() bool { return obs.Handled() >= int64(total) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestBackpressureBoundsInFlight(t *testing.T) {
 	if st.PausedPartitions != 0 || st.InFlight != 0 {
 		t.Fatalf("after the drain: %d partitions still paused, %d records in flight", st.PausedPartitions, st.InFlight)
 	}
-	obs.checkStrictOrder(t, 40, 75)
+	obs.CheckStrictOrder(t, 40, 75)
 }
 
 func TestBackpressureBoundsInFlightBytes(t *testing.T) {
@@ -129,7 +129,7 @@ func TestBackpressureBoundsInFlightBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runAsync(t, r)
-	waitFor(t, time.Minute, "every record handled", func() bool { return handled.Load() >= 600 })
+	testenv.WaitFor(t, time.Minute, "every record handled", func() bool { return handled.Load() >= 600 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

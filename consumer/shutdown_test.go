@@ -23,7 +23,7 @@ func TestShutdownCommitsAndLeavesNoGoroutines(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 3); err != nil {
 		t.Fatal(err)
 	}
-	total := produceKeyed(t, k, topic, 20, 10)
+	total := k.ProduceKeyed(t, topic, 20, 10)
 	leaks := goleak.IgnoreCurrent()
 
 	var handled atomic.Int64
@@ -37,12 +37,12 @@ func TestShutdownCommitsAndLeavesNoGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runAsync(t, r)
-	waitFor(t, time.Minute, "every record handled", func() bool { return handled.Load() >= int64(total) })
+	testenv.WaitFor(t, time.Minute, "every record handled", func() bool { return handled.Load() >= int64(total) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	goleak.VerifyNone(t, leaks)
-	if !committedAll(t, k, "g-shutdown", topic) {
+	if !k.CommittedAll(t, "g-shutdown", topic) {
 		t.Fatal("Run returned without committing the finished records")
 	}
 	var wg sync.WaitGroup
@@ -65,7 +65,7 @@ func TestCloseCancelsStuckHandlerAfterDrainTimeout(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 1); err != nil {
 		t.Fatal(err)
 	}
-	produceKeyed(t, k, topic, 1, 3)
+	k.ProduceKeyed(t, topic, 1, 3)
 	leaks := goleak.IgnoreCurrent()
 
 	entered := make(chan struct{}, 1)

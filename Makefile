@@ -1,0 +1,45 @@
+# kscope — the two commands a new user runs: `make demo` and `make test`.
+
+GO          ?= go
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BIN         := $(CURDIR)/bin
+MODULES     := . integration
+# The race detector multiplies memory and time; the suites are sized for it.
+TESTFLAGS   ?= -race -count=1 -timeout 15m
+
+.PHONY: all demo test vet staticcheck test-unit test-integration test-containers bench fmt
+
+all: test
+
+## demo: consume and print records on the embedded backends (kfake)
+demo:
+	$(GO) run ./examples/quickstart
+
+## test: vet, staticcheck, then every unit and integration test with -race
+test: vet staticcheck test-unit test-integration
+
+vet:
+	@for m in $(MODULES); do echo "go vet ($$m)"; (cd $$m && $(GO) vet ./...) || exit 1; done
+
+# staticcheck comes from the Go module proxy; when it cannot be installed the
+# target says so and the rest of the run goes on.
+staticcheck:
+	@if [ ! -x $(BIN)/staticcheck ]; then GOBIN=$(BIN) $(GO) install $(STATICCHECK) || echo "staticcheck: could not install $(STATICCHECK); skipped"; fi
+	@if [ -x $(BIN)/staticcheck ]; then for m in $(MODULES); do echo "staticcheck ($$m)"; (cd $$m && $(BIN)/staticcheck ./...) || exit 1; done; fi
+
+test-unit:
+	$(GO) test $(TESTFLAGS) ./...
+
+test-integration:
+	cd integration && $(GO) test $(TESTFLAGS) ./...
+
+## test-containers: the integration suites on real Apache Kafka and PostgreSQL (needs Docker)
+test-containers:
+	cd integration && KSCOPE_TEST_CONTAINERS=1 $(GO) test -count=1 -timeout 30m ./...
+
+## bench: Go micro-benchmarks of the hot paths, with allocation counts
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')

@@ -1,0 +1,160 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// A child consumer is this test binary started again with childRoleEnv set:
+// it consumes with the configuration in its environment and reports every
+// record it handled as a line "REC <value>" on stdout, written before the
+// handler returns (so before the offset can be committed).
+const (
+	childRoleEnv   = "KSCOPE_CHILD_ROLE"
+	childGroupEnv  = "KSCOPE_CHILD_GROUP"
+	childTopicEnv  = "KSCOPE_CHILD_TOPIC"
+	childDelayEnv  = "KSCOPE_CHILD_MAX_DELAY"
+	recordLinePref = "REC "
+)
+
+// childClientOptions make a killed child's group membership expire quickly,
+// so its partitions move on within a second or so.
+func childClientOptions() []kgo.Opt {
+	return []kgo.Opt{kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond)}
+}
+
+func runChild(role string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	maxDelay, _ := time.ParseDuration(os.Getenv(childDelayEnv))
+	var outMu sync.Mutex
+	out := bufio.NewWriter(os.Stdout)
+	emit := func(v []byte) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		out.WriteString(recordLinePref)
+		out.Write(v)
+		out.WriteByte('\n')
+		out.Flush()
+	}
+	cfg := consumer.Config{
+		Brokers:        strings.Split(os.Getenv("KAFKA_BROKERS"), ","),
+		Group:          os.Getenv(childGroupEnv),
+		Topics:         []string{os.Getenv(childTopicEnv)},
+		Shards:         8,
+		CommitInterval: 20 * time.Millisecond,
+		DrainTimeout:   5 * time.Second,
+		ClientOptions:  childClientOptions(),
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	var h consumer.Handler
+	switch role {
+	case "at-least-once":
+		h = consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
+			if maxDelay > 0 {
+				time.Sleep(rand.N(maxDelay))
+			}
+			emit(r.Value)
+			return nil
+		})
+	default:
+		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
+		return 2
+	}
+	r, err := consumer.New(cfg, h)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if err := r.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// child is a running child consumer process.
+type child struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	err    error
+}
+
+// startChild starts a child consumer whose record lines go to onRecord.
+func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDelay time.Duration, onRecord func([]byte)) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		childRoleEnv+"="+role,
+		"KAFKA_BROKERS="+strings.Join(k.Brokers, ","),
+		childGroupEnv+"="+group,
+		childTopicEnv+"="+topic,
+		childDelayEnv+"="+maxDelay.String(),
+	)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = &prefixWriter{t: t}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), recordLinePref); ok {
+				onRecord([]byte(v))
+			}
+		}
+		io.Copy(io.Discard, stdout)
+		c.err = cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(c.kill)
+	return c
+}
+
+// kill sends SIGKILL and waits until the process is gone and its output read
+// to the end.
+func (c *child) kill() {
+	c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.exited
+}
+
+// terminate sends SIGTERM (a graceful stop) and returns the exit error.
+func (c *child) terminate(t *testing.T) error {
+	t.Helper()
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+		return c.err
+	case <-time.After(time.Minute):
+		t.Fatal("child did not exit within a minute of SIGTERM")
+		return nil
+	}
+}
+
+type prefixWriter struct{ t *testing.T }
+
+func (w *prefixWriter) Write(p []byte) (int, error) {
+	w.t.Logf("child: %s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
