@@ -46,6 +46,7 @@ type Stats struct {
 	Pauses           int64 // times a partition was paused for backpressure
 	Assigned         int   // partitions assigned now
 	Rebalances       int64 // assignments, revocations and losses seen
+	LostPartitions   int64 // partitions lost (taken without a revoke)
 	Commits          int64 // offset commit requests that succeeded
 	CommitErrors     int64 // offset commit requests that failed
 }
@@ -82,6 +83,7 @@ type Runner struct {
 	maxInflight, maxInflightBytes   atomic.Int64
 	polled, done, pauses            atomic.Int64
 	rebalances, commits, commitErrs atomic.Int64
+	lost                            atomic.Int64
 	paused                          atomic.Int64
 
 	fatalMu sync.Mutex
@@ -163,6 +165,7 @@ func (r *Runner) Stats() Stats {
 		Pauses:           r.pauses.Load(),
 		Assigned:         assigned,
 		Rebalances:       r.rebalances.Load(),
+		LostPartitions:   r.lost.Load(),
 		Commits:          r.commits.Load(),
 		CommitErrors:     r.commitErrs.Load(),
 	}
@@ -618,6 +621,7 @@ func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	for _, st := range sts {
 		st.Cancel()
 	}
+	r.lost.Add(int64(len(sts)))
 	r.forget(sts)
 	r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
 }

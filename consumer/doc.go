@@ -1,0 +1,34 @@
+// Package consumer is kscope's entry point: a Kafka consumer group member
+// that hands every record to the serial worker of its key-shard and commits
+// offsets only for work that is done.
+//
+// # What it guarantees
+//
+//   - Per-key order: records with the same topic and key are handled one at a
+//     time, in offset order. Records with a null key are ordered per
+//     partition unless Config.NullKeys says otherwise. Different keys run in
+//     parallel on Config.Shards workers.
+//   - No overlap: within one process no record is handled by two workers at
+//     once, across rebalances too (a key always maps to the same worker).
+//   - The commit never passes unfinished work: a partition's committed
+//     offset is the lowest offset whose effect is not yet durable, however
+//     out of order the workers finish.
+//   - Clean rebalances: on revoke the runner stops feeding the revoked
+//     partitions, lets running records finish (bounded by
+//     Config.DrainTimeout), commits what is durable, then lets the
+//     rebalance go on. On a lost partition it commits nothing.
+//   - Bounded memory: past Config.MaxInFlightRecords or
+//     Config.MaxInFlightBytes the runner pauses fetching for the busiest
+//     partitions; nothing is dropped.
+//   - Clean shutdown: Run returns after its context is canceled with every
+//     goroutine it started gone and every durable offset committed.
+//
+// # Scopes
+//
+// A runner's scope says where "exactly once" holds. [New] builds the
+// AtLeastOnce scope: nothing is lost, and a record is handled again after a
+// crash or rebalance if its offset was not committed yet, so its handler's
+// effects must be idempotent. The DB scope (effects in PostgreSQL applied
+// exactly once) and the Kafka scope (transactional Kafka-to-Kafka) build on
+// the same runner through the [Scope] interface.
+package consumer
