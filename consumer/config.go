@@ -134,11 +134,18 @@ func (c Config) withDefaults() Config {
 // ConfigError is returned by [New] for a configuration that cannot work. Its
 // message says which field is wrong and what to change.
 type ConfigError struct {
-	Field  string // the Config field at fault
+	Struct string // the configuration type at fault: "Config", or a scope's "Options"
+	Field  string // the field at fault
 	Reason string // what is wrong and what to do
 }
 
-func (e *ConfigError) Error() string { return "kscope: Config." + e.Field + ": " + e.Reason }
+func (e *ConfigError) Error() string {
+	s := e.Struct
+	if s == "" {
+		s = "Config"
+	}
+	return "kscope: " + s + "." + e.Field + ": " + e.Reason
+}
 
 // validate checks a Config that already has its defaults.
 func (c Config) validate() error {

@@ -13,8 +13,12 @@ type Record struct {
 
 	part  *partState
 	size  int64
+	shard int
 	state uint8
 }
+
+// Shard returns the key-shard the record was routed to.
+func (r *Record) Shard() int { return r.shard }
 
 const (
 	recPending uint8 = iota

@@ -242,6 +242,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		defer bg.Done()
 		r.commitLoop(runCtx)
 	}()
+	if b, ok := r.scope.(Background); ok {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			b.RunBackground(runCtx)
+		}()
+	}
 
 	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "shards", r.cfg.Shards)
 	r.pollLoop(runCtx)
@@ -384,7 +391,7 @@ func (r *Runner) dispatch(st *partState, rec *kgo.Record, size int64) {
 	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(size))
 	r.polled.Add(1)
 	shard := partitionShard(rec, r.cfg.Shards, r.cfg.NullKeys)
-	r.pool.Dispatch(shard, st.Assignment, &Record{Record: rec, part: st, size: size})
+	r.pool.Dispatch(shard, st.Assignment, &Record{Record: rec, part: st, size: size, shard: shard})
 }
 
 func partitionShard(rec *kgo.Record, shards int, nk NullKeyPolicy) int {

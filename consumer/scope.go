@@ -3,11 +3,12 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/internal/backoff"
 )
 
 // Handler handles one record in the AtLeastOnce scope. A nil error means the
@@ -45,6 +46,14 @@ type Batcher interface {
 	BatchLimits() (maxBatch int, linger time.Duration)
 }
 
+// Background is implemented by a Scope that has periodic work to do while
+// the runner runs (an inbox cleanup, say). The runner calls RunBackground in
+// a goroutine of its own when Run starts, cancels ctx when Run stops, and
+// waits for it to return.
+type Background interface {
+	RunBackground(ctx context.Context)
+}
+
 // ClientOptioner is implemented by a Scope that needs options on the
 // runner's Kafka client, such as an offset adjustment on assignment. They
 // are applied after Config.ClientOptions and before kscope's own.
@@ -77,10 +86,10 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 				done(r)
 				break
 			}
-			d := backoff(attempt, retryBase, retryCap)
+			d := backoff.Delay(attempt, retryBase, retryCap)
 			s.cfg.Logger.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
 				recordAttrs(r, attempt, err, d)...)
-			if !sleep(ctx, d) {
+			if !backoff.Sleep(ctx, d) {
 				return
 			}
 		}
@@ -96,28 +105,4 @@ func callHandler(ctx context.Context, h Handler, r *Record) (err error) {
 		}
 	}()
 	return h.Handle(ctx, r)
-}
-
-// backoff returns the delay before retry attempt+1: base doubled per attempt,
-// capped, with full jitter over its upper half.
-func backoff(attempt int, base, limit time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempt && d < limit; i++ {
-		d *= 2
-	}
-	d = min(d, limit)
-	half := d / 2
-	return half + rand.N(half+1)
-}
-
-// sleep waits for d or ctx, and reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

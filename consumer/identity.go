@@ -1,0 +1,94 @@
+package consumer
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Header names kscope writes and reads to keep a record's identity and
+// origin stable across hops (retry topics, the dead-letter topic, redrive).
+const (
+	// HeaderID carries a record's identity (its dedupe key) once kscope has
+	// computed it; every hop keeps it, so a record that succeeds on its
+	// third attempt is still deduplicated against its first.
+	HeaderID = "kscope-id"
+	// HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset
+	// and HeaderOriginalTimestamp carry the coordinates of the record as
+	// first consumed (decimal partition and offset; timestamp in Unix
+	// milliseconds).
+	HeaderOriginalTopic     = "kscope-original-topic"
+	HeaderOriginalPartition = "kscope-original-partition"
+	HeaderOriginalOffset    = "kscope-original-offset"
+	HeaderOriginalTimestamp = "kscope-original-timestamp"
+
+	// DefaultMessageIDHeader is the producer-set header read as a record's
+	// identity when no other is configured.
+	DefaultMessageIDHeader = "message-id"
+
+	// MaxIDLength bounds an identity. A longer one (from a header or an
+	// extractor) is replaced by "sha256:" and the hex digest of it, so that a
+	// hostile producer cannot blow up the inbox key.
+	MaxIDLength = 200
+)
+
+// Identity computes a record's identity, its dedupe key.
+type Identity struct {
+	// Header is the producer-set header that carries the identity. Default
+	// DefaultMessageIDHeader.
+	Header string
+	// Extract, when not nil, derives the identity from the record (from its
+	// payload, say) for records without the header. It returns false when
+	// it cannot.
+	Extract func(*Record) (string, bool)
+}
+
+// Of returns r's identity, in this order: the identity kscope stamped on an
+// earlier hop (HeaderID); the producer's header; the extractor; the original
+// coordinates carried in headers; the record's own "topic/partition/offset".
+func (i Identity) Of(r *Record) string {
+	if v, ok := r.Header(HeaderID); ok && len(v) > 0 {
+		return bound(string(v))
+	}
+	h := i.Header
+	if h == "" {
+		h = DefaultMessageIDHeader
+	}
+	if v, ok := r.Header(h); ok && len(v) > 0 {
+		return bound(string(v))
+	}
+	if i.Extract != nil {
+		if v, ok := i.Extract(r); ok && v != "" {
+			return bound(v)
+		}
+	}
+	if t, ok := r.Header(HeaderOriginalTopic); ok {
+		p, pok := r.Header(HeaderOriginalPartition)
+		o, ook := r.Header(HeaderOriginalOffset)
+		if pok && ook && isDecimal(p) && isDecimal(o) {
+			return bound(string(t) + "/" + string(p) + "/" + string(o))
+		}
+	}
+	return r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
+}
+
+func bound(s string) string {
+	if len(s) <= MaxIDLength && utf8.ValidString(s) {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func isDecimal(b []byte) bool {
+	if len(b) == 0 || len(b) > 19 {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,113 @@
+package dbscope_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(wrapped{m})
+}
+
+type wrapped struct{ m *testing.M }
+
+func (w wrapped) Run() int {
+	code := w.m.Run()
+	testenv.StopShared()
+	return code
+}
+
+// newPool returns a pool on a fresh, migrated database with an effects
+// table: one row per applied record, with no unique constraint, so that a
+// double effect shows as two rows.
+func newPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (
+		n bigserial PRIMARY KEY, message_id text NOT NULL, key text, seq int)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// insertEffect is the handler body most tests use.
+func insertEffect(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+	key, seq, _ := testenv.ParseKeyed(r.Value)
+	_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, key, seq) VALUES ($1, $2, $3)`,
+		consumer.Identity{}.Of(r), key, seq)
+	return err
+}
+
+type effectCounts struct{ rows, unique int }
+
+func countEffects(t testing.TB, pool *pgxpool.Pool) effectCounts {
+	t.Helper()
+	var c effectCounts
+	if err := pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT message_id) FROM effects`).Scan(&c.rows, &c.unique); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("KSCOPE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func baseConfig(k *testenv.Kafka, group, topic string) consumer.Config {
+	return consumer.Config{
+		Brokers:        k.Brokers,
+		Group:          group,
+		Topics:         []string{topic},
+		Shards:         4,
+		CommitInterval: 50 * time.Millisecond,
+		DrainTimeout:   5 * time.Second,
+		Logger:         testLogger(),
+	}
+}
+
+// run runs r until the returned stop is called.
+func run(t testing.TB, r interface{ Run(context.Context) error }) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	stopped := false
+	var err error
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			err = <-errc
+		}
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}

@@ -1,0 +1,145 @@
+package dbscope
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kscope-dev/kscope/consumer"
+)
+
+// Handler applies one record's effect inside tx, the transaction that also
+// holds the record's inbox row. A nil error means the effect may commit.
+// The handler must do its database work through tx only, and must not
+// commit or roll it back.
+//
+// The same record can reach the handler more than once when its transaction
+// rolls back (a lost connection, a failing record earlier in its batch); only
+// the call whose transaction commits leaves effects in the database. Effects
+// outside the database — an HTTP call, an email — are not covered: give them
+// an idempotency key (the record's identity is a good one).
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) error
+}
+
+// HandlerFunc adapts a function to [Handler].
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error
+
+// Handle calls f(ctx, tx, r).
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+	return f(ctx, tx, r)
+}
+
+// Defaults applied to Options fields left at their zero value.
+const (
+	DefaultBatchSize       = 64
+	DefaultCleanupInterval = time.Minute
+	DefaultCleanupBatch    = 1000
+)
+
+// Options configure the DB scope. The zero value of every optional field
+// selects its documented default.
+type Options struct {
+	// Pool is the PostgreSQL pool the transactions run on. Required. Give
+	// it at least as many connections as consumer.Config.Shards, or shards
+	// wait for each other's connections.
+	Pool *pgxpool.Pool
+
+	// Consumer names this pipeline in the inbox and offsets tables: records
+	// are deduplicated per consumer. Default: the consumer group id. Two
+	// pipelines that must not see each other's records as duplicates need
+	// different names.
+	Consumer string
+
+	// TablePrefix prefixes the table names; it must match what [Migrate]
+	// was given. Default DefaultTablePrefix.
+	TablePrefix string
+
+	// Identity says how a record's identity (its dedupe key) is found:
+	// a producer-set header (default "message-id"), then an extractor,
+	// then the record's original topic/partition/offset.
+	Identity consumer.Identity
+
+	// BatchSize is the most records of one key-shard put into one
+	// transaction, each isolated by a savepoint when a record fails. 1 runs
+	// one transaction per record. Default 64. Batches form from what is
+	// already queued; BatchLinger makes a worker wait for more.
+	BatchSize int
+
+	// BatchLinger is how long a worker waits to fill a batch. Default 0:
+	// no added latency; batches fill under load by themselves.
+	BatchLinger time.Duration
+
+	// StoreOffsets writes, in each transaction, how far the key-shard has
+	// applied the partition. After a crash or a rebalance the next owner
+	// resumes from there when it is ahead of the committed Kafka offset,
+	// and skips records that are already applied without calling the
+	// handler: the duplicate window between a database commit and the
+	// Kafka offset commit is gone. Use it when handler calls are costly, or
+	// when even a deduplicated redelivery is unwelcome; it costs one more
+	// statement per transaction. Resuming uses rows written with the same
+	// consumer.Config.Shards only.
+	StoreOffsets bool
+
+	// InboxTTL, when positive, deletes inbox rows older than it while the
+	// runner runs, CleanupBatch rows at a time every CleanupInterval. A
+	// record redelivered after its row was deleted is applied again, so
+	// keep the TTL well beyond the longest redelivery and replay you plan
+	// for (topic retention is a safe bound). Default 0: keep every row.
+	InboxTTL        time.Duration
+	CleanupInterval time.Duration
+	CleanupBatch    int
+
+}
+
+func (o Options) withDefaults(cfg consumer.Config) Options {
+	if o.Consumer == "" {
+		o.Consumer = cfg.Group
+	}
+	if o.TablePrefix == "" {
+		o.TablePrefix = DefaultTablePrefix
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	if o.CleanupInterval == 0 {
+		o.CleanupInterval = DefaultCleanupInterval
+	}
+	if o.CleanupBatch == 0 {
+		o.CleanupBatch = DefaultCleanupBatch
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &consumer.ConfigError{Struct: "dbscope.Options", Field: field, Reason: fmt.Sprintf(format, args...)})
+	}
+	if o.Pool == nil {
+		bad("Pool", "is nil; pass the *pgxpool.Pool the transactions run on")
+	}
+	if err := validPrefix(o.TablePrefix); err != nil {
+		bad("TablePrefix", "%q is not a plain identifier; use lower-case letters, digits and underscores, starting with a letter or underscore, at most 40 characters", o.TablePrefix)
+	}
+	if o.BatchSize < 0 {
+		bad("BatchSize", "is %d; set it to 1 or more (0 selects %d)", o.BatchSize, DefaultBatchSize)
+	}
+	if o.BatchLinger < 0 {
+		bad("BatchLinger", "is %s; set it to 0 or a positive duration", o.BatchLinger)
+	}
+	if o.InboxTTL < 0 {
+		bad("InboxTTL", "is %s; set it to a positive duration, or 0 to keep inbox rows", o.InboxTTL)
+	}
+	if o.CleanupInterval < 0 {
+		bad("CleanupInterval", "is %s; set it to a positive duration (0 selects %s)", o.CleanupInterval, DefaultCleanupInterval)
+	}
+	if o.CleanupBatch < 0 {
+		bad("CleanupBatch", "is %d; set it to a positive row count (0 selects %d)", o.CleanupBatch, DefaultCleanupBatch)
+	}
+	return errors.Join(errs...)
+}
