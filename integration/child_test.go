@@ -31,6 +31,8 @@ const (
 	childGroupEnv  = "KSCOPE_CHILD_GROUP"
 	childTopicEnv  = "KSCOPE_CHILD_TOPIC"
 	childDelayEnv  = "KSCOPE_CHILD_MAX_DELAY"
+	childCommitEnv = "KSCOPE_CHILD_COMMIT_INTERVAL"
+	statsLinePref  = "STATS "
 	recordLinePref = "REC "
 )
 
@@ -54,18 +56,24 @@ func runChild(role string) int {
 		out.WriteByte('\n')
 		out.Flush()
 	}
+	commitEvery := 20 * time.Millisecond
+	if v := os.Getenv(childCommitEnv); v != "" {
+		commitEvery, _ = time.ParseDuration(v)
+	}
 	cfg := consumer.Config{
 		Brokers:        strings.Split(os.Getenv("KAFKA_BROKERS"), ","),
 		Group:          os.Getenv(childGroupEnv),
 		Topics:         []string{os.Getenv(childTopicEnv)},
 		Shards:         8,
-		CommitInterval: 20 * time.Millisecond,
+		CommitInterval: commitEvery,
 		DrainTimeout:   5 * time.Second,
 		ClientOptions:  childClientOptions(),
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	var h consumer.Handler
 	switch role {
+	case "db", "db-offsets":
+		return runDBChild(ctx, cfg, role == "db-offsets", maxDelay, emit)
 	case "at-least-once":
 		h = consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
 			if maxDelay > 0 {
@@ -95,13 +103,14 @@ type child struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	err    error
+	stats  string // the STATS line a child prints on a graceful exit
 }
 
 // startChild starts a child consumer whose record lines go to onRecord.
-func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDelay time.Duration, onRecord func([]byte)) *child {
+func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDelay time.Duration, onRecord func([]byte), extraEnv ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(append(os.Environ(), extraEnv...),
 		childRoleEnv+"="+role,
 		"KAFKA_BROKERS="+strings.Join(k.Brokers, ","),
 		childGroupEnv+"="+group,
@@ -122,6 +131,8 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 		for sc.Scan() {
 			if v, ok := strings.CutPrefix(sc.Text(), recordLinePref); ok {
 				onRecord([]byte(v))
+			} else if v, ok := strings.CutPrefix(sc.Text(), statsLinePref); ok {
+				c.stats = v
 			}
 		}
 		io.Copy(io.Discard, stdout)

@@ -1,0 +1,31 @@
+// Package dbscope is kscope's DB scope: effectively-once processing into
+// PostgreSQL.
+//
+// Each record's handler runs inside a pgx transaction that also inserts the
+// record's inbox row, (consumer, message id), with ON CONFLICT DO NOTHING. A
+// record whose row already exists has had its effect applied: it is skipped
+// without calling the handler and counted as a duplicate. The transaction
+// commits, and only then is the record reported done, so the Kafka offset
+// is committed strictly after the transaction that holds the inbox row. A
+// crash, a rebalance, a producer retry or a replay from the start of the
+// topic therefore never applies a record's database effect twice.
+//
+// A record's identity comes from consumer.Identity: kscope's own identity
+// header (carried by retry and dead-letter hops), a producer-set
+// "message-id" header, an extractor, or the record's original
+// topic/partition/offset.
+//
+// Records of one key-shard are batched into one transaction (Options.
+// BatchSize), with a savepoint per record when one fails so that the others
+// commit. Options.StoreOffsets also keeps the consumed position in the same
+// transaction, which removes the duplicate window after a crash entirely.
+//
+// # What the DB scope does not cover
+//
+// Only what the handler does through the transaction it is given is applied
+// exactly once. An HTTP call, an email, a message produced to Kafka from
+// inside the handler is at-least-once: it can happen again when the
+// transaction rolls back and the record is retried. Give such calls an
+// idempotency key — the record's identity is a natural one — or move them
+// behind an outbox table written in the same transaction.
+package dbscope
