@@ -321,3 +321,34 @@ func TestCleanupInboxDeletesOldRowsInBatches(t *testing.T) {
 		t.Fatalf("%d rows left, want the 10 new ones and the other consumer's 5", left)
 	}
 }
+
+// With Options.InboxTTL the runner itself deletes expired inbox rows while
+// it runs.
+func TestRunnerCleansUpExpiredInboxRows(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "ttl", "g-ttl"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO kscope_inbox (consumer, message_id, processed_at)
+		SELECT $1, 'expired-' || g, now() - interval '2 hours' FROM generate_series(1, 50) g`, group); err != nil {
+		t.Fatal(err)
+	}
+	r, err := dbscope.New(baseConfig(k, group, topic), dbscope.Options{
+		Pool: pool, InboxTTL: time.Hour, CleanupInterval: 20 * time.Millisecond, CleanupBatch: 7,
+	}, dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "expired inbox rows deleted", func() bool {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM kscope_inbox`).Scan(&n)
+		return n == 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
