@@ -1,0 +1,268 @@
+package retrytopic
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+)
+
+// Header names of the failure metadata kscope adds to a routed record. The
+// identity and original coordinates use the consumer package's names
+// (consumer.HeaderID, consumer.HeaderOriginalTopic, ...). All values are
+// UTF-8 text; times are Unix milliseconds in decimal.
+const (
+	HeaderGroup        = "kscope-group"         // consumer group that failed the record
+	HeaderAttempt      = "kscope-attempt"       // attempts made so far, 1 for the first failure
+	HeaderFirstFailure = "kscope-first-failure" // time of the first failure
+	HeaderLastFailure  = "kscope-last-failure"  // time of the latest failure
+	HeaderError        = "kscope-error"         // the latest error message, truncated to MaxErrorLength
+	HeaderErrorClass   = "kscope-error-class"   // consumer.Class of the latest error
+	HeaderDue          = "kscope-due"           // on retry topics: not to be handled before this time
+	HeaderStage        = "kscope-stage"         // on retry topics: the ladder step, from 0
+	HeaderParked       = "kscope-parked"        // "1": the record did not fail, it waits behind an earlier record of its key
+	HeaderOriginalKey  = "kscope-original-key"  // the original key, truncated to MaxKeyLength
+	HeaderRedrive      = "kscope-redrive"       // audit note of a redrive: who, when, from where
+)
+
+// Spring Kafka's dead-letter header names, written as well when
+// Router.SpringHeaders is set, so tools built for Spring read kscope's DLT.
+// Partition is a 4-byte and offset and timestamp 8-byte big-endian integer,
+// as Spring writes them.
+const (
+	SpringOriginalTopic     = "kafka_dlt-original-topic"
+	SpringOriginalPartition = "kafka_dlt-original-partition"
+	SpringOriginalOffset    = "kafka_dlt-original-offset"
+	SpringOriginalTimestamp = "kafka_dlt-original-timestamp"
+	SpringOriginalGroup     = "kafka_dlt-original-consumer-group"
+	SpringExceptionMessage  = "kafka_dlt-exception-message"
+	SpringExceptionFQCN     = "kafka_dlt-exception-fqcn"
+)
+
+// Bounds on header values, so that a routed record stays a sane size
+// whatever the error or the key.
+const (
+	MaxErrorLength = 1024
+	MaxKeyLength   = 256
+	// MaxAttempt bounds a decoded attempt count: a forged huge count reads
+	// as this, which exhausts any budget and sends the record to the DLT
+	// instead of looping.
+	MaxAttempt = 1000
+)
+
+// Metadata is what kscope knows about a record's failures, carried in its
+// headers from hop to hop.
+type Metadata struct {
+	ID                string
+	OriginalTopic     string
+	OriginalPartition int32
+	OriginalOffset    int64
+	OriginalTimestamp time.Time
+	OriginalKey       []byte
+	Group             string
+	Attempt           int
+	FirstFailure      time.Time
+	LastFailure       time.Time
+	Error             string
+	Class             consumer.Class
+	Due               time.Time // zero when not set
+	Stage             int       // -1 when not set
+	Parked            bool
+}
+
+// FromRecord returns the metadata r carries, filling in what it does not
+// carry from r itself (a record on its first failure carries nothing yet):
+// its identity, its own coordinates as the original ones. Malformed kscope
+// headers are reported as an error and ignored field by field, so a corrupt
+// or forged header can make a record go to the DLT, never block it.
+func FromRecord(r *consumer.Record, id consumer.Identity) (Metadata, error) {
+	m := Metadata{
+		ID:                id.Of(r),
+		OriginalTopic:     r.Topic,
+		OriginalPartition: r.Partition,
+		OriginalOffset:    r.Offset,
+		OriginalTimestamp: r.Timestamp,
+		OriginalKey:       truncateBytes(r.Key, MaxKeyLength),
+		Stage:             -1,
+	}
+	var errs []error
+	bad := func(h string, v []byte) {
+		errs = append(errs, fmt.Errorf("retrytopic: header %s has a malformed value %q", h, truncateBytes(v, 40)))
+	}
+	if t, ok := r.Header(consumer.HeaderOriginalTopic); ok && len(t) > 0 {
+		p, pok := r.Header(consumer.HeaderOriginalPartition)
+		o, ook := r.Header(consumer.HeaderOriginalOffset)
+		pv, perr := strconv.ParseInt(string(p), 10, 32)
+		ov, oerr := strconv.ParseInt(string(o), 10, 64)
+		if pok && ook && perr == nil && oerr == nil && pv >= 0 && ov >= 0 && utf8.Valid(t) {
+			m.OriginalTopic, m.OriginalPartition, m.OriginalOffset = string(t), int32(pv), ov
+		} else {
+			bad(consumer.HeaderOriginalTopic, t)
+		}
+	}
+	if v, ok := r.Header(consumer.HeaderOriginalTimestamp); ok {
+		if t, ok := parseMillis(v); ok {
+			m.OriginalTimestamp = t
+		} else {
+			bad(consumer.HeaderOriginalTimestamp, v)
+		}
+	}
+	if v, ok := r.Header(HeaderOriginalKey); ok {
+		m.OriginalKey = truncateBytes(v, MaxKeyLength)
+	}
+	if v, ok := r.Header(HeaderGroup); ok {
+		m.Group = truncate(string(v), 255)
+	}
+	if v, ok := r.Header(HeaderAttempt); ok {
+		n, err := strconv.Atoi(string(v))
+		switch {
+		case err != nil && len(v) > 0 && allDigits(v):
+			m.Attempt = MaxAttempt // too large to parse: forged
+		case err != nil || n < 0:
+			bad(HeaderAttempt, v)
+		default:
+			m.Attempt = min(n, MaxAttempt)
+		}
+	}
+	for _, f := range []struct {
+		h string
+		t *time.Time
+	}{{HeaderFirstFailure, &m.FirstFailure}, {HeaderLastFailure, &m.LastFailure}, {HeaderDue, &m.Due}} {
+		if v, ok := r.Header(f.h); ok {
+			if t, ok := parseMillis(v); ok {
+				*f.t = t
+			} else {
+				bad(f.h, v)
+			}
+		}
+	}
+	if v, ok := r.Header(HeaderError); ok {
+		m.Error = truncate(string(v), MaxErrorLength)
+	}
+	if v, ok := r.Header(HeaderErrorClass); ok {
+		if c, ok := consumer.ParseClass(string(v)); ok {
+			m.Class = c
+		} else {
+			bad(HeaderErrorClass, v)
+		}
+	}
+	if v, ok := r.Header(HeaderStage); ok {
+		n, err := strconv.Atoi(string(v))
+		if err != nil || n < 0 || n > 64 {
+			bad(HeaderStage, v)
+		} else {
+			m.Stage = n
+		}
+	}
+	if v, ok := r.Header(HeaderParked); ok {
+		m.Parked = string(v) == "1"
+	}
+	return m, errors.Join(errs...)
+}
+
+// Headers returns the record headers for m: every header of orig that is not
+// kscope's (nor Spring's DLT headers, when spring is set) is kept, in order,
+// then m's headers are appended.
+func (m Metadata) Headers(orig []kgo.RecordHeader, spring bool) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, 0, len(orig)+20)
+	for _, h := range orig {
+		if strings.HasPrefix(h.Key, "kscope-") || (spring && strings.HasPrefix(h.Key, "kafka_dlt-")) {
+			continue
+		}
+		out = append(out, h)
+	}
+	add := func(k, v string) { out = append(out, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(consumer.HeaderID, m.ID)
+	add(consumer.HeaderOriginalTopic, m.OriginalTopic)
+	add(consumer.HeaderOriginalPartition, strconv.FormatInt(int64(m.OriginalPartition), 10))
+	add(consumer.HeaderOriginalOffset, strconv.FormatInt(m.OriginalOffset, 10))
+	add(consumer.HeaderOriginalTimestamp, millis(m.OriginalTimestamp))
+	if m.OriginalKey != nil {
+		out = append(out, kgo.RecordHeader{Key: HeaderOriginalKey, Value: truncateBytes(m.OriginalKey, MaxKeyLength)})
+	}
+	add(HeaderGroup, m.Group)
+	add(HeaderAttempt, strconv.Itoa(m.Attempt))
+	if !m.FirstFailure.IsZero() {
+		add(HeaderFirstFailure, millis(m.FirstFailure))
+	}
+	if !m.LastFailure.IsZero() {
+		add(HeaderLastFailure, millis(m.LastFailure))
+	}
+	if m.Error != "" || m.Attempt > 0 {
+		add(HeaderError, truncate(m.Error, MaxErrorLength))
+		add(HeaderErrorClass, m.Class.String())
+	}
+	if !m.Due.IsZero() {
+		add(HeaderDue, millis(m.Due))
+	}
+	if m.Stage >= 0 {
+		add(HeaderStage, strconv.Itoa(m.Stage))
+	}
+	if m.Parked {
+		add(HeaderParked, "1")
+	}
+	if spring {
+		add(SpringOriginalTopic, m.OriginalTopic)
+		out = append(out,
+			kgo.RecordHeader{Key: SpringOriginalPartition, Value: binary.BigEndian.AppendUint32(nil, uint32(m.OriginalPartition))},
+			kgo.RecordHeader{Key: SpringOriginalOffset, Value: binary.BigEndian.AppendUint64(nil, uint64(m.OriginalOffset))},
+			kgo.RecordHeader{Key: SpringOriginalTimestamp, Value: binary.BigEndian.AppendUint64(nil, uint64(m.OriginalTimestamp.UnixMilli()))},
+		)
+		add(SpringOriginalGroup, m.Group)
+		add(SpringExceptionMessage, truncate(m.Error, MaxErrorLength))
+		add(SpringExceptionFQCN, "kscope."+m.Class.String())
+	}
+	return out
+}
+
+func millis(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+func parseMillis(v []byte) (time.Time, bool) {
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	// Between 1970 and the year 9999: anything else is corrupt.
+	if err != nil || n < 0 || n > 253402300799999 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(n), true
+}
+
+func allDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// truncate cuts s to at most n bytes on a rune boundary and replaces invalid
+// UTF-8, so a header value is always valid text.
+func truncate(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	const ell = "…"
+	cut := n - len(ell)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ell
+}
+
+func truncateBytes(b []byte, n int) []byte {
+	if b == nil {
+		return nil
+	}
+	if len(b) > n {
+		b = b[:n]
+	}
+	return append([]byte{}, b...)
+}

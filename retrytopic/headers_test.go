@@ -1,0 +1,103 @@
+package retrytopic
+
+import (
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+)
+
+func rec(headers ...string) *consumer.Record {
+	r := &kgo.Record{Topic: "orders", Partition: 3, Offset: 42, Key: []byte("acct-1"), Timestamp: time.UnixMilli(1_700_000_000_000)}
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
+	}
+	return &consumer.Record{Record: r}
+}
+
+func TestMetadataRoundTripAcrossHops(t *testing.T) {
+	first, err := FromRecord(rec("message-id", "pi_1", "trace", "abc"), consumer.Identity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.ID != "pi_1" || first.OriginalTopic != "orders" || first.OriginalOffset != 42 || first.Stage != -1 {
+		t.Fatalf("first hop metadata %+v", first)
+	}
+	now := time.UnixMilli(1_700_000_100_000)
+	first.Group, first.Attempt, first.FirstFailure, first.LastFailure = "g", 2, now, now
+	first.Error, first.Class, first.Due, first.Stage = "gateway 503", consumer.ClassRetryable, now.Add(5*time.Second), 0
+	hop := &consumer.Record{Record: &kgo.Record{Topic: "g.retry-5s", Partition: 0, Offset: 7, Key: []byte("acct-1"),
+		Headers: first.Headers([]kgo.RecordHeader{{Key: "trace", Value: []byte("abc")}, {Key: "message-id", Value: []byte("pi_1")}}, false)}}
+	second, err := FromRecord(hop, consumer.Identity{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The record on the retry topic keeps the identity and the origin of
+	// the first one: it dedupes against it.
+	if second.ID != "pi_1" || second.OriginalTopic != "orders" || second.OriginalPartition != 3 || second.OriginalOffset != 42 ||
+		second.Attempt != 2 || second.Class != consumer.ClassRetryable || !second.Due.Equal(first.Due) || second.Stage != 0 ||
+		!second.OriginalTimestamp.Equal(first.OriginalTimestamp) || second.Group != "g" || second.Error != "gateway 503" {
+		t.Fatalf("second hop metadata %+v", second)
+	}
+	if v, _ := hop.Header("trace"); string(v) != "abc" {
+		t.Fatal("an original header was lost")
+	}
+	// Identity without a message-id: the original coordinates, stable
+	// across hops.
+	m, _ := FromRecord(rec(), consumer.Identity{})
+	hop2 := &consumer.Record{Record: &kgo.Record{Topic: "g.retry-1m", Offset: 1, Headers: m.Headers(nil, false)}}
+	if id := (consumer.Identity{}).Of(hop2); id != "orders/3/42" {
+		t.Fatalf("identity on the retry hop %q, want orders/3/42", id)
+	}
+}
+
+func TestForgedAndCorruptHeaders(t *testing.T) {
+	m, err := FromRecord(rec(
+		HeaderAttempt, "99999999999999999999999999",
+		HeaderDue, "not-a-time",
+		HeaderStage, "-4",
+		HeaderErrorClass, "whatever",
+		consumer.HeaderOriginalTopic, "x", consumer.HeaderOriginalPartition, "nope", consumer.HeaderOriginalOffset, "1",
+	), consumer.Identity{})
+	if err == nil {
+		t.Fatal("corrupt headers reported no error")
+	}
+	if m.Attempt != MaxAttempt {
+		t.Fatalf("a forged huge attempt count read as %d, want MaxAttempt (exhausts the budget)", m.Attempt)
+	}
+	if !m.Due.IsZero() || m.Stage != -1 || m.OriginalTopic != "orders" {
+		t.Fatalf("corrupt fields were used: %+v", m)
+	}
+}
+
+func TestHeaderValuesAreBounded(t *testing.T) {
+	m := Metadata{ID: "x", Error: strings.Repeat("é", 5000) + "\xff", OriginalKey: []byte(strings.Repeat("k", 5000)), Stage: -1, Attempt: 1}
+	for _, h := range m.Headers(nil, true) {
+		if len(h.Value) > MaxErrorLength || !utf8.Valid(h.Value) && h.Key != SpringOriginalPartition && h.Key != SpringOriginalOffset && h.Key != SpringOriginalTimestamp {
+			t.Fatalf("header %s: %d bytes, valid UTF-8 %v", h.Key, len(h.Value), utf8.Valid(h.Value))
+		}
+	}
+}
+
+func FuzzFromRecord(f *testing.F) {
+	f.Add("1", "1700000000000", "0", "retryable", "orders", "3", "42")
+	f.Add("-1", "", "x", "", "", "", "")
+	f.Add("99999999999999999999", "99999999999999999999", "65", "skip", "\xff", "-1", "9223372036854775808")
+	f.Fuzz(func(t *testing.T, attempt, due, stage, class, ot, op, oo string) {
+		r := rec(HeaderAttempt, attempt, HeaderDue, due, HeaderStage, stage, HeaderErrorClass, class,
+			consumer.HeaderOriginalTopic, ot, consumer.HeaderOriginalPartition, op, consumer.HeaderOriginalOffset, oo)
+		m, _ := FromRecord(r, consumer.Identity{})
+		if m.Attempt < 0 || m.Attempt > MaxAttempt || m.Stage < -1 || m.Stage > 64 || m.OriginalPartition < 0 || m.OriginalOffset < 0 {
+			t.Fatalf("out-of-range metadata from hostile headers: %+v", m)
+		}
+		// What kscope writes, it reads back unchanged.
+		back, err := FromRecord(&consumer.Record{Record: &kgo.Record{Topic: "t", Headers: m.Headers(nil, false)}}, consumer.Identity{})
+		if err != nil || back.Attempt != m.Attempt || back.Stage != m.Stage || back.OriginalOffset != m.OriginalOffset {
+			t.Fatalf("round trip changed %+v into %+v (%v)", m, back, err)
+		}
+	})
+}
