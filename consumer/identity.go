@@ -23,6 +23,10 @@ const (
 	HeaderOriginalOffset    = "kscope-original-offset"
 	HeaderOriginalTimestamp = "kscope-original-timestamp"
 
+	// HeaderDue carries the time (Unix milliseconds) before which a record
+	// on a delay topic is not to be handled.
+	HeaderDue = "kscope-due"
+
 	// DefaultMessageIDHeader is the producer-set header read as a record's
 	// identity when no other is configured.
 	DefaultMessageIDHeader = "message-id"

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"time"
+
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -15,6 +17,7 @@ type Record struct {
 	size  int64
 	shard int
 	state uint8
+	due   time.Time // on a delay topic: when it may run; zero otherwise
 }
 
 // Shard returns the key-shard the record was routed to.

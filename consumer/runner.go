@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -29,8 +30,14 @@ type tp struct {
 // partState is the runner's view of one partition assignment.
 type partState struct {
 	*partition.Assignment
-	paused   atomic.Bool
-	resumeAt atomic.Int64
+	paused   atomic.Bool  // paused for backpressure
+	resumeAt atomic.Int64 // backpressure resumes at this many unfinished records
+
+	holdPaused bool // paused while records wait for their due time; under Runner.pauseMu
+
+	holdMu    sync.Mutex
+	held      []*Record // records waiting for their due time, in offset order
+	holdTimer *time.Timer
 }
 
 // Stats are a runner's own counters, for tests and health checks. Metrics
@@ -43,6 +50,7 @@ type Stats struct {
 	Polled           int64 // records dispatched to key-shards
 	Done             int64 // records whose effect is durable
 	PausedPartitions int   // partitions paused for backpressure now
+	Held             int64 // records of delay topics waiting for their due time now
 	Pauses           int64 // times a partition was paused for backpressure
 	Assigned         int   // partitions assigned now
 	Rebalances       int64 // assignments, revocations and losses seen
@@ -62,6 +70,7 @@ type Runner struct {
 	maxBatch int
 	linger   time.Duration
 	extra    []kgo.Opt
+	delays   map[string]time.Duration // delay topics and the longest delay each may carry
 
 	cl        *kgo.Client
 	tracker   *commit.Tracker
@@ -83,7 +92,7 @@ type Runner struct {
 	maxInflight, maxInflightBytes   atomic.Int64
 	polled, done, pauses            atomic.Int64
 	rebalances, commits, commitErrs atomic.Int64
-	lost                            atomic.Int64
+	lost, held                      atomic.Int64
 	paused                          atomic.Int64
 
 	fatalMu sync.Mutex
@@ -143,6 +152,9 @@ func newRunner(cfg Config, s Scope) (*Runner, error) {
 	if o, ok := s.(ClientOptioner); ok {
 		r.extra = o.ClientOptions()
 	}
+	if d, ok := s.(Delayer); ok {
+		r.delays = d.DelayedTopics()
+	}
 	return r, nil
 }
 
@@ -166,6 +178,7 @@ func (r *Runner) Stats() Stats {
 		Assigned:         assigned,
 		Rebalances:       r.rebalances.Load(),
 		LostPartitions:   r.lost.Load(),
+		Held:             r.held.Load(),
 		Commits:          r.commits.Load(),
 		CommitErrors:     r.commitErrs.Load(),
 	}
@@ -218,7 +231,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	opts = append(opts,
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ConsumerGroup(r.cfg.Group),
-		kgo.ConsumeTopics(r.cfg.Topics...),
+		kgo.ConsumeTopics(r.topics()...),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
@@ -263,6 +276,17 @@ func (r *Runner) Run(ctx context.Context) error {
 		return ferr
 	}
 	return err
+}
+
+// topics returns the configured topics and the scope's delay topics.
+func (r *Runner) topics() []string {
+	ts := append([]string(nil), r.cfg.Topics...)
+	for t := range r.delays {
+		if !slices.Contains(ts, t) {
+			ts = append(ts, t)
+		}
+	}
+	return ts
 }
 
 // Close stops a running Run and waits for it to return. It is safe to call
@@ -391,7 +415,11 @@ func (r *Runner) dispatch(st *partState, rec *kgo.Record, size int64) {
 	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(size))
 	r.polled.Add(1)
 	shard := partitionShard(rec, r.cfg.Shards, r.cfg.NullKeys)
-	r.pool.Dispatch(shard, st.Assignment, &Record{Record: rec, part: st, size: size, shard: shard})
+	kr := &Record{Record: rec, part: st, size: size, shard: shard}
+	if r.delays != nil && r.hold(st, kr) {
+		return
+	}
+	r.pool.Dispatch(shard, st.Assignment, kr)
 }
 
 func partitionShard(rec *kgo.Record, shards int, nk NullKeyPolicy) int {
@@ -534,7 +562,28 @@ func (r *Runner) resumeLocked(st *partState) {
 	if st.paused.Load() {
 		st.paused.Store(false)
 		r.paused.Add(-1)
-		r.cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
+		if !st.holdPaused {
+			r.cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
+		}
+	}
+}
+
+// setHoldPaused pauses fetching of a delay-topic partition while its head
+// record waits for its due time, and resumes it after, unless backpressure
+// still holds it.
+func (r *Runner) setHoldPaused(st *partState, on bool) {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	if st.holdPaused == on {
+		return
+	}
+	st.holdPaused = on
+	tps := map[string][]int32{st.Topic: {st.Partition}}
+	switch {
+	case on:
+		r.cl.PauseFetchPartitions(tps)
+	case !st.paused.Load():
+		r.cl.ResumeFetchPartitions(tps)
 	}
 }
 
@@ -597,6 +646,7 @@ func (r *Runner) detach(parts map[string][]int32) []*partState {
 	r.mu.Unlock()
 	for _, st := range out {
 		r.pool.Purge(st.Assignment)
+		r.dropHeld(st)
 	}
 	return out
 }
@@ -654,6 +704,7 @@ func (r *Runner) forget(sts []*partState) {
 	for _, st := range sts {
 		r.tracker.Remove(st.Topic, st.Partition)
 		r.resume(st)
+		r.setHoldPaused(st, false)
 	}
 }
 

@@ -54,6 +54,17 @@ type Background interface {
 	RunBackground(ctx context.Context)
 }
 
+// Delayer is implemented by a Scope that consumes delay topics (the retry
+// topics): a record of one of them that carries a HeaderDue time in the
+// future is held, with its partition paused, until that time; later records
+// of the partition wait behind it. A handler never sleeps for it. The value
+// is the longest delay records of that topic may carry: a due time further
+// out (forged or corrupt) is treated as that far out, so it cannot block the
+// partition. The runner consumes the delay topics besides Config.Topics.
+type Delayer interface {
+	DelayedTopics() map[string]time.Duration
+}
+
 // ClientOptioner is implemented by a Scope that needs options on the
 // runner's Kafka client, such as an offset adjustment on assignment. They
 // are applied after Config.ClientOptions and before kscope's own.

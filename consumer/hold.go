@@ -1,0 +1,99 @@
+package consumer
+
+import (
+	"strconv"
+	"time"
+)
+
+// hold keeps rec back when it is a delay-topic record that is not due yet,
+// or when an earlier record of its partition is held. It reports whether it
+// kept it.
+func (r *Runner) hold(st *partState, rec *Record) bool {
+	maxDelay, ok := r.delays[rec.Topic]
+	if !ok {
+		return false
+	}
+	// The due time is read once, when the record arrives, and clamped
+	// then: a forged far-future time waits at most maxDelay.
+	now := time.Now()
+	rec.due, _ = dueOf(rec, now, maxDelay)
+	st.holdMu.Lock()
+	defer st.holdMu.Unlock()
+	if len(st.held) > 0 {
+		st.held = append(st.held, rec) // behind a held record: partition order
+		r.held.Add(1)
+		return true
+	}
+	due := rec.due
+	if !due.After(now) {
+		return false
+	}
+	st.held = append(st.held, rec)
+	r.held.Add(1)
+	r.setHoldPaused(st, true)
+	st.holdTimer = time.AfterFunc(due.Sub(now), func() { r.releaseHeld(st) })
+	return true
+}
+
+// releaseHeld dispatches the held records of st that are due, in order, and
+// arms the timer for the next one, or resumes the partition when none is
+// left.
+func (r *Runner) releaseHeld(st *partState) {
+	st.holdMu.Lock()
+	defer st.holdMu.Unlock()
+	if st.Revoked() {
+		return // dropHeld took care of them
+	}
+	now := time.Now()
+	i := 0
+	for ; i < len(st.held); i++ {
+		rec := st.held[i]
+		if rec.due.After(now) {
+			st.holdTimer = time.AfterFunc(rec.due.Sub(now), func() { r.releaseHeld(st) })
+			break
+		}
+		r.pool.Dispatch(rec.shard, st.Assignment, rec)
+		st.held[i] = nil
+		r.held.Add(-1)
+	}
+	st.held = st.held[i:]
+	if len(st.held) == 0 {
+		st.held = nil
+		st.holdTimer = nil
+		r.setHoldPaused(st, false)
+	}
+}
+
+// dropHeld forgets the held records of a revoked or lost partition: its next
+// owner consumes them again.
+func (r *Runner) dropHeld(st *partState) {
+	st.holdMu.Lock()
+	defer st.holdMu.Unlock()
+	if st.holdTimer != nil {
+		st.holdTimer.Stop()
+		st.holdTimer = nil
+	}
+	for _, rec := range st.held {
+		r.held.Add(-1)
+		r.release(rec)
+	}
+	st.held = nil
+}
+
+// dueOf reads rec's due time, clamped to now+maxDelay. ok is false when the
+// record has no due time or an unreadable one (then it is due now).
+func dueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
+	v, ok := rec.Header(HeaderDue)
+	if !ok {
+		return time.Time{}, false
+	}
+	ms, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil || ms < 0 {
+		return time.Time{}, false
+	}
+	due := time.UnixMilli(ms)
+	if limit := now.Add(maxDelay); due.After(limit) {
+		due = limit
+	}
+	return due, true
+}

@@ -1,0 +1,119 @@
+package consumer_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// delayScope handles records at once and consumes one delay topic.
+type delayScope struct {
+	topic    string
+	maxDelay time.Duration
+	mu       sync.Mutex
+	handled  map[string]time.Time // value -> when handled
+	order    []string
+}
+
+func (s *delayScope) DelayedTopics() map[string]time.Duration {
+	return map[string]time.Duration{s.topic: s.maxDelay}
+}
+
+func (s *delayScope) Process(_ context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
+	for _, r := range batch {
+		s.mu.Lock()
+		s.handled[string(r.Value)] = time.Now()
+		s.order = append(s.order, string(r.Value))
+		s.mu.Unlock()
+		done(r)
+	}
+}
+
+func (s *delayScope) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.handled)
+}
+
+func dueHeader(t time.Time) []kgo.RecordHeader {
+	return []kgo.RecordHeader{{Key: consumer.HeaderDue, Value: []byte(strconv.FormatInt(t.UnixMilli(), 10))}}
+}
+
+// A record of a delay topic is not handled before its due time; the records
+// behind it in its partition wait too, other partitions do not; a forged
+// far-future or corrupt due time cannot block the partition.
+func TestDelayTopicHoldsRecordsUntilDue(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const src, delay = "src", "g-hold.kscope-retry-1s"
+	if err := k.CreateTopic(ctx, src, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.CreateTopic(ctx, delay, 2); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	due := start.Add(700 * time.Millisecond)
+	recs := []*kgo.Record{
+		// partition 0: a record due later, then records due now: they
+		// must wait behind it.
+		{Topic: delay, Partition: 0, Value: []byte("p0-due"), Headers: dueHeader(due)},
+		{Topic: delay, Partition: 0, Value: []byte("p0-after-1"), Headers: dueHeader(start)},
+		{Topic: delay, Partition: 0, Value: []byte("p0-after-2")},
+		// partition 1: forged far future, then corrupt: at most maxDelay.
+		{Topic: delay, Partition: 1, Value: []byte("p1-forged"), Headers: dueHeader(start.Add(365 * 24 * time.Hour))},
+		{Topic: delay, Partition: 1, Value: []byte("p1-corrupt"), Headers: []kgo.RecordHeader{{Key: consumer.HeaderDue, Value: []byte("soon")}}},
+		{Topic: src, Value: []byte("source")},
+	}
+	cl, err := k.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	s := &delayScope{topic: delay, maxDelay: 1500 * time.Millisecond, handled: map[string]time.Time{}}
+	cfg := baseConfig(t, k, "g-hold", src)
+	r, err := consumer.NewRunner(cfg, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "every record handled", func() bool { return s.count() == len(recs) })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-hold", delay) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at := func(v string) time.Time { return s.handled[v] }
+	if at("p0-due").Before(due) {
+		t.Fatalf("handled %s before its due time", at("p0-due").Sub(due))
+	}
+	if late := at("p0-due").Sub(due); late > time.Second {
+		t.Fatalf("handled %s after its due time", late)
+	}
+	if at("p0-after-1").Before(at("p0-due")) || at("p0-after-2").Before(at("p0-after-1")) {
+		t.Fatalf("records overtook the held record of their partition: %v", s.order)
+	}
+	if at("source").After(at("p0-due")) {
+		t.Fatal("the source topic waited for the delay topic")
+	}
+	if el := at("p1-forged").Sub(start); el > 1500*time.Millisecond+time.Second {
+		t.Fatalf("a forged far-future due time held its partition for %s, limit 1.5s", el)
+	}
+	if at("p1-corrupt").Before(at("p1-forged")) {
+		t.Fatal("a record overtook the forged one in its partition")
+	}
+	if st := r.Stats(); st.Held != 0 || st.InFlight != 0 {
+		t.Fatalf("after the run: %d held, %d in flight", st.Held, st.InFlight)
+	}
+}
