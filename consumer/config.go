@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/partition"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // NullKeyPolicy says how records without a key are routed to key-shards.
@@ -103,6 +104,18 @@ type Config struct {
 
 	// Logger receives the runner's structured logs. Default slog.Default().
 	Logger *slog.Logger
+
+	// Identity says how a record's identity (its dedupe key, carried on
+	// every hop) is found: kscope's own header from an earlier hop, a
+	// producer-set header (default "message-id"), an extractor, or the
+	// record's original topic/partition/offset.
+	Identity Identity
+
+	// Failures says what happens to a record whose handler failed: retried
+	// in place with backoff by class, skipped, or sent to the dead-letter
+	// topic with its failure metadata. The zero value is the default
+	// policy; see retrytopic.Policy.
+	Failures retrytopic.Policy
 }
 
 // withDefaults returns c with zero fields set to their defaults.
@@ -128,6 +141,7 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.Failures = c.Failures.WithDefaults(c.Group)
 	return c
 }
 
@@ -201,6 +215,9 @@ func (c Config) validate() error {
 	}
 	if c.NullKeys != NullKeyOrdered && c.NullKeys != NullKeySpread {
 		bad("NullKeys", "is %s; use NullKeyOrdered or NullKeySpread", c.NullKeys)
+	}
+	for _, pr := range c.Failures.Problems() {
+		bad("Failures."+pr.Field, "%s", pr.Reason)
 	}
 	if len(errs) == 0 {
 		// Let the client reject options it cannot use (a bad TLS or SASL

@@ -57,6 +57,7 @@ type Stats struct {
 	LostPartitions   int64 // partitions lost (taken without a revoke)
 	Commits          int64 // offset commit requests that succeeded
 	CommitErrors     int64 // offset commit requests that failed
+	Failures         FailureStats
 }
 
 // Runner consumes a group's partitions and hands each record to the
@@ -73,6 +74,7 @@ type Runner struct {
 	delays   map[string]time.Duration // delay topics and the longest delay each may carry
 
 	cl        *kgo.Client
+	failures  *Failures
 	tracker   *commit.Tracker
 	committer *commit.Committer
 	pool      *partition.Pool[*Record]
@@ -117,8 +119,7 @@ func New(cfg Config, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &ConfigError{Field: "Handler", Reason: "is nil; pass the function that handles each record"}
 	}
-	cfg = cfg.withDefaults()
-	return newRunner(cfg, &atLeastOnce{h: h, cfg: &cfg})
+	return newRunner(cfg.withDefaults(), &atLeastOnce{h: h})
 }
 
 // NewRunner returns a runner for a Scope. It is the building block of the
@@ -181,7 +182,18 @@ func (r *Runner) Stats() Stats {
 		Held:             r.held.Load(),
 		Commits:          r.commits.Load(),
 		CommitErrors:     r.commitErrs.Load(),
+		Failures:         r.failureStats(),
 	}
+}
+
+func (r *Runner) failureStats() FailureStats {
+	r.stopMu.Lock()
+	f := r.failures
+	r.stopMu.Unlock()
+	if f == nil {
+		return FailureStats{}
+	}
+	return f.stats()
 }
 
 // Client returns the runner's Kafka client while Run is running, else nil.
@@ -247,6 +259,20 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.cl = cl
 	r.stopMu.Unlock()
 	r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
+	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log}
+	r.stopMu.Lock()
+	r.failures = f
+	r.stopMu.Unlock()
+	if fa, ok := r.scope.(FailureAware); ok {
+		fa.UseFailures(f)
+		if err := f.ensureTopics(runCtx, r.cfg.Topics); err != nil {
+			cl.Close()
+			r.stopMu.Lock()
+			r.cl = nil
+			r.stopMu.Unlock()
+			return err
+		}
+	}
 	r.pool.Start()
 
 	var bg sync.WaitGroup

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // Handler handles one record in the AtLeastOnce scope. A nil error means the
@@ -73,21 +74,19 @@ type ClientOptioner interface {
 }
 
 // atLeastOnce is the AtLeastOnce scope: a record is done once its handler
-// returns nil. A failing record is retried in place, with capped exponential
-// backoff and jitter, blocking only its key-shard, until it succeeds or its
-// partition is revoked; its offset is never committed past.
+// returns nil, is skipped as a business outcome, or is acknowledged by the
+// dead-letter topic. A failing record is retried in place by the failure
+// policy, blocking only its key-shard; its offset is never committed past.
 type atLeastOnce struct {
-	h   Handler
-	cfg *Config
+	h Handler
+	f *Failures
 }
 
-const (
-	retryBase = 100 * time.Millisecond
-	retryCap  = 30 * time.Second
-)
+func (s *atLeastOnce) UseFailures(f *Failures) { s.f = f }
 
 func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*Record)) {
 	for _, r := range batch {
+		var first time.Time
 		for attempt := 1; ; attempt++ {
 			if ctx.Err() != nil || r.Revoked() {
 				return
@@ -97,10 +96,21 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 				done(r)
 				break
 			}
-			d := backoff.Delay(attempt, retryBase, retryCap)
-			s.cfg.Logger.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
-				recordAttrs(r, attempt, err, d)...)
-			if !backoff.Sleep(ctx, d) {
+			if ctx.Err() != nil {
+				return // canceled mid-handler: the next owner handles it
+			}
+			if first.IsZero() {
+				first = time.Now()
+			}
+			step, ferr := s.f.Handle(ctx, r, err, attempt, first)
+			if ferr != nil {
+				return // ctx done while routing: not done, redelivered
+			}
+			if step.Action != retrytopic.ActionRetry {
+				done(r)
+				break
+			}
+			if !backoff.Sleep(ctx, step.Delay) {
 				return
 			}
 		}

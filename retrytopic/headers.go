@@ -10,21 +10,18 @@ import (
 	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/kscope-dev/kscope/consumer"
 )
 
-// Header names of the failure metadata kscope adds to a routed record. The
-// identity and original coordinates use the consumer package's names
-// (consumer.HeaderID, consumer.HeaderOriginalTopic, ...). All values are
-// UTF-8 text; times are Unix milliseconds in decimal.
+// Header names of the failure metadata kscope adds to a routed record, next
+// to the identity and original coordinates (HeaderID, HeaderOriginalTopic,
+// ...). All values are UTF-8 text; times are Unix milliseconds in decimal.
 const (
 	HeaderGroup        = "kscope-group"         // consumer group that failed the record
 	HeaderAttempt      = "kscope-attempt"       // attempts made so far, 1 for the first failure
 	HeaderFirstFailure = "kscope-first-failure" // time of the first failure
 	HeaderLastFailure  = "kscope-last-failure"  // time of the latest failure
 	HeaderError        = "kscope-error"         // the latest error message, truncated to MaxErrorLength
-	HeaderErrorClass   = "kscope-error-class"   // consumer.Class of the latest error
+	HeaderErrorClass   = "kscope-error-class"   // Class of the latest error
 	HeaderDue          = "kscope-due"           // on retry topics: not to be handled before this time
 	HeaderStage        = "kscope-stage"         // on retry topics: the ladder step, from 0
 	HeaderParked       = "kscope-parked"        // "1": the record did not fail, it waits behind an earlier record of its key
@@ -71,7 +68,7 @@ type Metadata struct {
 	FirstFailure      time.Time
 	LastFailure       time.Time
 	Error             string
-	Class             consumer.Class
+	Class             Class
 	Due               time.Time // zero when not set
 	Stage             int       // -1 when not set
 	Parked            bool
@@ -79,12 +76,14 @@ type Metadata struct {
 
 // FromRecord returns the metadata r carries, filling in what it does not
 // carry from r itself (a record on its first failure carries nothing yet):
-// its identity, its own coordinates as the original ones. Malformed kscope
+// id (the record's identity, from consumer.Identity), its own coordinates as
+// the original ones. Malformed kscope
 // headers are reported as an error and ignored field by field, so a corrupt
 // or forged header can make a record go to the DLT, never block it.
-func FromRecord(r *consumer.Record, id consumer.Identity) (Metadata, error) {
+func FromRecord(r *kgo.Record, id string) (Metadata, error) {
+	header := func(k string) ([]byte, bool) { return lastHeader(r.Headers, k) }
 	m := Metadata{
-		ID:                id.Of(r),
+		ID:                id,
 		OriginalTopic:     r.Topic,
 		OriginalPartition: r.Partition,
 		OriginalOffset:    r.Offset,
@@ -96,31 +95,31 @@ func FromRecord(r *consumer.Record, id consumer.Identity) (Metadata, error) {
 	bad := func(h string, v []byte) {
 		errs = append(errs, fmt.Errorf("retrytopic: header %s has a malformed value %q", h, truncateBytes(v, 40)))
 	}
-	if t, ok := r.Header(consumer.HeaderOriginalTopic); ok && len(t) > 0 {
-		p, pok := r.Header(consumer.HeaderOriginalPartition)
-		o, ook := r.Header(consumer.HeaderOriginalOffset)
+	if t, ok := header(HeaderOriginalTopic); ok && len(t) > 0 {
+		p, pok := header(HeaderOriginalPartition)
+		o, ook := header(HeaderOriginalOffset)
 		pv, perr := strconv.ParseInt(string(p), 10, 32)
 		ov, oerr := strconv.ParseInt(string(o), 10, 64)
 		if pok && ook && perr == nil && oerr == nil && pv >= 0 && ov >= 0 && utf8.Valid(t) {
 			m.OriginalTopic, m.OriginalPartition, m.OriginalOffset = string(t), int32(pv), ov
 		} else {
-			bad(consumer.HeaderOriginalTopic, t)
+			bad(HeaderOriginalTopic, t)
 		}
 	}
-	if v, ok := r.Header(consumer.HeaderOriginalTimestamp); ok {
+	if v, ok := header(HeaderOriginalTimestamp); ok {
 		if t, ok := parseMillis(v); ok {
 			m.OriginalTimestamp = t
 		} else {
-			bad(consumer.HeaderOriginalTimestamp, v)
+			bad(HeaderOriginalTimestamp, v)
 		}
 	}
-	if v, ok := r.Header(HeaderOriginalKey); ok {
+	if v, ok := header(HeaderOriginalKey); ok {
 		m.OriginalKey = truncateBytes(v, MaxKeyLength)
 	}
-	if v, ok := r.Header(HeaderGroup); ok {
+	if v, ok := header(HeaderGroup); ok {
 		m.Group = truncate(string(v), 255)
 	}
-	if v, ok := r.Header(HeaderAttempt); ok {
+	if v, ok := header(HeaderAttempt); ok {
 		n, err := strconv.Atoi(string(v))
 		switch {
 		case err != nil && len(v) > 0 && allDigits(v):
@@ -135,7 +134,7 @@ func FromRecord(r *consumer.Record, id consumer.Identity) (Metadata, error) {
 		h string
 		t *time.Time
 	}{{HeaderFirstFailure, &m.FirstFailure}, {HeaderLastFailure, &m.LastFailure}, {HeaderDue, &m.Due}} {
-		if v, ok := r.Header(f.h); ok {
+		if v, ok := header(f.h); ok {
 			if t, ok := parseMillis(v); ok {
 				*f.t = t
 			} else {
@@ -143,17 +142,17 @@ func FromRecord(r *consumer.Record, id consumer.Identity) (Metadata, error) {
 			}
 		}
 	}
-	if v, ok := r.Header(HeaderError); ok {
+	if v, ok := header(HeaderError); ok {
 		m.Error = truncate(string(v), MaxErrorLength)
 	}
-	if v, ok := r.Header(HeaderErrorClass); ok {
-		if c, ok := consumer.ParseClass(string(v)); ok {
+	if v, ok := header(HeaderErrorClass); ok {
+		if c, ok := ParseClass(string(v)); ok {
 			m.Class = c
 		} else {
 			bad(HeaderErrorClass, v)
 		}
 	}
-	if v, ok := r.Header(HeaderStage); ok {
+	if v, ok := header(HeaderStage); ok {
 		n, err := strconv.Atoi(string(v))
 		if err != nil || n < 0 || n > 64 {
 			bad(HeaderStage, v)
@@ -161,7 +160,7 @@ func FromRecord(r *consumer.Record, id consumer.Identity) (Metadata, error) {
 			m.Stage = n
 		}
 	}
-	if v, ok := r.Header(HeaderParked); ok {
+	if v, ok := header(HeaderParked); ok {
 		m.Parked = string(v) == "1"
 	}
 	return m, errors.Join(errs...)
@@ -179,11 +178,11 @@ func (m Metadata) Headers(orig []kgo.RecordHeader, spring bool) []kgo.RecordHead
 		out = append(out, h)
 	}
 	add := func(k, v string) { out = append(out, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
-	add(consumer.HeaderID, m.ID)
-	add(consumer.HeaderOriginalTopic, m.OriginalTopic)
-	add(consumer.HeaderOriginalPartition, strconv.FormatInt(int64(m.OriginalPartition), 10))
-	add(consumer.HeaderOriginalOffset, strconv.FormatInt(m.OriginalOffset, 10))
-	add(consumer.HeaderOriginalTimestamp, millis(m.OriginalTimestamp))
+	add(HeaderID, m.ID)
+	add(HeaderOriginalTopic, m.OriginalTopic)
+	add(HeaderOriginalPartition, strconv.FormatInt(int64(m.OriginalPartition), 10))
+	add(HeaderOriginalOffset, strconv.FormatInt(m.OriginalOffset, 10))
+	add(HeaderOriginalTimestamp, millis(m.OriginalTimestamp))
 	if m.OriginalKey != nil {
 		out = append(out, kgo.RecordHeader{Key: HeaderOriginalKey, Value: truncateBytes(m.OriginalKey, MaxKeyLength)})
 	}
@@ -265,4 +264,13 @@ func truncateBytes(b []byte, n int) []byte {
 		b = b[:n]
 	}
 	return append([]byte{}, b...)
+}
+
+func lastHeader(hs []kgo.RecordHeader, key string) ([]byte, bool) {
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].Key == key {
+			return hs[i].Value, true
+		}
+	}
+	return nil, false
 }

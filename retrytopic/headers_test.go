@@ -1,4 +1,4 @@
-package retrytopic
+package retrytopic_test
 
 import (
 	"strings"
@@ -9,18 +9,22 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	. "github.com/kscope-dev/kscope/retrytopic"
 )
 
-func rec(headers ...string) *consumer.Record {
+func rec(headers ...string) *kgo.Record {
 	r := &kgo.Record{Topic: "orders", Partition: 3, Offset: 42, Key: []byte("acct-1"), Timestamp: time.UnixMilli(1_700_000_000_000)}
 	for i := 0; i+1 < len(headers); i += 2 {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
 	}
-	return &consumer.Record{Record: r}
+	return r
 }
 
+// idOf computes the identity as the consumer package does.
+func idOf(r *kgo.Record) string { return consumer.Identity{}.Of(&consumer.Record{Record: r}) }
+
 func TestMetadataRoundTripAcrossHops(t *testing.T) {
-	first, err := FromRecord(rec("message-id", "pi_1", "trace", "abc"), consumer.Identity{})
+	first, err := FromRecord(rec("message-id", "pi_1", "trace", "abc"), "pi_1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,9 +34,9 @@ func TestMetadataRoundTripAcrossHops(t *testing.T) {
 	now := time.UnixMilli(1_700_000_100_000)
 	first.Group, first.Attempt, first.FirstFailure, first.LastFailure = "g", 2, now, now
 	first.Error, first.Class, first.Due, first.Stage = "gateway 503", consumer.ClassRetryable, now.Add(5*time.Second), 0
-	hop := &consumer.Record{Record: &kgo.Record{Topic: "g.retry-5s", Partition: 0, Offset: 7, Key: []byte("acct-1"),
-		Headers: first.Headers([]kgo.RecordHeader{{Key: "trace", Value: []byte("abc")}, {Key: "message-id", Value: []byte("pi_1")}}, false)}}
-	second, err := FromRecord(hop, consumer.Identity{})
+	hop := &kgo.Record{Topic: "g.retry-5s", Partition: 0, Offset: 7, Key: []byte("acct-1"),
+		Headers: first.Headers([]kgo.RecordHeader{{Key: "trace", Value: []byte("abc")}, {Key: "message-id", Value: []byte("pi_1")}}, false)}
+	second, err := FromRecord(hop, idOf(hop))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,14 +47,14 @@ func TestMetadataRoundTripAcrossHops(t *testing.T) {
 		!second.OriginalTimestamp.Equal(first.OriginalTimestamp) || second.Group != "g" || second.Error != "gateway 503" {
 		t.Fatalf("second hop metadata %+v", second)
 	}
-	if v, _ := hop.Header("trace"); string(v) != "abc" {
+	if v, _ := (&consumer.Record{Record: hop}).Header("trace"); string(v) != "abc" {
 		t.Fatal("an original header was lost")
 	}
 	// Identity without a message-id: the original coordinates, stable
 	// across hops.
-	m, _ := FromRecord(rec(), consumer.Identity{})
-	hop2 := &consumer.Record{Record: &kgo.Record{Topic: "g.retry-1m", Offset: 1, Headers: m.Headers(nil, false)}}
-	if id := (consumer.Identity{}).Of(hop2); id != "orders/3/42" {
+	m, _ := FromRecord(rec(), idOf(rec()))
+	hop2 := &kgo.Record{Topic: "g.retry-1m", Offset: 1, Headers: m.Headers(nil, false)}
+	if id := idOf(hop2); id != "orders/3/42" {
 		t.Fatalf("identity on the retry hop %q, want orders/3/42", id)
 	}
 }
@@ -61,8 +65,8 @@ func TestForgedAndCorruptHeaders(t *testing.T) {
 		HeaderDue, "not-a-time",
 		HeaderStage, "-4",
 		HeaderErrorClass, "whatever",
-		consumer.HeaderOriginalTopic, "x", consumer.HeaderOriginalPartition, "nope", consumer.HeaderOriginalOffset, "1",
-	), consumer.Identity{})
+		HeaderOriginalTopic, "x", HeaderOriginalPartition, "nope", HeaderOriginalOffset, "1",
+	), "id")
 	if err == nil {
 		t.Fatal("corrupt headers reported no error")
 	}
@@ -89,13 +93,14 @@ func FuzzFromRecord(f *testing.F) {
 	f.Add("99999999999999999999", "99999999999999999999", "65", "skip", "\xff", "-1", "9223372036854775808")
 	f.Fuzz(func(t *testing.T, attempt, due, stage, class, ot, op, oo string) {
 		r := rec(HeaderAttempt, attempt, HeaderDue, due, HeaderStage, stage, HeaderErrorClass, class,
-			consumer.HeaderOriginalTopic, ot, consumer.HeaderOriginalPartition, op, consumer.HeaderOriginalOffset, oo)
-		m, _ := FromRecord(r, consumer.Identity{})
+			HeaderOriginalTopic, ot, HeaderOriginalPartition, op, HeaderOriginalOffset, oo)
+		m, _ := FromRecord(r, idOf(r))
 		if m.Attempt < 0 || m.Attempt > MaxAttempt || m.Stage < -1 || m.Stage > 64 || m.OriginalPartition < 0 || m.OriginalOffset < 0 {
 			t.Fatalf("out-of-range metadata from hostile headers: %+v", m)
 		}
 		// What kscope writes, it reads back unchanged.
-		back, err := FromRecord(&consumer.Record{Record: &kgo.Record{Topic: "t", Headers: m.Headers(nil, false)}}, consumer.Identity{})
+		hop := &kgo.Record{Topic: "t", Headers: m.Headers(nil, false)}
+		back, err := FromRecord(hop, idOf(hop))
 		if err != nil || back.Attempt != m.Attempt || back.Stage != m.Stage || back.OriginalOffset != m.OriginalOffset {
 			t.Fatalf("round trip changed %+v into %+v (%v)", m, back, err)
 		}

@@ -1,0 +1,314 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// fastFailures keeps in-place backoff short so that tests run quickly.
+func fastFailures(p retrytopic.Policy) retrytopic.Policy {
+	p.Backoff, p.MaxBackoff = time.Millisecond, 5*time.Millisecond
+	return p
+}
+
+// readAll reads every record of topic from the start to its current end.
+func readAll(t testing.TB, k *testenv.Kafka, topic string) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends, err := k.EndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	for _, e := range ends {
+		want += e
+	}
+	cl, err := k.Client(kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	for int64(len(out)) < want {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d of %d records of %s: %v", len(out), want, topic, err)
+		}
+		out = append(out, fs.Records()...)
+	}
+	return out
+}
+
+func header(r *kgo.Record, k string) string {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if r.Headers[i].Key == k {
+			return string(r.Headers[i].Value)
+		}
+	}
+	return ""
+}
+
+// Poison goes to the dead-letter topic at once, with its original key,
+// value and headers and every failure header; a business skip is
+// acknowledged and counted; a retryable failure is retried in place and
+// succeeds; an unknown error gets the smaller budget, then the DLT. Per-key
+// order holds across the retries.
+func TestFailureRoutingByClass(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "payments", "g-fail"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	recs := []*kgo.Record{
+		{Topic: topic, Key: []byte("acct-1"), Value: []byte("poison"), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("t-1")}}},
+		{Topic: topic, Key: []byte("acct-1"), Value: []byte("after-poison")},
+		{Topic: topic, Key: []byte("acct-2"), Value: []byte("declined")},
+		{Topic: topic, Key: []byte("acct-3"), Value: []byte("flaky")},
+		{Topic: topic, Key: []byte("acct-3"), Value: []byte("after-flaky")},
+		{Topic: topic, Key: []byte("acct-4"), Value: []byte("broken")},
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []string
+	var flakyCalls, brokenCalls atomic.Int64
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures = fastFailures(retrytopic.Policy{SpringHeaders: true})
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		switch string(rec.Value) {
+		case "poison":
+			return consumer.DecodeError(errors.New("invalid JSON at byte 3"))
+		case "declined":
+			return consumer.Skip(errors.New("card declined"))
+		case "flaky":
+			if flakyCalls.Add(1) < 3 {
+				return consumer.Retryable(errors.New("gateway 503"))
+			}
+		case "broken":
+			brokenCalls.Add(1)
+			return errors.New("nil pointer somewhere")
+		}
+		mu.Lock()
+		order = append(order, string(rec.Value))
+		mu.Unlock()
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == int64(len(recs)) })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	fs := r.Stats().Failures
+	if fs.Skipped != 1 || fs.DeadLettered != 2 {
+		t.Fatalf("failure stats %+v: want 1 skipped, 2 dead-lettered (poison, broken)", fs)
+	}
+	if flakyCalls.Load() != 3 || brokenCalls.Load() != int64(retrytopic.DefaultUnknownAttempts) {
+		t.Fatalf("flaky handled %d times (want 3), broken %d (want %d)", flakyCalls.Load(), brokenCalls.Load(), retrytopic.DefaultUnknownAttempts)
+	}
+	mu.Lock()
+	got := strings.Join(order, ",")
+	mu.Unlock()
+	for _, pair := range [][2]string{{"flaky", "after-flaky"}} {
+		if strings.Index(got, pair[0]) > strings.Index(got, pair[1]) {
+			t.Fatalf("order %s: %s overtook %s", got, pair[1], pair[0])
+		}
+	}
+
+	dlt := readAll(t, k, retrytopic.DLTopic(group))
+	if len(dlt) != 2 {
+		t.Fatalf("%d records on the DLT, want 2", len(dlt))
+	}
+	var poison *kgo.Record
+	for _, d := range dlt {
+		if string(d.Value) == "poison" {
+			poison = d
+		}
+	}
+	if poison == nil || string(poison.Key) != "acct-1" {
+		t.Fatalf("the poison record is not on the DLT with its key: %v", dlt)
+	}
+	for h, want := range map[string]string{
+		"trace":                           "t-1",
+		consumer.HeaderID:                 topic + "/" + strconv.Itoa(int(recs[0].Partition)) + "/" + strconv.FormatInt(recs[0].Offset, 10),
+		consumer.HeaderOriginalTopic:      topic,
+		consumer.HeaderOriginalPartition:  strconv.Itoa(int(recs[0].Partition)),
+		consumer.HeaderOriginalOffset:     strconv.FormatInt(recs[0].Offset, 10),
+		consumer.HeaderOriginalTimestamp:  strconv.FormatInt(recs[0].Timestamp.UnixMilli(), 10),
+		retrytopic.HeaderOriginalKey:      "acct-1",
+		retrytopic.HeaderGroup:            group,
+		retrytopic.HeaderAttempt:          "1",
+		retrytopic.HeaderErrorClass:       "terminal",
+		retrytopic.HeaderError:            "decode: invalid JSON at byte 3",
+		retrytopic.SpringOriginalTopic:    topic,
+		retrytopic.SpringOriginalGroup:    group,
+		retrytopic.SpringExceptionMessage: "decode: invalid JSON at byte 3",
+	} {
+		if got := header(poison, h); got != want {
+			t.Errorf("DLT header %s = %q, want %q", h, got, want)
+		}
+	}
+	for _, h := range []string{retrytopic.HeaderFirstFailure, retrytopic.HeaderLastFailure} {
+		if ms, err := strconv.ParseInt(header(poison, h), 10, 64); err != nil || time.Since(time.UnixMilli(ms)) > time.Minute {
+			t.Errorf("DLT header %s = %q, want a recent time", h, header(poison, h))
+		}
+	}
+	checkDLTWithKcat(t, k, retrytopic.DLTopic(group), poison)
+}
+
+// checkDLTWithKcat reads the DLT with kcat (librdkafka, a non-Go client) and
+// checks that it sees the same record and headers.
+func checkDLTWithKcat(t *testing.T, k *testenv.Kafka, topic string, want *kgo.Record) {
+	t.Helper()
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		t.Fatal("kcat is not installed (Debian: apt-get install kcat); .ci/run installs it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, kcat, "-b", strings.Join(k.Brokers, ","), "-C", "-t", topic,
+		"-o", "beginning", "-e", "-J", "-q", "-X", "isolation.level=read_committed").Output()
+	if err != nil {
+		t.Fatalf("kcat: %v\n%s", err, out)
+	}
+	found := false
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var m struct {
+			Partition int32    `json:"partition"`
+			Offset    int64    `json:"offset"`
+			Key       string   `json:"key"`
+			Payload   string   `json:"payload"`
+			Headers   []string `json:"headers"`
+		}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("kcat line %q: %v", line, err)
+		}
+		if m.Partition != want.Partition || m.Offset != want.Offset {
+			continue
+		}
+		found = true
+		if m.Key != string(want.Key) || m.Payload != string(want.Value) {
+			t.Fatalf("kcat sees key %q value %q, want %q %q", m.Key, m.Payload, want.Key, want.Value)
+		}
+		hs := map[string]string{}
+		for i := 0; i+1 < len(m.Headers); i += 2 {
+			hs[m.Headers[i]] = m.Headers[i+1]
+		}
+		for _, h := range want.Headers {
+			if strings.HasPrefix(h.Key, "kafka_dlt-original-") && h.Key != retrytopic.SpringOriginalTopic && h.Key != retrytopic.SpringOriginalGroup {
+				continue // binary values, as Spring writes them
+			}
+			if hs[h.Key] != string(h.Value) {
+				t.Errorf("kcat sees header %s = %q, want %q", h.Key, hs[h.Key], h.Value)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("kcat did not see the DLT record at %d/%d:\n%s", want.Partition, want.Offset, out)
+	}
+}
+
+// A failing produce to the dead-letter topic holds the record: its offset is
+// not committed past it until the DLT acknowledges it; nothing is lost.
+func TestDLTProduceFailureHoldsTheOffset(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "dltfault", "g-dltfault"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx,
+		&kgo.Record{Topic: topic, Key: []byte("b"), Value: []byte("fine")},
+		&kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("poison")},
+		&kgo.Record{Topic: topic, Key: []byte("c"), Value: []byte("fine")}); err != nil {
+		t.Fatal(err)
+	}
+	dlt := retrytopic.DLTopic(group)
+	// The DLT rejects produce requests until the fault is removed.
+	fault, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: dlt, Count: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures = fastFailures(retrytopic.Policy{})
+	var fine atomic.Int64
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		if string(rec.Value) == "poison" {
+			return consumer.Terminal(fmt.Errorf("bad record"))
+		}
+		fine.Add(1)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	if err := fault.Wait(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the other records handled", func() bool { return fine.Load() == 2 })
+	testenv.WaitFor(t, time.Minute, "the record before it committed", func() bool {
+		com, _ := k.CommittedOffsets(ctx, group, topic)
+		return com[0] == 1
+	})
+	if err := fault.Wait(ctx, 6); err != nil { // still failing, still held
+		t.Fatal(err)
+	}
+	if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] != 1 {
+		t.Fatalf("committed offset %d past the record (offset 1) whose DLT produce fails", com[0])
+	}
+	fault.Remove()
+	testenv.WaitFor(t, time.Minute, "the poison record dead-lettered", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(readAll(t, k, dlt)); n != 1 {
+		t.Fatalf("%d DLT records, want 1", n)
+	}
+	if r.Stats().Failures.DLTErrors == 0 {
+		t.Fatal("no failed DLT produce was counted")
+	}
+}
+
+// The dead-letter topic must exist or be creatable; with creation turned
+// off and the topic absent, Run says what to do.
+func TestMissingDLTWithCreationOff(t *testing.T) {
+	k := testenv.KafkaT(t)
+	if err := k.CreateTopic(context.Background(), "src", 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(t, k, "g-nodlt", "src")
+	cfg.Failures = retrytopic.Policy{DoNotCreateTopics: true}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "g-nodlt.kscope-dlt does not exist") || !strings.Contains(err.Error(), "create it") {
+		t.Fatalf("Run: %v", err)
+	}
+}

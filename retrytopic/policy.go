@@ -1,0 +1,183 @@
+package retrytopic
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kscope-dev/kscope/internal/backoff"
+)
+
+// Defaults applied by Policy to fields left at their zero value.
+const (
+	DefaultBackoff           = time.Second
+	DefaultMaxBackoff        = 5 * time.Minute
+	DefaultRetryableAttempts = 6
+	DefaultUnknownAttempts   = 3
+)
+
+// Policy says what happens to a record whose handler failed. The zero value
+// is the default policy.
+//
+// Classification, in this order: Classify (when set and it returns ok);
+// then the error's own mark: [Skip] (a business rejection: acknowledged,
+// counted, logged), [Terminal] or [DecodeError] (dead-lettered at once),
+// [Retryable] (the full budget); anything else is unknown (the smaller
+// budget). A retried record waits with exponential backoff and jitter,
+// inside its key-shard's worker, so later records of its key wait behind it
+// and other keys go on. Once its budget is spent it goes to the dead-letter
+// topic with its failure metadata.
+type Policy struct {
+	// Backoff is the wait before the second attempt; it doubles per
+	// attempt up to MaxBackoff, with jitter. Defaults 1s and 5m.
+	Backoff    time.Duration
+	MaxBackoff time.Duration
+
+	// RetryableAttempts is how many attempts a retryable failure gets in
+	// all before the DLT (default 6); UnknownAttempts the same for an
+	// unclassified error (default 3). Attempts made on earlier hops count.
+	RetryableAttempts int
+	UnknownAttempts   int
+
+	// Classify, when not nil, classifies an error before its own mark is
+	// looked at; it returns ok=false to leave the error to the default
+	// classification.
+	Classify func(err error) (c Class, ok bool)
+
+	// DeadLetterTopic is the dead-letter topic. Default DLTopic(group): one
+	// per consumer group. It is created if missing, with as many partitions
+	// as the largest source topic, unless DoNotCreateTopics is set.
+	DeadLetterTopic   string
+	DoNotCreateTopics bool
+
+	// SpringHeaders adds Spring Kafka's kafka_dlt-* headers to dead-letter
+	// records, so tools built for Spring read kscope's DLT.
+	SpringHeaders bool
+}
+
+// WithDefaults returns p with zero fields set for consumer group group.
+func (p Policy) WithDefaults(group string) Policy {
+	if p.Backoff == 0 {
+		p.Backoff = DefaultBackoff
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = DefaultMaxBackoff
+	}
+	if p.RetryableAttempts == 0 {
+		p.RetryableAttempts = DefaultRetryableAttempts
+	}
+	if p.UnknownAttempts == 0 {
+		p.UnknownAttempts = DefaultUnknownAttempts
+	}
+	if p.DeadLetterTopic == "" {
+		p.DeadLetterTopic = DLTopic(group)
+	}
+	return p
+}
+
+// Problem is one thing wrong with a Policy.
+type Problem struct {
+	Field  string // the Policy field at fault
+	Reason string // what is wrong and what to change
+}
+
+// Validate reports the contradictions of a policy that has its defaults,
+// each saying what to change.
+func (p Policy) Validate() error {
+	var errs []error
+	for _, pr := range p.Problems() {
+		errs = append(errs, fmt.Errorf("kscope: Config.Failures.%s: %s", pr.Field, pr.Reason))
+	}
+	return errors.Join(errs...)
+}
+
+// Problems lists what Validate reports, one entry per field.
+func (p Policy) Problems() []Problem {
+	var out []Problem
+	bad := func(field, format string, args ...any) {
+		out = append(out, Problem{field, fmt.Sprintf(format, args...)})
+	}
+	if p.Backoff < 0 {
+		bad("Backoff", "is %s; set a positive duration (0 selects %s)", p.Backoff, DefaultBackoff)
+	}
+	if p.MaxBackoff < 0 || (p.MaxBackoff > 0 && p.MaxBackoff < p.Backoff) {
+		bad("MaxBackoff", "is %s, below Backoff (%s); raise it or lower Backoff", p.MaxBackoff, p.Backoff)
+	}
+	if p.RetryableAttempts < 0 || p.RetryableAttempts > MaxAttempt {
+		bad("RetryableAttempts", "is %d; set it between 1 and %d (0 selects %d)", p.RetryableAttempts, MaxAttempt, DefaultRetryableAttempts)
+	}
+	if p.UnknownAttempts < 0 || p.UnknownAttempts > MaxAttempt {
+		bad("UnknownAttempts", "is %d; set it between 1 and %d (0 selects %d)", p.UnknownAttempts, MaxAttempt, DefaultUnknownAttempts)
+	}
+	if !validTopic(p.DeadLetterTopic) {
+		bad("DeadLetterTopic", "%q is not a valid topic name; use at most 249 of a-z A-Z 0-9 . _ -", p.DeadLetterTopic)
+	}
+	return out
+}
+
+func validTopic(t string) bool {
+	if t == "" || len(t) > 249 || t == "." || t == ".." {
+		return false
+	}
+	return topicSafe(t) == t
+}
+
+// ClassOf classifies err under the policy.
+func (p Policy) ClassOf(err error) Class {
+	if p.Classify != nil {
+		if c, ok := p.Classify(err); ok {
+			return c
+		}
+	}
+	return ClassOf(err)
+}
+
+// Action is what to do with a record after a failed attempt.
+type Action int
+
+const (
+	// ActionRetry runs the record again after Step.Delay.
+	ActionRetry Action = iota
+	// ActionSkip acknowledges the record without further work.
+	ActionSkip
+	// ActionDeadLetter sends the record to the dead-letter topic.
+	ActionDeadLetter
+)
+
+// String returns the action's name.
+func (a Action) String() string {
+	switch a {
+	case ActionRetry:
+		return "retry"
+	case ActionSkip:
+		return "skip"
+	case ActionDeadLetter:
+		return "dead_letter"
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
+// Step is the policy's decision after a failed attempt.
+type Step struct {
+	Action Action
+	Class  Class
+	Delay  time.Duration // for ActionRetry
+}
+
+// Next decides what follows a failure of class c on attempt (1 for the
+// first attempt, counting earlier hops).
+func (p Policy) Next(c Class, attempt int) Step {
+	budget := p.UnknownAttempts
+	switch c {
+	case ClassSkip:
+		return Step{Action: ActionSkip, Class: c}
+	case ClassTerminal:
+		return Step{Action: ActionDeadLetter, Class: c}
+	case ClassRetryable:
+		budget = p.RetryableAttempts
+	}
+	if attempt >= budget {
+		return Step{Action: ActionDeadLetter, Class: c}
+	}
+	return Step{Action: ActionRetry, Class: c, Delay: backoff.Delay(attempt, p.Backoff, p.MaxBackoff)}
+}

@@ -1,0 +1,88 @@
+package retrytopic_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/kscope-dev/kscope/retrytopic"
+)
+
+func TestPolicyBudgetsByClass(t *testing.T) {
+	p := Policy{}.WithDefaults("g")
+	steps := func(c Class) (retries int, last Step) {
+		for attempt := 1; ; attempt++ {
+			s := p.Next(c, attempt)
+			if s.Action != ActionRetry {
+				return retries, s
+			}
+			if s.Delay <= 0 || s.Delay > p.MaxBackoff {
+				t.Fatalf("%s attempt %d: delay %s", c, attempt, s.Delay)
+			}
+			retries++
+		}
+	}
+	for c, want := range map[Class]struct {
+		retries int
+		action  Action
+	}{
+		ClassRetryable: {5, ActionDeadLetter}, // 6 attempts in all
+		ClassUnknown:   {2, ActionDeadLetter}, // 3 attempts in all
+		ClassTerminal:  {0, ActionDeadLetter},
+		ClassSkip:      {0, ActionSkip},
+	} {
+		n, last := steps(c)
+		if n != want.retries || last.Action != want.action {
+			t.Errorf("%s: %d retries then %s, want %d then %s", c, n, last.Action, want.retries, want.action)
+		}
+	}
+	// A forged huge attempt count from an earlier hop spends the budget.
+	if s := p.Next(ClassRetryable, MaxAttempt); s.Action != ActionDeadLetter {
+		t.Fatalf("attempt %d: %s", MaxAttempt, s.Action)
+	}
+	// Backoff grows from 1s towards the cap, with jitter in the upper half.
+	if d := p.Next(ClassRetryable, 1).Delay; d < 500*time.Millisecond || d > time.Second {
+		t.Fatalf("first delay %s, want within [0.5s, 1s]", d)
+	}
+}
+
+func TestPolicyClassifyOverrides(t *testing.T) {
+	declined := errors.New("card declined")
+	p := Policy{Classify: func(err error) (Class, bool) {
+		if errors.Is(err, declined) {
+			return ClassSkip, true
+		}
+		return 0, false
+	}}.WithDefaults("g")
+	if c := p.ClassOf(declined); c != ClassSkip {
+		t.Fatalf("classifier ignored: %s", c)
+	}
+	if c := p.ClassOf(Terminal(errors.New("bad json"))); c != ClassTerminal {
+		t.Fatalf("fall-through to the mark: %s", c)
+	}
+	if c := p.ClassOf(errors.New("boom")); c != ClassUnknown {
+		t.Fatalf("unmarked: %s", c)
+	}
+}
+
+func TestPolicyValidate(t *testing.T) {
+	for _, tc := range []struct {
+		p    Policy
+		says string
+	}{
+		{Policy{Backoff: -1}, "Failures.Backoff"},
+		{Policy{Backoff: time.Minute, MaxBackoff: time.Second}, "Failures.MaxBackoff"},
+		{Policy{RetryableAttempts: -2}, "Failures.RetryableAttempts"},
+		{Policy{UnknownAttempts: 5000}, "Failures.UnknownAttempts"},
+		{Policy{DeadLetterTopic: "no spaces allowed"}, "Failures.DeadLetterTopic"},
+	} {
+		err := tc.p.WithDefaults("g").Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%+v: %v, want an error naming %s", tc.p, err, tc.says)
+		}
+	}
+	if err := (Policy{}).WithDefaults("team/payments").Validate(); err != nil {
+		t.Fatalf("default policy: %v", err)
+	}
+}
