@@ -28,44 +28,6 @@ func fastFailures(p retrytopic.Policy) retrytopic.Policy {
 	return p
 }
 
-// readAll reads every record of topic from the start to its current end.
-func readAll(t testing.TB, k *testenv.Kafka, topic string) []*kgo.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ends, err := k.EndOffsets(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want int64
-	for _, e := range ends {
-		want += e
-	}
-	cl, err := k.Client(kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var out []*kgo.Record
-	for int64(len(out)) < want {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("read %d of %d records of %s: %v", len(out), want, topic, err)
-		}
-		out = append(out, fs.Records()...)
-	}
-	return out
-}
-
-func header(r *kgo.Record, k string) string {
-	for i := len(r.Headers) - 1; i >= 0; i-- {
-		if r.Headers[i].Key == k {
-			return string(r.Headers[i].Value)
-		}
-	}
-	return ""
-}
-
 // Poison goes to the dead-letter topic at once, with its original key,
 // value and headers and every failure header; a business skip is
 // acknowledged and counted; a retryable failure is retried in place and
@@ -138,7 +100,7 @@ func TestFailureRoutingByClass(t *testing.T) {
 		}
 	}
 
-	dlt := readAll(t, k, retrytopic.DLTopic(group))
+	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
 	if len(dlt) != 2 {
 		t.Fatalf("%d records on the DLT, want 2", len(dlt))
 	}
@@ -167,13 +129,13 @@ func TestFailureRoutingByClass(t *testing.T) {
 		retrytopic.SpringOriginalGroup:    group,
 		retrytopic.SpringExceptionMessage: "decode: invalid JSON at byte 3",
 	} {
-		if got := header(poison, h); got != want {
+		if got := testenv.Header(poison, h); got != want {
 			t.Errorf("DLT header %s = %q, want %q", h, got, want)
 		}
 	}
 	for _, h := range []string{retrytopic.HeaderFirstFailure, retrytopic.HeaderLastFailure} {
-		if ms, err := strconv.ParseInt(header(poison, h), 10, 64); err != nil || time.Since(time.UnixMilli(ms)) > time.Minute {
-			t.Errorf("DLT header %s = %q, want a recent time", h, header(poison, h))
+		if ms, err := strconv.ParseInt(testenv.Header(poison, h), 10, 64); err != nil || time.Since(time.UnixMilli(ms)) > time.Minute {
+			t.Errorf("DLT header %s = %q, want a recent time", h, testenv.Header(poison, h))
 		}
 	}
 	checkDLTWithKcat(t, k, retrytopic.DLTopic(group), poison)
@@ -286,7 +248,7 @@ func TestDLTProduceFailureHoldsTheOffset(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(readAll(t, k, dlt)); n != 1 {
+	if n := len(k.ReadAll(t, dlt)); n != 1 {
 		t.Fatalf("%d DLT records, want 1", n)
 	}
 	if r.Stats().Failures.DLTErrors == 0 {

@@ -138,7 +138,7 @@ func TestBatchPartialFailure(t *testing.T) {
 				return err
 			}
 			if string(r.Key) == poison && !healed.Load() {
-				return errors.New("gateway said no") // after a write: the savepoint must undo it
+				return consumer.Retryable(errors.New("gateway said no")) // after a write: the savepoint must undo it
 			}
 			return nil
 		}))
@@ -193,7 +193,7 @@ func TestFailureHoldsItsKeyOnly(t *testing.T) {
 	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
 		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 			if string(r.Value) == "k001/3" && failures.Add(1) <= 3 {
-				return errors.New("transient business failure")
+				return consumer.Retryable(errors.New("transient business failure"))
 			}
 			return insertEffect(ctx, tx, r)
 		}))

@@ -10,10 +10,16 @@
 // crash, a rebalance, a producer retry or a replay from the start of the
 // topic therefore never applies a record's database effect twice.
 //
-// A record's identity comes from consumer.Identity: kscope's own identity
+// A record's identity comes from consumer.Config.Identity: kscope's own identity
 // header (carried by retry and dead-letter hops), a producer-set
 // "message-id" header, an extractor, or the record's original
 // topic/partition/offset.
+//
+// A handler error is classified by consumer.Config.Failures: a business
+// skip (consumer.Skip) commits what the handler wrote and acknowledges the
+// record; a failure rolls the record back to its savepoint, and it is
+// retried in place or, once its budget is spent or when it is poison, sent
+// to the dead-letter topic, and only then acknowledged.
 //
 // Records of one key-shard are batched into one transaction (Options.
 // BatchSize), with a savepoint per record when one fails so that the others

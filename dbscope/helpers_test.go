@@ -14,6 +14,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 func TestMain(m *testing.M) {
@@ -89,6 +90,9 @@ func baseConfig(k *testenv.Kafka, group, topic string) consumer.Config {
 		CommitInterval: 50 * time.Millisecond,
 		DrainTimeout:   5 * time.Second,
 		Logger:         testLogger(),
+		// Short in-place backoff, and a budget no test exhausts unless it
+		// means to.
+		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, RetryableAttempts: 1000},
 	}
 }
 

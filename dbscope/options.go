@@ -59,11 +59,6 @@ type Options struct {
 	// was given. Default DefaultTablePrefix.
 	TablePrefix string
 
-	// Identity says how a record's identity (its dedupe key) is found:
-	// a producer-set header (default "message-id"), then an extractor,
-	// then the record's original topic/partition/offset.
-	Identity consumer.Identity
-
 	// BatchSize is the most records of one key-shard put into one
 	// transaction, each isolated by a savepoint when a record fails. 1 runs
 	// one transaction per record. Default 64. Batches form from what is
@@ -93,7 +88,6 @@ type Options struct {
 	InboxTTL        time.Duration
 	CleanupInterval time.Duration
 	CleanupBatch    int
-
 }
 
 func (o Options) withDefaults(cfg consumer.Config) Options {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 const (
@@ -27,7 +28,8 @@ type Stats struct {
 	Applied       int64 // records whose handler committed
 	Duplicates    int64 // records skipped because their inbox row existed
 	ReplaySkipped int64 // records skipped before the handler thanks to stored offsets
-	Failed        int64 // handler failures (each is retried; see the runner docs)
+	Failed        int64 // handler failures (retried or dead-lettered by the failure policy)
+	Skipped       int64 // records whose handler returned a business skip (their writes commit)
 	TxRetries     int64 // transactions retried after a transient PostgreSQL error
 	Transactions  int64 // transactions committed
 }
@@ -45,6 +47,7 @@ func (r *Runner) DBStats() Stats {
 		Duplicates:    r.s.duplicates.Load(),
 		ReplaySkipped: r.s.replaySkipped.Load(),
 		Failed:        r.s.failed.Load(),
+		Skipped:       r.s.skipped.Load(),
 		TxRetries:     r.s.txRetries.Load(),
 		Transactions:  r.s.transactions.Load(),
 	}
@@ -59,11 +62,14 @@ func (r *Runner) DBStats() Stats {
 // therefore applied exactly once.
 //
 // A handler error rolls back that record alone (to its savepoint; the rest
-// of its batch commits) and the record is retried in place with backoff;
+// of its batch commits). The failure policy (consumer.Config.Failures) then
+// retries it in place with backoff, or sends it to the dead-letter topic;
 // later records of the same key wait behind it, other keys go on. A
-// transient PostgreSQL error (see [IsTransient]) retries the whole batch.
-// The offset is never committed past a record whose transaction did not
-// commit.
+// business skip (consumer.Skip) commits what the handler wrote and
+// acknowledges the record. A transient PostgreSQL error (see [IsTransient])
+// retries the whole batch. The offset is never committed past a record
+// whose transaction did not commit or whose dead-letter produce was not
+// acknowledged.
 //
 // Run [Migrate] first. What the DB scope does not cover: anything the
 // handler does outside tx.
@@ -95,7 +101,14 @@ type scope struct {
 
 	applied, duplicates, replaySkipped atomic.Int64
 	failed, txRetries, transactions    atomic.Int64
+	skipped                            atomic.Int64
+
+	f        *consumer.Failures
+	identity consumer.Identity
 }
+
+// UseFailures implements consumer.FailureAware.
+func (s *scope) UseFailures(f *consumer.Failures) { s.f = f }
 
 type shardKey struct {
 	topic     string
@@ -105,6 +118,7 @@ type shardKey struct {
 
 func (s *scope) init(cfg consumer.Config) {
 	o := s.o
+	s.identity = cfg.Identity
 	s.log = cfg.Logger.With("group", cfg.Group, "scope", "db")
 	s.shards = cfg.Shards
 	s.marks = make(map[shardKey]int64)
@@ -218,22 +232,31 @@ type outcome uint8
 const (
 	toApply outcome = iota
 	applied
+	skipped
 	duplicate
-	failed
+	failedOutcome
 	deferred
 )
 
 var errIsolate = errors.New("dbscope: a handler failed; rerun the batch with a savepoint per record")
 
+// failure is what is known of one record's failures in this Process call.
+type failure struct {
+	attempts int
+	first    time.Time
+	err      error
+}
+
 // Process implements consumer.Scope.
 func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
 	pending := batch
 	isolate := false
+	fails := map[*consumer.Record]*failure{}
 	for attempt := 0; len(pending) > 0; {
 		if ctx.Err() != nil || pending[0].Revoked() {
 			return
 		}
-		rest, err := s.apply(ctx, pending, done, isolate)
+		rest, failed, err := s.apply(ctx, pending, done, isolate)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -248,24 +271,55 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			}
 			continue
 		}
-		if len(rest) == 0 {
+		attempt = 0
+		// Records whose handler failed: the failure policy decides. A
+		// record it acknowledges (skipped, dead-lettered) is done; the
+		// later records of its key then go on.
+		var wait time.Duration
+		kept := rest[:0:0]
+		for _, r := range rest {
+			herr, ok := failed[r]
+			if !ok {
+				kept = append(kept, r) // deferred behind a failure of its key
+				continue
+			}
+			fi := fails[r]
+			if fi == nil {
+				fi = &failure{first: time.Now()}
+				fails[r] = fi
+			}
+			fi.attempts++
+			step, ferr := s.f.Handle(ctx, r, herr, fi.attempts, fi.first)
+			if ferr != nil {
+				return // ctx done while routing: not done, redelivered
+			}
+			if step.Action != retrytopic.ActionRetry {
+				done(r)
+				continue
+			}
+			kept = append(kept, r)
+			if wait == 0 || step.Delay < wait {
+				wait = step.Delay
+			}
+		}
+		if len(kept) == 0 {
 			return
 		}
-		// Failed records (and later records of their keys) go again, in
-		// order, each in a savepoint of its own.
-		pending, isolate = rest, true
-		attempt++
-		if !backoff.Sleep(ctx, backoff.Delay(attempt, retryBase, retryCap)) {
+		// What is left goes again, in order, each record in a savepoint of
+		// its own.
+		pending, isolate = kept, true
+		if wait > 0 && !backoff.Sleep(ctx, wait) {
 			return
 		}
 	}
 }
 
 // apply runs one transaction over recs and calls done for every record it
-// made durable (applied or found duplicate), in order. It returns the
-// records still to do: those whose handler failed and later records of their
-// keys. A non-nil error means the transaction did not commit.
-func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), isolate bool) ([]*consumer.Record, error) {
+// made durable (applied, skipped or found duplicate), in order. It returns
+// the records still to do: those whose handler failed (with their errors in
+// failed) and later records of their keys. A non-nil error means the
+// transaction did not commit.
+func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), isolate bool) ([]*consumer.Record, map[*consumer.Record]error, error) {
 	work := recs[:0:0]
 	if s.o.StoreOffsets {
 		for _, r := range recs {
@@ -280,60 +334,71 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		work = recs
 	}
 	if len(work) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	ids := make([]string, len(work))
 	for i, r := range work {
-		ids[i] = s.o.Identity.Of(r)
+		ids[i] = s.identity.Of(r)
 	}
-	out, err := s.runTx(ctx, work, ids, isolate)
+	out, errs, err := s.runTx(ctx, work, ids, isolate)
 	if errors.Is(err, errIsolate) {
-		out, err = s.runTx(ctx, work, ids, true)
+		out, errs, err = s.runTx(ctx, work, ids, true)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.transactions.Add(1)
 	var rest []*consumer.Record
+	var failed map[*consumer.Record]error
 	for i, r := range work {
 		switch out[i] {
 		case applied:
 			s.applied.Add(1)
 			done(r)
+		case skipped:
+			s.skipped.Add(1)
+			done(r)
 		case duplicate:
 			s.duplicates.Add(1)
 			done(r)
+		case failedOutcome:
+			if failed == nil {
+				failed = make(map[*consumer.Record]error)
+			}
+			failed[r] = errs[i]
+			rest = append(rest, r)
 		default:
 			rest = append(rest, r)
 		}
 	}
-	return rest, nil
+	return rest, failed, nil
 }
 
-func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool) (out []outcome, err error) {
+func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool) (out []outcome, errs []error, err error) {
 	tx, err := s.o.Pool.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
 	out = make([]outcome, len(work))
+	errs = make([]error, len(work))
 	fresh := make(map[string]bool, len(ids))
 	rows, err := tx.Query(ctx, s.sqlInbox, s.o.Consumer, ids)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, nil, err
 		}
 		fresh[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for i, id := range ids {
 		if fresh[id] {
@@ -359,28 +424,39 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		if !isolate {
 			if err := s.call(ctx, tx, r); err != nil {
 				if IsTransient(err) || tx.Conn().IsClosed() {
-					return nil, err
+					return nil, nil, err
 				}
-				return nil, errIsolate
+				if s.f.Class(err) != consumer.ClassSkip {
+					return nil, nil, errIsolate
+				}
+				out[i] = skipped
+				continue
 			}
 			out[i] = applied
 			continue
 		}
 		sp, err := tx.Begin(ctx)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if herr := s.call(ctx, sp, r); herr != nil {
 			if IsTransient(herr) || tx.Conn().IsClosed() {
-				return nil, herr
+				return nil, nil, herr
+			}
+			if s.f.Class(herr) == consumer.ClassSkip {
+				// A business outcome: what the handler wrote stays.
+				if err := sp.Commit(ctx); err != nil {
+					return nil, nil, err
+				}
+				out[i] = skipped
+				continue
 			}
 			if err := sp.Rollback(ctx); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			s.failed.Add(1)
-			s.log.Warn("kscope: handler failed; the record is rolled back to its savepoint and retried",
-				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "key", logKey(r.Key), "id", ids[i], "err", herr)
-			out[i] = failed
+			out[i] = failedOutcome
+			errs[i] = herr
 			undo = append(undo, ids[i])
 			if r.Key == nil {
 				blockedNull = true
@@ -393,31 +469,31 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			continue
 		}
 		if err := sp.Commit(ctx); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out[i] = applied
 	}
 	if len(undo) > 0 {
 		if _, err := tx.Exec(ctx, s.sqlForget, s.o.Consumer, undo); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if s.o.StoreOffsets {
 		k := 0
-		for k < len(work) && (out[k] == applied || out[k] == duplicate) {
+		for k < len(work) && (out[k] == applied || out[k] == skipped || out[k] == duplicate) {
 			k++
 		}
 		if k > 0 {
 			r := work[k-1]
 			if _, err := tx.Exec(ctx, s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return out, nil
+	return out, errs, nil
 }
 
 // call runs the handler and turns a panic into an error.

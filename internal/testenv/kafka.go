@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -172,4 +173,44 @@ func (k *Kafka) EndOffsets(ctx context.Context, topic string) (map[int32]int64, 
 	out := make(map[int32]int64)
 	resp.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
 	return out, nil
+}
+
+// ReadAll reads every record of topic, read_committed, from its start to
+// the end offsets it has when called.
+func (k *Kafka) ReadAll(t testing.TB, topic string) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends, err := k.EndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	for _, e := range ends {
+		want += e
+	}
+	cl, err := k.Client(kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	for int64(len(out)) < want {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d of %d records of %s: %v", len(out), want, topic, err)
+		}
+		out = append(out, fs.Records()...)
+	}
+	return out
+}
+
+// Header returns the value of r's last header named key ("" if none).
+func Header(r *kgo.Record, key string) string {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if r.Headers[i].Key == key {
+			return string(r.Headers[i].Value)
+		}
+	}
+	return ""
 }

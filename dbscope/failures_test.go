@@ -1,0 +1,94 @@
+package dbscope_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// In the DB scope a poison record's writes are rolled back and it goes to
+// the dead-letter topic; a business skip keeps what the handler wrote (a
+// "declined" ledger row) and is not retried; the rest of the batch commits;
+// the offsets end up committed past all of them.
+func TestDBPoisonAndSkip(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "captures", "g-dbfail"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	vals := []string{"k1/0", "poison/0", "k2/0", "declined/0", "k3/0", "k1/1"}
+	var recs []*kgo.Record
+	for _, v := range vals {
+		key, _, _ := testenv.ParseKeyed([]byte(v))
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(v)})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			if err := insertEffect(ctx, tx, r); err != nil {
+				return err
+			}
+			switch string(r.Key) {
+			case "poison":
+				return consumer.DecodeError(errors.New("amount is not a number"))
+			case "declined":
+				return consumer.Skip(errors.New("card declined"))
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == int64(len(vals)) })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st := r.DBStats()
+	if st.Applied != 4 || st.Skipped != 1 || r.Stats().Failures.DeadLettered != 1 {
+		t.Fatalf("stats %+v, failures %+v: want 4 applied, 1 skipped, 1 dead-lettered", st, r.Stats().Failures)
+	}
+	var keys []string
+	rows, _ := pool.Query(ctx, `SELECT key FROM effects ORDER BY n`)
+	for rows.Next() {
+		var k string
+		rows.Scan(&k)
+		keys = append(keys, k)
+	}
+	rows.Close()
+	for _, k := range keys {
+		if k == "poison" {
+			t.Fatal("the poison record's write survived")
+		}
+	}
+	if len(keys) != 5 {
+		t.Fatalf("effects %v: want the 4 applied records and the declined one", keys)
+	}
+	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
+	if len(dlt) != 1 || string(dlt[0].Value) != "poison/0" || testenv.Header(dlt[0], retrytopic.HeaderErrorClass) != "terminal" {
+		t.Fatalf("DLT %v", dlt)
+	}
+	// The poison record's inbox row was rolled back with it: a redrive of
+	// the fixed record would be applied, not taken for a duplicate.
+	var n int
+	pool.QueryRow(ctx, `SELECT count(*) FROM kscope_inbox WHERE message_id = $1`, testenv.Header(dlt[0], consumer.HeaderID)).Scan(&n)
+	if n != 0 {
+		t.Fatal("the dead-lettered record left an inbox row")
+	}
+}
