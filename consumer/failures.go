@@ -28,31 +28,57 @@ type Failures struct {
 	log      *slog.Logger
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
+	routed, parked                            atomic.Int64
+	topics                                    bool
 }
 
-// FailureAware is implemented by a Scope that routes failures itself (the
-// DB scope): the runner hands it the runner's Failures when Run starts.
+// FailureAware is implemented by a Scope that routes failures through the
+// runner's failure policy: the runner hands it the runner's Failures when
+// Run starts, and makes sure the dead-letter topic exists.
 type FailureAware interface {
 	UseFailures(*Failures)
+}
+
+// RetryTopicUser is implemented by a FailureAware scope that sends failing
+// records to the delayed retry topics (when it returns true): the runner
+// then creates them if missing and consumes them too, holding each record
+// until its due time.
+type RetryTopicUser interface {
+	UsesRetryTopics() bool
 }
 
 // Class classifies err under the policy.
 func (f *Failures) Class(err error) Class { return f.policy.ClassOf(err) }
 
-// Handle decides what follows a failed attempt of rec, counting attempts made
-// on earlier hops (from rec's headers) plus attempt, those made here. For a
-// skip it logs and counts; for the dead-letter topic it produces the record
-// with its failure metadata and waits for the broker's acknowledgement,
-// retrying the produce with backoff until it succeeds or ctx is done (then
-// it returns ctx's error and the record is not done). firstFailure is when
-// this record first failed here.
-func (f *Failures) Handle(ctx context.Context, rec *Record, err error, attempt int, firstFailure time.Time) (retrytopic.Step, error) {
+// Handle decides what follows a failed attempt of rec and carries it out:
+// it is Decide followed by Route.
+func (f *Failures) Handle(ctx context.Context, rec *Record, err error, attempt int, firstFailure time.Time, topics bool) (retrytopic.Step, error) {
+	step := f.Decide(ctx, rec, err, attempt, topics)
+	return step, f.Route(ctx, rec, err, step, attempt, firstFailure)
+}
+
+// Decide returns what follows a failed attempt of rec, counting attempts
+// made on earlier hops (from rec's headers) plus attempt, those made here on
+// this hop. topics says whether the record may go to a retry topic. It has
+// no effect: Route carries the decision out.
+func (f *Failures) Decide(ctx context.Context, rec *Record, err error, attempt int, topics bool) retrytopic.Step {
 	meta, herr := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	if herr != nil {
 		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", recordAttrs(rec, attempt, herr, 0)...)
 	}
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
-	step := f.policy.Next(f.policy.ClassOf(err), total)
+	return f.policy.Next(f.policy.ClassOf(err), total, attempt, meta.Stage, topics)
+}
+
+// Route carries out step for rec. For a skip it logs and counts; for a
+// retry topic or the dead-letter topic it produces the record with its
+// failure metadata and waits for the broker's acknowledgement, retrying the
+// produce with backoff until it succeeds or ctx is done (then it returns
+// ctx's error and the record is not done). firstFailure is when the record
+// first failed on this hop.
+func (f *Failures) Route(ctx context.Context, rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error {
+	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
+	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
 	switch step.Action {
 	case retrytopic.ActionSkip:
 		f.skipped.Add(1)
@@ -61,7 +87,7 @@ func (f *Failures) Handle(ctx context.Context, rec *Record, err error, attempt i
 		f.retries.Add(1)
 		f.log.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
 			append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()))...)
-	case retrytopic.ActionDeadLetter:
+	case retrytopic.ActionDeadLetter, retrytopic.ActionRetryTopic:
 		now := time.Now()
 		meta.Group = f.group
 		meta.Attempt = total
@@ -72,21 +98,53 @@ func (f *Failures) Handle(ctx context.Context, rec *Record, err error, attempt i
 		meta.Error = err.Error()
 		meta.Class = step.Class
 		meta.Due, meta.Stage, meta.Parked = time.Time{}, -1, false
-		out := &kgo.Record{
-			Topic:   f.policy.DeadLetterTopic,
-			Key:     rec.Key,
-			Value:   rec.Value,
-			Headers: meta.Headers(rec.Headers, f.policy.SpringHeaders),
+		topic, spring := f.policy.DeadLetterTopic, f.policy.SpringHeaders
+		if step.Action == retrytopic.ActionRetryTopic {
+			topic, spring = step.Topic, false
+			meta.Due, meta.Stage = now.Add(step.Delay), step.Stage
 		}
+		out := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, spring)}
 		if err := f.produce(ctx, out); err != nil {
-			return step, err
+			return err
+		}
+		if step.Action == retrytopic.ActionRetryTopic {
+			f.routed.Add(1)
+			f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record sent to a retry topic",
+				append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("retry_topic", topic))...)
+			break
 		}
 		f.deadLettered.Add(1)
 		f.log.LogAttrs(ctx, slog.LevelError, "kscope: record sent to the dead-letter topic",
 			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic))...)
 	}
-	return step, nil
+	return nil
 }
+
+// Metadata returns the failure metadata rec carries (or, for a record on
+// its first hop, its own coordinates and identity).
+func (f *Failures) Metadata(rec *Record) retrytopic.Metadata {
+	m, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
+	return m
+}
+
+// Park sends rec, which did not fail, to retry topic stage behind an
+// earlier record of its key that is in the retry topics; it runs when that
+// one has left them. It waits for the broker's acknowledgement.
+func (f *Failures) Park(ctx context.Context, rec *Record, stage int) error {
+	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
+	stage = max(0, min(stage, len(f.policy.Ladder)-1))
+	d := f.policy.Ladder[stage]
+	meta.Group, meta.Stage, meta.Parked, meta.Due = f.group, stage, true, time.Now().Add(d)
+	out := &kgo.Record{Topic: retrytopic.RetryTopic(f.group, d), Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, false)}
+	if err := f.produce(ctx, out); err != nil {
+		return err
+	}
+	f.parked.Add(1)
+	return nil
+}
+
+// Policy returns the failure policy, with its defaults.
+func (f *Failures) Policy() retrytopic.Policy { return f.policy }
 
 // produce writes out and waits for its acknowledgement, retrying with
 // backoff; only a done ctx stops it.
@@ -101,7 +159,7 @@ func (f *Failures) produce(ctx context.Context, out *kgo.Record) error {
 		}
 		f.dltErrors.Add(1)
 		d := backoff.Delay(attempt, 100*time.Millisecond, 30*time.Second)
-		f.log.Warn("kscope: producing to the dead-letter topic failed; the record's offset is held until it succeeds",
+		f.log.Warn("kscope: producing a failed record to its route failed; the record's offset is held until it succeeds",
 			"topic", out.Topic, "err", err, "retry_in", d)
 		if !backoff.Sleep(ctx, d) {
 			return ctx.Err()
@@ -109,21 +167,18 @@ func (f *Failures) produce(ctx context.Context, out *kgo.Record) error {
 	}
 }
 
-// ensureTopics checks that the dead-letter topic exists and, unless the
-// policy says not to, creates it with as many partitions as the largest
-// source topic.
+// ensureTopics checks that the dead-letter topic (and the retry topics,
+// when used) exist and, unless the policy says not to, creates the missing
+// ones with as many partitions as the largest source topic.
 func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 	adm := kadm.NewClient(f.cl)
-	dlt := f.policy.DeadLetterTopic
-	td, err := adm.ListTopics(ctx, append([]string{dlt}, sources...)...)
+	need := []string{f.policy.DeadLetterTopic}
+	if f.topics {
+		need = append(need, f.policy.RetryTopics()...)
+	}
+	td, err := adm.ListTopics(ctx, append(append([]string{}, need...), sources...)...)
 	if err != nil {
-		return fmt.Errorf("kscope: looking up the dead-letter topic %s: %w", dlt, err)
-	}
-	if d, ok := td[dlt]; ok && d.Err == nil {
-		return nil
-	}
-	if f.policy.DoNotCreateTopics {
-		return fmt.Errorf("kscope: the dead-letter topic %s does not exist and Config.Failures.DoNotCreateTopics is set; create it, or unset DoNotCreateTopics", dlt)
+		return fmt.Errorf("kscope: looking up the failure topics: %w", err)
 	}
 	partitions := int32(1)
 	for _, s := range sources {
@@ -131,12 +186,20 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 			partitions = max(partitions, int32(len(d.Partitions)))
 		}
 	}
-	resp, err := adm.CreateTopic(ctx, partitions, -1, nil, dlt)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("kscope: the dead-letter topic %s does not exist and creating it failed (%w); create it yourself, or grant this client CREATE on the cluster", dlt, err)
+	for _, t := range need {
+		if d, ok := td[t]; ok && d.Err == nil {
+			continue
+		}
+		if f.policy.DoNotCreateTopics {
+			return fmt.Errorf("kscope: the failure topic %s does not exist and Config.Failures.DoNotCreateTopics is set; create it, or unset DoNotCreateTopics", t)
+		}
+		resp, err := adm.CreateTopic(ctx, partitions, -1, nil, t)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("kscope: the failure topic %s does not exist and creating it failed (%w); create it yourself, or grant this client CREATE on the cluster", t, err)
+		}
 	}
 	return nil
 }
@@ -146,12 +209,15 @@ type FailureStats struct {
 	Retries      int64 // in-place retries scheduled
 	Skipped      int64 // records skipped as business outcomes
 	DeadLettered int64 // records acknowledged by the dead-letter topic
-	DLTErrors    int64 // failed produce attempts to the dead-letter topic
+	DLTErrors    int64 // failed produce attempts to the dead-letter or a retry topic
+	RetryTopic   int64 // records sent to a retry topic after failing
+	Parked       int64 // records sent to a retry topic behind an earlier failing record of their key
 }
 
 func (f *Failures) stats() FailureStats {
 	return FailureStats{
 		Retries: f.retries.Load(), Skipped: f.skipped.Load(),
 		DeadLettered: f.deadLettered.Load(), DLTErrors: f.dltErrors.Load(),
+		RetryTopic: f.routed.Load(), Parked: f.parked.Load(),
 	}
 }

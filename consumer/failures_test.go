@@ -274,3 +274,75 @@ func TestMissingDLTWithCreationOff(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// An Unordered AtLeastOnce pipeline sends a failing record through the
+// delayed retry topics: it runs again no earlier than each topic's delay,
+// keeps its identity and origin, and succeeds on a later hop; a record that
+// keeps failing ends on the DLT with its attempts counted across hops.
+func TestRetryTopicsUnordered(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "events", "g-retrytopics"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx,
+		&kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("flaky")},
+		&kgo.Record{Topic: topic, Key: []byte("b"), Value: []byte("hopeless")}); err != nil {
+		t.Fatal(err)
+	}
+	ladder := []time.Duration{300 * time.Millisecond, 600 * time.Millisecond}
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures = fastFailures(retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, Ladder: ladder, RetryableAttempts: 4})
+	var mu sync.Mutex
+	calls := map[string][]time.Time{}
+	var ids []string
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		mu.Lock()
+		calls[string(rec.Value)] = append(calls[string(rec.Value)], time.Now())
+		n := len(calls[string(rec.Value)])
+		if string(rec.Value) == "flaky" {
+			ids = append(ids, cfg.Identity.Of(rec))
+		}
+		mu.Unlock()
+		if string(rec.Value) == "flaky" && n == 3 {
+			return nil
+		}
+		return consumer.Retryable(errors.New("dependency down"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the hopeless record dead-lettered", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+	testenv.WaitFor(t, time.Minute, "the flaky record to succeed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(calls["flaky"]) == 3
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Attempt 1 in place; 2 after the 300ms topic; 3 after the 600ms one.
+	f := calls["flaky"]
+	if gap := f[1].Sub(f[0]); gap < ladder[0] {
+		t.Fatalf("second attempt %s after the first, before the 300ms retry topic's delay", gap)
+	}
+	if gap := f[2].Sub(f[1]); gap < ladder[1] {
+		t.Fatalf("third attempt %s after the second, before the 600ms retry topic's delay", gap)
+	}
+	for _, id := range ids[1:] {
+		if id != ids[0] {
+			t.Fatalf("identity changed across hops: %v", ids)
+		}
+	}
+	if n := len(calls["hopeless"]); n != 4 {
+		t.Fatalf("the hopeless record was tried %d times, want its budget of 4 across hops", n)
+	}
+	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
+	if len(dlt) != 1 || testenv.Header(dlt[0], retrytopic.HeaderAttempt) != "4" || testenv.Header(dlt[0], consumer.HeaderOriginalTopic) != topic {
+		t.Fatalf("DLT %v", dlt)
+	}
+}

@@ -73,6 +73,8 @@ type Runner struct {
 	extra    []kgo.Opt
 	delays   map[string]time.Duration // delay topics and the longest delay each may carry
 
+	retryTopics bool // the scope sends failures to the retry topics
+
 	cl        *kgo.Client
 	failures  *Failures
 	tracker   *commit.Tracker
@@ -119,7 +121,7 @@ func New(cfg Config, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &ConfigError{Field: "Handler", Reason: "is nil; pass the function that handles each record"}
 	}
-	return newRunner(cfg.withDefaults(), &atLeastOnce{h: h})
+	return newRunner(cfg.withDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
 }
 
 // NewRunner returns a runner for a Scope. It is the building block of the
@@ -155,6 +157,15 @@ func newRunner(cfg Config, s Scope) (*Runner, error) {
 	}
 	if d, ok := s.(Delayer); ok {
 		r.delays = d.DelayedTopics()
+	}
+	if u, ok := s.(RetryTopicUser); ok && u.UsesRetryTopics() {
+		r.retryTopics = true
+		if r.delays == nil {
+			r.delays = make(map[string]time.Duration)
+		}
+		for i, t := range cfg.Failures.RetryTopics() {
+			r.delays[t] = cfg.Failures.Ladder[i]
+		}
 	}
 	return r, nil
 }
@@ -251,6 +262,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
 	)
+	if _, ok := r.scope.(FailureAware); ok {
+		// The failure topics exist before the group starts consuming
+		// (the retry topics are consumed too).
+		if err := r.ensureFailureTopics(runCtx); err != nil {
+			return err
+		}
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
@@ -259,19 +277,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.cl = cl
 	r.stopMu.Unlock()
 	r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
-	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log}
+	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics}
 	r.stopMu.Lock()
 	r.failures = f
 	r.stopMu.Unlock()
 	if fa, ok := r.scope.(FailureAware); ok {
 		fa.UseFailures(f)
-		if err := f.ensureTopics(runCtx, r.cfg.Topics); err != nil {
-			cl.Close()
-			r.stopMu.Lock()
-			r.cl = nil
-			r.stopMu.Unlock()
-			return err
-		}
 	}
 	r.pool.Start()
 
@@ -302,6 +313,16 @@ func (r *Runner) Run(ctx context.Context) error {
 		return ferr
 	}
 	return err
+}
+
+func (r *Runner) ensureFailureTopics(ctx context.Context) error {
+	adm, err := kgo.NewClient(append(append([]kgo.Opt{}, r.cfg.ClientOptions...), kgo.SeedBrokers(r.cfg.Brokers...))...)
+	if err != nil {
+		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
+	}
+	defer adm.Close()
+	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, cl: adm, topics: r.retryTopics}
+	return f.ensureTopics(ctx, r.cfg.Topics)
 }
 
 // topics returns the configured topics and the scope's delay topics.

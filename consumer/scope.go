@@ -78,11 +78,17 @@ type ClientOptioner interface {
 // dead-letter topic. A failing record is retried in place by the failure
 // policy, blocking only its key-shard; its offset is never committed past.
 type atLeastOnce struct {
-	h Handler
-	f *Failures
+	h         Handler
+	f         *Failures
+	unordered bool
 }
 
 func (s *atLeastOnce) UseFailures(f *Failures) { s.f = f }
+
+// UsesRetryTopics: the AtLeastOnce scope has no store to park later records
+// of a key in, so it keeps retries in place (order holds across restarts)
+// unless the policy is Unordered.
+func (s *atLeastOnce) UsesRetryTopics() bool { return s.unordered }
 
 func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*Record)) {
 	for _, r := range batch {
@@ -102,7 +108,7 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 			if first.IsZero() {
 				first = time.Now()
 			}
-			step, ferr := s.f.Handle(ctx, r, err, attempt, first)
+			step, ferr := s.f.Handle(ctx, r, err, attempt, first, s.unordered)
 			if ferr != nil {
 				return // ctx done while routing: not done, redelivered
 			}

@@ -3,6 +3,8 @@ package dbscope_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +93,103 @@ func TestDBPoisonAndSkip(t *testing.T) {
 	if n != 0 {
 		t.Fatal("the dead-lettered record left an inbox row")
 	}
+}
+
+// A transient failure is retried in place, then through the retry topics,
+// then succeeds: one effect. Meanwhile later records of its key are parked
+// behind it and applied after it, in order; other keys are not held back.
+func TestDBOrderedRetriesThroughRetryTopics(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "accounts", "g-ordered"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = retrytopic.Policy{
+		Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		InPlaceAttempts: 2, Ladder: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}, RetryableAttempts: 10,
+	}
+	var calls = map[string]int{}
+	var mu = make(chan struct{}, 1)
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			mu <- struct{}{}
+			calls[string(r.Value)]++
+			n := calls[string(r.Value)]
+			<-mu
+			if string(r.Value) == "K/0" && n <= 4 { // 2 in place, then 2 retry topics
+				return consumer.Retryable(errors.New("ledger service 503"))
+			}
+			return insertEffect(ctx, tx, r)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	// K/0 first; K's later records and other keys' records after it.
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/0")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K/0 in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	var later []*kgo.Record
+	for i := 1; i <= 4; i++ {
+		later = append(later, &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte(fmt.Sprintf("K/%d", i))})
+		later = append(later, &kgo.Record{Topic: topic, Key: []byte("J"), Value: []byte(fmt.Sprintf("J/%d", i-1))})
+	}
+	if err := k.Produce(ctx, later...); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return r.DBStats().Applied == 9 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if calls["K/0"] != 5 {
+		t.Fatalf("K/0 handled %d times, want 5 (2 in place, 2 retry topics, then success)", calls["K/0"])
+	}
+	if st := r.DBStats(); st.Parked < 4 {
+		t.Fatalf("stats %+v: K's later records were not parked behind K/0", st)
+	}
+	var order []string
+	rows, _ := pool.Query(ctx, `SELECT key || '/' || seq FROM effects ORDER BY n`)
+	for rows.Next() {
+		var v string
+		rows.Scan(&v)
+		order = append(order, v)
+	}
+	rows.Close()
+	var ks, js []string
+	for _, v := range order {
+		if strings.HasPrefix(v, "K/") {
+			ks = append(ks, v)
+		} else {
+			js = append(js, v)
+		}
+	}
+	if strings.Join(ks, ",") != "K/0,K/1,K/2,K/3,K/4" {
+		t.Fatalf("K's effects in order %v", ks)
+	}
+	if len(js) != 4 || indexOf(order, "J/3") > indexOf(order, "K/0") {
+		t.Fatalf("J waited for K's retries: %v", order)
+	}
+	c := countEffects(t, pool)
+	if c.rows != 9 || c.unique != 9 {
+		t.Fatalf("effects %+v, want 9", c)
+	}
+	var left int
+	pool.QueryRow(ctx, `SELECT count(*) FROM kscope_parked`).Scan(&left)
+	if left != 0 {
+		t.Fatalf("%d parked rows left after every record was applied", left)
+	}
+}
+
+func indexOf(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
 }

@@ -39,7 +39,7 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Migrate creates kscope's tables (inbox, offsets) with the given table
+// Migrate creates kscope's tables (inbox, offsets, parked keys) with the given table
 // prefix ("" selects DefaultTablePrefix) from the SQL files embedded in this
 // package. It is idempotent and safe to run from several processes at once:
 // each file is applied once, under an advisory lock, and recorded in

@@ -30,6 +30,7 @@ type Stats struct {
 	ReplaySkipped int64 // records skipped before the handler thanks to stored offsets
 	Failed        int64 // handler failures (retried or dead-lettered by the failure policy)
 	Skipped       int64 // records whose handler returned a business skip (their writes commit)
+	Parked        int64 // records sent behind an earlier record of their key that is in the retry topics
 	TxRetries     int64 // transactions retried after a transient PostgreSQL error
 	Transactions  int64 // transactions committed
 }
@@ -48,6 +49,7 @@ func (r *Runner) DBStats() Stats {
 		ReplaySkipped: r.s.replaySkipped.Load(),
 		Failed:        r.s.failed.Load(),
 		Skipped:       r.s.skipped.Load(),
+		Parked:        r.s.parked.Load(),
 		TxRetries:     r.s.txRetries.Load(),
 		Transactions:  r.s.transactions.Load(),
 	}
@@ -78,7 +80,7 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 		return nil, &consumer.ConfigError{Struct: "dbscope", Field: "Handler", Reason: "is nil; pass the function that applies each record in its transaction"}
 	}
 	o = o.withDefaults(cfg)
-	s := &scope{h: h, o: o}
+	s := &scope{h: h, o: o, useTopics: !cfg.Failures.DisableRetryTopics}
 	oerr := o.validate()
 	r, err := consumer.NewRunner(cfg, s)
 	if err = errors.Join(err, oerr); err != nil {
@@ -95,20 +97,25 @@ type scope struct {
 	shards int
 
 	sqlInbox, sqlForget, sqlOffset, sqlLoadOffsets string
+	sqlLoadParked, sqlPark, sqlUnpark              string
 
 	marksMu sync.Mutex
 	marks   map[shardKey]int64 // next offset not known durable, per partition and shard
 
 	applied, duplicates, replaySkipped atomic.Int64
 	failed, txRetries, transactions    atomic.Int64
-	skipped                            atomic.Int64
+	skipped, parked                    atomic.Int64
 
-	f        *consumer.Failures
-	identity consumer.Identity
+	f         *consumer.Failures
+	identity  consumer.Identity
+	useTopics bool
 }
 
 // UseFailures implements consumer.FailureAware.
 func (s *scope) UseFailures(f *consumer.Failures) { s.f = f }
+
+// UsesRetryTopics implements consumer.RetryTopicUser.
+func (s *scope) UsesRetryTopics() bool { return s.useTopics }
 
 type shardKey struct {
 	topic     string
@@ -131,6 +138,12 @@ func (s *scope) init(cfg consumer.Config) {
 			next_offset = CASE WHEN o.shards = EXCLUDED.shards THEN GREATEST(o.next_offset, EXCLUDED.next_offset) ELSE EXCLUDED.next_offset END,
 			shards = EXCLUDED.shards,
 			updated_at = now()`
+	s.sqlLoadParked = `SELECT topic, key, message_id, original_offset, stage FROM ` + p + `parked
+		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
+	s.sqlPark = `INSERT INTO ` + p + `parked (consumer, topic, key, message_id, original_offset, stage)
+		VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (consumer, topic, key, message_id) DO UPDATE SET stage = EXCLUDED.stage`
+	s.sqlUnpark = `DELETE FROM ` + p + `parked WHERE consumer = $1 AND topic = $2 AND key = $3 AND message_id = $4`
 	s.sqlLoadOffsets = `SELECT partition, shard, next_offset FROM ` + p + `offsets
 		WHERE consumer = $1 AND topic = $2 AND shards = $3 AND partition = ANY($4::int[])`
 }
@@ -235,6 +248,7 @@ const (
 	skipped
 	duplicate
 	failedOutcome
+	parkedOutcome
 	deferred
 )
 
@@ -244,7 +258,14 @@ var errIsolate = errors.New("dbscope: a handler failed; rerun the batch with a s
 type failure struct {
 	attempts int
 	first    time.Time
-	err      error
+}
+
+// result is what one transaction decided for one record.
+type result struct {
+	out   outcome
+	err   error           // failedOutcome: the handler's error
+	step  retrytopic.Step // failedOutcome: what the failure policy decided
+	stage int             // parkedOutcome: the retry topic to wait in
 }
 
 // Process implements consumer.Scope.
@@ -256,7 +277,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		if ctx.Err() != nil || pending[0].Revoked() {
 			return
 		}
-		rest, failed, err := s.apply(ctx, pending, done, isolate)
+		work, res, err := s.apply(ctx, pending, done, isolate, fails)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -272,34 +293,41 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			continue
 		}
 		attempt = 0
-		// Records whose handler failed: the failure policy decides. A
-		// record it acknowledges (skipped, dead-lettered) is done; the
-		// later records of its key then go on.
+		// The transaction committed. Carry out what it decided for the
+		// records that did not apply: a parked record goes to the retry
+		// topic of its key's head; a failed one is retried in place, sent
+		// to a retry topic or dead-lettered. Each is done once the broker
+		// has it.
 		var wait time.Duration
-		kept := rest[:0:0]
-		for _, r := range rest {
-			herr, ok := failed[r]
-			if !ok {
-				kept = append(kept, r) // deferred behind a failure of its key
-				continue
-			}
-			fi := fails[r]
-			if fi == nil {
-				fi = &failure{first: time.Now()}
-				fails[r] = fi
-			}
-			fi.attempts++
-			step, ferr := s.f.Handle(ctx, r, herr, fi.attempts, fi.first)
-			if ferr != nil {
-				return // ctx done while routing: not done, redelivered
-			}
-			if step.Action != retrytopic.ActionRetry {
+		var kept []*consumer.Record
+		for i, r := range work {
+			switch res[i].out {
+			case parkedOutcome:
+				if err := s.f.Park(ctx, r, res[i].stage); err != nil {
+					return
+				}
 				done(r)
-				continue
-			}
-			kept = append(kept, r)
-			if wait == 0 || step.Delay < wait {
-				wait = step.Delay
+			case failedOutcome:
+				fi := fails[r]
+				if fi == nil {
+					fi = &failure{first: time.Now()}
+					fails[r] = fi
+				}
+				fi.attempts++
+				step := res[i].step
+				if err := s.f.Route(ctx, r, res[i].err, step, fi.attempts, fi.first); err != nil {
+					return // ctx done while routing: not done, redelivered
+				}
+				if step.Action != retrytopic.ActionRetry {
+					done(r)
+					continue
+				}
+				kept = append(kept, r)
+				if wait == 0 || step.Delay < wait {
+					wait = step.Delay
+				}
+			case deferred:
+				kept = append(kept, r)
 			}
 		}
 		if len(kept) == 0 {
@@ -316,10 +344,9 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 
 // apply runs one transaction over recs and calls done for every record it
 // made durable (applied, skipped or found duplicate), in order. It returns
-// the records still to do: those whose handler failed (with their errors in
-// failed) and later records of their keys. A non-nil error means the
-// transaction did not commit.
-func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), isolate bool) ([]*consumer.Record, map[*consumer.Record]error, error) {
+// the records it worked on with what it decided for each. A non-nil error
+// means the transaction did not commit.
+func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), isolate bool, fails map[*consumer.Record]*failure) ([]*consumer.Record, []result, error) {
 	work := recs[:0:0]
 	if s.o.StoreOffsets {
 		for _, r := range recs {
@@ -340,18 +367,16 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 	for i, r := range work {
 		ids[i] = s.identity.Of(r)
 	}
-	out, errs, err := s.runTx(ctx, work, ids, isolate)
+	res, err := s.runTx(ctx, work, ids, isolate, fails)
 	if errors.Is(err, errIsolate) {
-		out, errs, err = s.runTx(ctx, work, ids, true)
+		res, err = s.runTx(ctx, work, ids, true, fails)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
 	s.transactions.Add(1)
-	var rest []*consumer.Record
-	var failed map[*consumer.Record]error
 	for i, r := range work {
-		switch out[i] {
+		switch res[i].out {
 		case applied:
 			s.applied.Add(1)
 			done(r)
@@ -362,138 +387,297 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 			s.duplicates.Add(1)
 			done(r)
 		case failedOutcome:
-			if failed == nil {
-				failed = make(map[*consumer.Record]error)
-			}
-			failed[r] = errs[i]
-			rest = append(rest, r)
-		default:
-			rest = append(rest, r)
+			s.failed.Add(1)
+		case parkedOutcome:
+			s.parked.Add(1)
 		}
 	}
-	return rest, failed, nil
+	return work, res, nil
 }
 
-func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool) (out []outcome, errs []error, err error) {
+// parkRow is a row of the parked table.
+type parkRow struct {
+	id     string
+	offset int64
+	stage  int
+}
+
+// pairKey names a (original topic, key) pair.
+type pairKey struct{ topic, key string }
+
+// parking is the parked state of the keys of one transaction's records, as
+// read at its start and changed by it.
+type parking map[pairKey][]parkRow
+
+func (p parking) head(k pairKey) (parkRow, bool) {
+	rows := p[k]
+	if len(rows) == 0 {
+		return parkRow{}, false
+	}
+	h := rows[0]
+	for _, r := range rows[1:] {
+		if r.offset < h.offset {
+			h = r
+		}
+	}
+	return h, true
+}
+
+func (p parking) has(k pairKey, id string) bool {
+	for _, r := range p[k] {
+		if r.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (p parking) set(k pairKey, row parkRow) {
+	for i, r := range p[k] {
+		if r.id == row.id {
+			p[k][i] = row
+			return
+		}
+	}
+	p[k] = append(p[k], row)
+}
+
+func (p parking) remove(k pairKey, id string) {
+	rows := p[k]
+	for i, r := range rows {
+		if r.id == id {
+			p[k] = append(rows[:i], rows[i+1:]...)
+			return
+		}
+	}
+}
+
+// ordered reports whether later records of a key wait behind one that is in
+// the retry topics.
+func (s *scope) ordered() bool {
+	p := s.f.Policy()
+	return !p.Unordered && !p.DisableRetryTopics && len(p.Ladder) > 0
+}
+
+// loadParking reads the parked rows of the keys of work.
+func (s *scope) loadParking(ctx context.Context, tx pgx.Tx, work []*consumer.Record, metas []retrytopic.Metadata) (parking, error) {
+	var topics []string
+	var keys [][]byte
+	for i, r := range work {
+		if r.Key != nil {
+			topics = append(topics, metas[i].OriginalTopic)
+			keys = append(keys, r.Key)
+		}
+	}
+	p := parking{}
+	if len(keys) == 0 {
+		return p, nil
+	}
+	rows, err := tx.Query(ctx, s.sqlLoadParked, s.o.Consumer, topics, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var topic string
+		var key []byte
+		var row parkRow
+		if err := rows.Scan(&topic, &key, &row.id, &row.offset, &row.stage); err != nil {
+			return nil, err
+		}
+		k := pairKey{topic, string(key)}
+		p[k] = append(p[k], row)
+	}
+	return p, rows.Err()
+}
+
+func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool, fails map[*consumer.Record]*failure) (res []result, err error) {
 	tx, err := s.o.Pool.Begin(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	out = make([]outcome, len(work))
-	errs = make([]error, len(work))
+	res = make([]result, len(work))
 	fresh := make(map[string]bool, len(ids))
 	rows, err := tx.Query(ctx, s.sqlInbox, s.o.Consumer, ids)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return nil, nil, err
+			return nil, err
 		}
 		fresh[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	for i, id := range ids {
 		if fresh[id] {
-			out[i] = toApply
+			res[i].out = toApply
 			delete(fresh, id) // a second record with this id in the batch is a duplicate
 		} else {
-			out[i] = duplicate
+			res[i].out = duplicate
 		}
+	}
+
+	ordered := s.ordered()
+	var metas []retrytopic.Metadata
+	var park parking
+	if ordered {
+		metas = make([]retrytopic.Metadata, len(work))
+		for i, r := range work {
+			metas[i] = s.f.Metadata(r)
+		}
+		if park, err = s.loadParking(ctx, tx, work, metas); err != nil {
+			return nil, err
+		}
+	}
+	// unpark deletes a record's row once it leaves the retry pipeline.
+	unpark := func(i int) error {
+		if !ordered || work[i].Key == nil {
+			return nil
+		}
+		k := pairKey{metas[i].OriginalTopic, string(work[i].Key)}
+		if !park.has(k, ids[i]) {
+			return nil
+		}
+		park.remove(k, ids[i])
+		_, err := tx.Exec(ctx, s.sqlUnpark, s.o.Consumer, k.topic, work[i].Key, ids[i])
+		return err
+	}
+	setPark := func(i, stage int) error {
+		k := pairKey{metas[i].OriginalTopic, string(work[i].Key)}
+		park.set(k, parkRow{id: ids[i], offset: metas[i].OriginalOffset, stage: stage})
+		_, err := tx.Exec(ctx, s.sqlPark, s.o.Consumer, k.topic, work[i].Key, ids[i], metas[i].OriginalOffset, stage)
+		return err
 	}
 
 	var blocked map[string]bool
 	blockedNull := false
 	var undo []string
 	for i, r := range work {
-		if out[i] != toApply {
+		if res[i].out == duplicate {
+			if err := unpark(i); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		if (r.Key == nil && blockedNull) || (r.Key != nil && blocked[string(r.Key)]) {
-			out[i] = deferred
+			res[i].out = deferred
 			undo = append(undo, ids[i])
 			continue
+		}
+		if ordered && r.Key != nil {
+			// A key with records in the retry topics: unless this is the
+			// oldest of them (the head), it waits behind it.
+			k := pairKey{metas[i].OriginalTopic, string(r.Key)}
+			if h, ok := park.head(k); ok && h.id != ids[i] {
+				if err := setPark(i, h.stage); err != nil {
+					return nil, err
+				}
+				res[i] = result{out: parkedOutcome, stage: h.stage}
+				undo = append(undo, ids[i])
+				continue
+			}
 		}
 		if !isolate {
 			if err := s.call(ctx, tx, r); err != nil {
 				if IsTransient(err) || tx.Conn().IsClosed() {
-					return nil, nil, err
+					return nil, err
 				}
 				if s.f.Class(err) != consumer.ClassSkip {
-					return nil, nil, errIsolate
+					return nil, errIsolate
 				}
-				out[i] = skipped
-				continue
+				res[i].out = skipped
+			} else {
+				res[i].out = applied
 			}
-			out[i] = applied
+			if err := unpark(i); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		sp, err := tx.Begin(ctx)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		if herr := s.call(ctx, sp, r); herr != nil {
-			if IsTransient(herr) || tx.Conn().IsClosed() {
-				return nil, nil, herr
+		herr := s.call(ctx, sp, r)
+		if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
+			return nil, herr
+		}
+		if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
+			// Success, or a business outcome: what the handler wrote stays.
+			if err := sp.Commit(ctx); err != nil {
+				return nil, err
 			}
-			if s.f.Class(herr) == consumer.ClassSkip {
-				// A business outcome: what the handler wrote stays.
-				if err := sp.Commit(ctx); err != nil {
-					return nil, nil, err
-				}
-				out[i] = skipped
-				continue
+			res[i].out = applied
+			if herr != nil {
+				res[i].out = skipped
 			}
-			if err := sp.Rollback(ctx); err != nil {
-				return nil, nil, err
-			}
-			s.failed.Add(1)
-			out[i] = failedOutcome
-			errs[i] = herr
-			undo = append(undo, ids[i])
-			if r.Key == nil {
-				blockedNull = true
-			} else {
-				if blocked == nil {
-					blocked = make(map[string]bool)
-				}
-				blocked[string(r.Key)] = true
+			if err := unpark(i); err != nil {
+				return nil, err
 			}
 			continue
 		}
-		if err := sp.Commit(ctx); err != nil {
-			return nil, nil, err
+		if err := sp.Rollback(ctx); err != nil {
+			return nil, err
 		}
-		out[i] = applied
+		attempt := 1
+		if fi := fails[r]; fi != nil {
+			attempt = fi.attempts + 1
+		}
+		// Null-key records keep their partition order by retrying in
+		// place, unless the pipeline is unordered.
+		pol := s.f.Policy()
+		topics := !pol.DisableRetryTopics && (r.Key != nil || pol.Unordered)
+		step := s.f.Decide(ctx, r, herr, attempt, topics)
+		res[i] = result{out: failedOutcome, err: herr, step: step}
+		undo = append(undo, ids[i])
+		switch {
+		case step.Action == retrytopic.ActionRetryTopic && ordered && r.Key != nil:
+			if err := setPark(i, step.Stage); err != nil { // it is, or stays, its key's head
+				return nil, err
+			}
+		case step.Action != retrytopic.ActionRetry:
+			if err := unpark(i); err != nil {
+				return nil, err
+			}
+		}
+		if r.Key == nil {
+			blockedNull = true
+		} else {
+			if blocked == nil {
+				blocked = make(map[string]bool)
+			}
+			blocked[string(r.Key)] = true
+		}
 	}
 	if len(undo) > 0 {
 		if _, err := tx.Exec(ctx, s.sqlForget, s.o.Consumer, undo); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	if s.o.StoreOffsets {
 		k := 0
-		for k < len(work) && (out[k] == applied || out[k] == skipped || out[k] == duplicate) {
+		for k < len(work) && (res[k].out == applied || res[k].out == skipped || res[k].out == duplicate) {
 			k++
 		}
 		if k > 0 {
 			r := work[k-1]
 			if _, err := tx.Exec(ctx, s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1); err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return out, errs, nil
+	return res, nil
 }
 
 // call runs the handler and turns a panic into an error.

@@ -14,6 +14,7 @@ const (
 	DefaultMaxBackoff        = 5 * time.Minute
 	DefaultRetryableAttempts = 6
 	DefaultUnknownAttempts   = 3
+	DefaultInPlaceAttempts   = 3
 )
 
 // Policy says what happens to a record whose handler failed. The zero value
@@ -39,6 +40,27 @@ type Policy struct {
 	RetryableAttempts int
 	UnknownAttempts   int
 
+	// InPlaceAttempts is how many attempts a record gets inside its
+	// key-shard's worker, on each hop, before it moves to the next retry
+	// topic. Default 3.
+	InPlaceAttempts int
+
+	// Ladder is the delay of each retry topic, in order; a record that
+	// fails on the last one goes to it again until its budget is spent.
+	// Default DefaultLadder (5s, 1m, 10m). Topics are named by RetryTopic.
+	Ladder []time.Duration
+
+	// DisableRetryTopics keeps every retry in place: a failing record holds
+	// its key-shard until it succeeds or its budget is spent.
+	DisableRetryTopics bool
+
+	// Unordered lets later records of a key overtake one that is in the
+	// retry topics. By default they wait behind it (the DB scope parks them
+	// in PostgreSQL; the AtLeastOnce scope, which has no store, keeps keyed
+	// records' retries in place, so order holds across restarts too, and
+	// uses the retry topics only when Unordered is set).
+	Unordered bool
+
 	// Classify, when not nil, classifies an error before its own mark is
 	// looked at; it returns ok=false to leave the error to the default
 	// classification.
@@ -53,6 +75,21 @@ type Policy struct {
 	// SpringHeaders adds Spring Kafka's kafka_dlt-* headers to dead-letter
 	// records, so tools built for Spring read kscope's DLT.
 	SpringHeaders bool
+
+	group string
+}
+
+// RetryTopics returns the retry topics of the ladder, in order (none when
+// retry topics are disabled).
+func (p Policy) RetryTopics() []string {
+	if p.DisableRetryTopics {
+		return nil
+	}
+	out := make([]string, len(p.Ladder))
+	for i, d := range p.Ladder {
+		out[i] = RetryTopic(p.group, d)
+	}
+	return out
 }
 
 // WithDefaults returns p with zero fields set for consumer group group.
@@ -71,6 +108,15 @@ func (p Policy) WithDefaults(group string) Policy {
 	}
 	if p.DeadLetterTopic == "" {
 		p.DeadLetterTopic = DLTopic(group)
+	}
+	if p.InPlaceAttempts == 0 {
+		p.InPlaceAttempts = DefaultInPlaceAttempts
+	}
+	if p.Ladder == nil {
+		p.Ladder = DefaultLadder
+	}
+	if p.group == "" {
+		p.group = group
 	}
 	return p
 }
@@ -109,6 +155,16 @@ func (p Policy) Problems() []Problem {
 	if p.UnknownAttempts < 0 || p.UnknownAttempts > MaxAttempt {
 		bad("UnknownAttempts", "is %d; set it between 1 and %d (0 selects %d)", p.UnknownAttempts, MaxAttempt, DefaultUnknownAttempts)
 	}
+	if p.InPlaceAttempts < 0 {
+		bad("InPlaceAttempts", "is %d; set it to 1 or more (0 selects %d)", p.InPlaceAttempts, DefaultInPlaceAttempts)
+	}
+	for i, d := range p.Ladder {
+		if d <= 0 {
+			bad("Ladder", "delay %d is %s; every delay must be positive", i, d)
+		} else if i > 0 && d <= p.Ladder[i-1] {
+			bad("Ladder", "delays must increase, got %s then %s", p.Ladder[i-1], d)
+		}
+	}
 	if !validTopic(p.DeadLetterTopic) {
 		bad("DeadLetterTopic", "%q is not a valid topic name; use at most 249 of a-z A-Z 0-9 . _ -", p.DeadLetterTopic)
 	}
@@ -142,6 +198,9 @@ const (
 	ActionSkip
 	// ActionDeadLetter sends the record to the dead-letter topic.
 	ActionDeadLetter
+	// ActionRetryTopic sends the record to retry topic Step.Stage, to run
+	// again after that topic's delay.
+	ActionRetryTopic
 )
 
 // String returns the action's name.
@@ -153,6 +212,8 @@ func (a Action) String() string {
 		return "skip"
 	case ActionDeadLetter:
 		return "dead_letter"
+	case ActionRetryTopic:
+		return "retry_topic"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -161,12 +222,16 @@ func (a Action) String() string {
 type Step struct {
 	Action Action
 	Class  Class
-	Delay  time.Duration // for ActionRetry
+	Delay  time.Duration // for ActionRetry: the in-place wait; for ActionRetryTopic: the topic's delay
+	Stage  int           // for ActionRetryTopic: the ladder step
+	Topic  string        // for ActionRetryTopic: the retry topic
 }
 
 // Next decides what follows a failure of class c on attempt (1 for the
-// first attempt, counting earlier hops).
-func (p Policy) Next(c Class, attempt int) Step {
+// first attempt, counting earlier hops), the inPlace-th attempt on this hop.
+// stage is the ladder step the record came from (-1 from a source topic);
+// topics says whether the caller may use the retry topics for this record.
+func (p Policy) Next(c Class, attempt, inPlace, stage int, topics bool) Step {
 	budget := p.UnknownAttempts
 	switch c {
 	case ClassSkip:
@@ -178,6 +243,10 @@ func (p Policy) Next(c Class, attempt int) Step {
 	}
 	if attempt >= budget {
 		return Step{Action: ActionDeadLetter, Class: c}
+	}
+	if topics && !p.DisableRetryTopics && len(p.Ladder) > 0 && inPlace >= p.InPlaceAttempts {
+		next := min(stage+1, len(p.Ladder)-1)
+		return Step{Action: ActionRetryTopic, Class: c, Delay: p.Ladder[next], Stage: next, Topic: RetryTopic(p.group, p.Ladder[next])}
 	}
 	return Step{Action: ActionRetry, Class: c, Delay: backoff.Delay(attempt, p.Backoff, p.MaxBackoff)}
 }

@@ -13,7 +13,7 @@ func TestPolicyBudgetsByClass(t *testing.T) {
 	p := Policy{}.WithDefaults("g")
 	steps := func(c Class) (retries int, last Step) {
 		for attempt := 1; ; attempt++ {
-			s := p.Next(c, attempt)
+			s := p.Next(c, attempt, attempt, -1, false)
 			if s.Action != ActionRetry {
 				return retries, s
 			}
@@ -38,11 +38,11 @@ func TestPolicyBudgetsByClass(t *testing.T) {
 		}
 	}
 	// A forged huge attempt count from an earlier hop spends the budget.
-	if s := p.Next(ClassRetryable, MaxAttempt); s.Action != ActionDeadLetter {
+	if s := p.Next(ClassRetryable, MaxAttempt, 1, -1, true); s.Action != ActionDeadLetter {
 		t.Fatalf("attempt %d: %s", MaxAttempt, s.Action)
 	}
 	// Backoff grows from 1s towards the cap, with jitter in the upper half.
-	if d := p.Next(ClassRetryable, 1).Delay; d < 500*time.Millisecond || d > time.Second {
+	if d := p.Next(ClassRetryable, 1, 1, -1, true).Delay; d < 500*time.Millisecond || d > time.Second {
 		t.Fatalf("first delay %s, want within [0.5s, 1s]", d)
 	}
 }
@@ -84,5 +84,45 @@ func TestPolicyValidate(t *testing.T) {
 	}
 	if err := (Policy{}).WithDefaults("team/payments").Validate(); err != nil {
 		t.Fatalf("default policy: %v", err)
+	}
+}
+
+// With retry topics, a record retries in place InPlaceAttempts times per
+// hop, then climbs the ladder, staying on its last step, until its budget is
+// spent.
+func TestPolicyLadder(t *testing.T) {
+	p := Policy{RetryableAttempts: 9}.WithDefaults("g")
+	var got []string
+	stage, attempt := -1, 0
+	for {
+		for inPlace := 1; ; inPlace++ {
+			attempt++
+			s := p.Next(ClassRetryable, attempt, inPlace, stage, true)
+			got = append(got, s.Action.String())
+			if s.Action == ActionRetryTopic {
+				if s.Topic != RetryTopic("g", p.Ladder[s.Stage]) || s.Delay != p.Ladder[s.Stage] {
+					t.Fatalf("step %+v", s)
+				}
+				stage = s.Stage
+				break
+			}
+			if s.Action == ActionDeadLetter {
+				want := "retry retry retry_topic retry retry retry_topic retry retry dead_letter"
+				if strings.Join(got, " ") != want {
+					t.Fatalf("steps %s, want %s", strings.Join(got, " "), want)
+				}
+				if stage != 1 {
+					t.Fatalf("reached stage %d", stage)
+				}
+				return
+			}
+		}
+	}
+}
+
+func TestLadderMustIncrease(t *testing.T) {
+	err := Policy{Ladder: []time.Duration{time.Minute, 30 * time.Second}}.WithDefaults("g").Validate()
+	if err == nil || !strings.Contains(err.Error(), "delays must increase, got 1m0s then 30s") {
+		t.Fatalf("%v", err)
 	}
 }
