@@ -326,11 +326,12 @@ func TestRetryTopicsUnordered(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	// Attempt 1 in place; 2 after the 300ms topic; 3 after the 600ms one.
+	// Due times travel in whole milliseconds.
 	f := calls["flaky"]
-	if gap := f[1].Sub(f[0]); gap < ladder[0] {
+	if gap := f[1].Sub(f[0]); gap < ladder[0]-time.Millisecond {
 		t.Fatalf("second attempt %s after the first, before the 300ms retry topic's delay", gap)
 	}
-	if gap := f[2].Sub(f[1]); gap < ladder[1] {
+	if gap := f[2].Sub(f[1]); gap < ladder[1]-time.Millisecond {
 		t.Fatalf("third attempt %s after the second, before the 600ms retry topic's delay", gap)
 	}
 	for _, id := range ids[1:] {
