@@ -1,0 +1,70 @@
+// Command kscope inspects and repairs what kscope consumers leave in Kafka:
+// it lists, shows and redrives the records of a consumer group's
+// dead-letter topic, and moves a stopped group's committed offsets to
+// replay (or skip) records.
+//
+// Build it with:
+//
+//	go build -o bin/kscope ./cmd/kscope
+//
+// # Usage
+//
+//	kscope dlt list    (--topic T | --group G) [filters] [--json]
+//	kscope dlt show    (--topic T | --group G) --partition P --offset O [--max-value N] [--json]
+//	kscope dlt redrive (--topic T | --group G) --to source|retry [filters] [--dry-run] [--rate N] [--by WHO]
+//	kscope replay      --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
+//	kscope help [command]
+//
+// Every command takes --brokers, a comma-separated list of seed brokers,
+// which defaults to $KAFKA_BROKERS. With --group, the dead-letter topic is
+// "<group>.kscope-dlt" (retrytopic.DLTopic). The filters of dlt list and dlt
+// redrive are --partition, --from-offset and --to-offset (inclusive),
+// --key (exact), --class (unknown, retryable, terminal, skip) and --id (the
+// kscope identity). "kscope <command> -h" prints a command's flags and
+// examples.
+//
+// # Reading a dead-letter topic
+//
+// dlt list and dlt show read with read-committed isolation and no consumer
+// group (nothing is committed), from the start of each partition up to the
+// end offset seen when the command starts: they never wait for records
+// produced after that. They decode each record's kscope headers (attempt,
+// error class and message, failure times, original topic, partition and
+// offset) with retrytopic.FromRecord.
+//
+// # Redrive
+//
+// dlt redrive re-publishes matching records to their original topic
+// (--to source) or to the group's first retry topic (--to retry, with
+// --ladder-first, default retrytopic.DefaultLadder[0]). A redriven record
+// keeps its key, value and headers, including its identity (kscope-id) and
+// original coordinates, so a record that was already applied dedupes as a
+// no-op downstream. It loses the per-attempt routing headers (attempt, due,
+// stage, parked, error, error class, failure times and Spring's
+// kafka_dlt-* headers), so it gets a fresh retry budget, and gains an audit
+// header, kscope-redrive: "by=<who> at=<RFC 3339 UTC> from=<topic>/<partition>/<offset>".
+// A keyed record is partitioned by its key as the Java client does; a
+// record without a key goes back to its original partition.
+//
+// Redrive does not remove records from the dead-letter topic: Kafka cannot
+// delete single records. Partitions are redriven one after the other, in
+// offset order; records are produced synchronously, one at a time, at most
+// --rate per second. The first error stops the redrive and names the
+// partition and offset to resume from. --dry-run prints what would be sent
+// and sends nothing.
+//
+// # Replay
+//
+// replay moves the committed offsets of a stopped consumer group on one
+// topic. It first prints the blast radius: per partition, the committed
+// offset, the target offset and the number of records that will be
+// consumed again (moving back) or skipped (moving forward). It commits only
+// with --yes, and refuses when the group does not exist, still has members,
+// or the topic does not exist.
+//
+// # Exit codes
+//
+// 0: done. 1: the command failed or refused; the message says what to fix.
+// 2: the command line is wrong (including no brokers given); nothing was
+// done.
+package main

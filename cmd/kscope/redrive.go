@@ -1,0 +1,334 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os/user"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// Progress lines of a redrive are written every progressEvery records or
+// progressInterval, whichever comes first.
+const (
+	progressEvery    = 1000
+	progressInterval = 5 * time.Second
+	// produceTimeout bounds the delivery of one redriven record.
+	produceTimeout = 30 * time.Second
+)
+
+// routingHeaders are the per-attempt headers a redrive drops, so that the
+// redriven record starts with a fresh retry budget. The identity
+// (consumer.HeaderID), the original coordinates (consumer.HeaderOriginal*),
+// the group and the original key are kept: a redriven record that was
+// already applied dedupes as a no-op downstream.
+var routingHeaders = map[string]bool{
+	retrytopic.HeaderAttempt:      true,
+	retrytopic.HeaderDue:          true,
+	retrytopic.HeaderStage:        true,
+	retrytopic.HeaderParked:       true,
+	retrytopic.HeaderError:        true,
+	retrytopic.HeaderErrorClass:   true,
+	retrytopic.HeaderFirstFailure: true,
+	retrytopic.HeaderLastFailure:  true,
+	// The audit note of an earlier redrive is replaced by this one's.
+	retrytopic.HeaderRedrive: true,
+}
+
+// springPrefix starts Spring Kafka's dead-letter headers, dropped too.
+const springPrefix = "kafka_dlt-"
+
+func dltRedriveCmd() *command {
+	return &command{
+		name:    "dlt redrive",
+		summary: "re-publish dead-letter records to their source topic or the first retry topic",
+		usage: `
+Usage:
+  kscope dlt redrive (--topic T | --group G) --to source|retry [filters] [--dry-run]
+
+Re-publishes the records of a dead-letter topic that match the filters
+(the same as 'kscope dlt list', plus --id) to:
+
+  --to source   each record's original topic (its kscope-original-topic header)
+  --to retry    the group's first retry topic, <group>.kscope-retry-<delay>
+                with <delay> = --ladder-first; needs --group
+
+Each record keeps its key, value and headers, including its kscope identity
+(kscope-id) and original coordinates, so a record that was already applied
+is deduplicated downstream as a no-op. The per-attempt routing headers
+(attempt, due, stage, parked, error, error class, failure times, Spring's
+kafka_dlt-*) are dropped, so the record gets a fresh retry budget, and a
+kscope-redrive audit header is added: "by=<who> at=<RFC 3339 UTC> from=<dlt
+topic>/<partition>/<offset>".
+
+Redrive does NOT remove the records from the dead-letter topic: Kafka cannot
+delete single records. They stay there until retention drops them; use
+--from-offset to skip what an earlier redrive already sent.
+
+Partitions are redriven one after the other, each in offset order; records
+are produced one at a time, synchronously, at most --rate per second. The
+first produce error stops the redrive and says where to resume. A record
+sent twice keeps its identity, so a consumer that deduplicates (DB scope)
+applies it once. Progress goes to stderr, the summary to stdout.
+
+Examples:
+  kscope dlt redrive --group payments --to source --dry-run
+  kscope dlt redrive --group payments --to source --class retryable --rate 50
+  kscope dlt redrive --group payments --to retry --partition 0 --from-offset 1200
+  kscope dlt redrive --group payments --to source --id order-42 --by alice
+`,
+		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
+			f := declareDLTFlags(fs, true)
+			o := &redriveOpts{}
+			fs.StringVar(&o.to, "to", "", "where to send the records: source or retry (required)")
+			fs.DurationVar(&o.ladderFirst, "ladder-first", retrytopic.DefaultLadder[0], "with --to retry: the delay of the group's first retry topic")
+			fs.StringVar(&o.by, "by", "", "who redrives, for the audit header (default $USER)")
+			fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be sent and send nothing")
+			fs.Float64Var(&o.rate, "rate", 100, "at most this many records per second (0: no limit)")
+			return func(ctx context.Context) error { return dltRedrive(ctx, e, f, o) }
+		},
+	}
+}
+
+type redriveOpts struct {
+	to          string
+	ladderFirst time.Duration
+	by          string
+	dryRun      bool
+	rate        float64
+}
+
+// redriveStats counts a redrive.
+type redriveStats struct {
+	matched, sent, skipped int
+	perTopic               map[string]int
+	started, lastProgress  time.Time
+}
+
+func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error {
+	topic, err := f.dltTopic()
+	if err != nil {
+		return err
+	}
+	rng, flt, err := f.selection()
+	if err != nil {
+		return err
+	}
+	var retryTopic string
+	switch o.to {
+	case "source":
+	case "retry":
+		if *f.group == "" {
+			return usagef("--to retry needs --group: the retry topics are per consumer group")
+		}
+		if o.ladderFirst <= 0 {
+			return usagef("--ladder-first must be a positive duration such as 5s, got %v", o.ladderFirst)
+		}
+		retryTopic = retrytopic.RetryTopic(*f.group, o.ladderFirst)
+	case "":
+		return usagef("say where to send the records: --to source (their original topic) or --to retry (the group's first retry topic)")
+	default:
+		return usagef("unknown --to %q: use source or retry", o.to)
+	}
+	if o.rate < 0 {
+		return usagef("--rate must be 0 (no limit) or more, got %v", o.rate)
+	}
+	by := o.by
+	if by == "" {
+		by = e.getenv("USER")
+	}
+	if by == "" {
+		if u, err := user.Current(); err == nil {
+			by = u.Username
+		}
+	}
+	if by == "" {
+		return usagef("cannot tell who you are for the audit header: set --by")
+	}
+	brokers, err := e.brokers(*f.brokers)
+	if err != nil {
+		return err
+	}
+	cl, err := newClient(brokers,
+		kgo.RecordPartitioner(redrivePartitioner()),
+		kgo.RecordDeliveryTimeout(produceTimeout),
+	)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+
+	var tick <-chan time.Time
+	if o.rate > 0 && !o.dryRun {
+		t := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
+		defer t.Stop()
+		tick = t.C
+	}
+	checked := make(map[string]error) // target topics checked to exist
+	st := &redriveStats{perTopic: make(map[string]int), started: time.Now()}
+	st.lastProgress = st.started
+	verb := "sent"
+	if o.dryRun {
+		verb = "would send"
+	}
+
+	err = scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+		m, derr := decode(r)
+		if !flt.match(r, m) {
+			return nil
+		}
+		st.matched++
+		target := retryTopic
+		if o.to == "source" {
+			// Without a valid header, FromRecord falls back to the
+			// record's own topic: the dead-letter topic.
+			if _, ok := (&consumer.Record{Record: r}).Header(consumer.HeaderOriginalTopic); !ok || m.OriginalTopic == topic {
+				st.skipped++
+				fmt.Fprintf(e.stderr, "skipped partition %d offset %d: it has no valid %s header naming another topic, so its source topic is unknown (redrive it with --to retry, or produce it by hand)\n",
+					r.Partition, r.Offset, consumer.HeaderOriginalTopic)
+				warnDecode(e.stderr, r, derr)
+				return nil
+			}
+			target = m.OriginalTopic
+		}
+		if target == topic {
+			return fmt.Errorf("partition %d offset %d would be sent back to the dead-letter topic %s itself: check its %s header", r.Partition, r.Offset, topic, consumer.HeaderOriginalTopic)
+		}
+		if err, ok := checked[target]; ok {
+			if err != nil {
+				return err
+			}
+		} else {
+			what := "create it, or redrive with --to retry"
+			if o.to == "retry" {
+				what = "the retry topics are created when the group's consumers start with retries enabled; check --group and --ladder-first"
+			}
+			_, err := topicExists(ctx, adm, brokers, target, what)
+			checked[target] = err
+			if err != nil {
+				return fmt.Errorf("cannot redrive partition %d offset %d: %w", r.Partition, r.Offset, err)
+			}
+		}
+		out := redriveRecord(r, target, m, by, time.Now())
+		if o.dryRun {
+			fmt.Fprintf(e.stdout, "would send partition %d offset %d (key %s, id %s) to %s\n", r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.ID, target)
+		} else {
+			if tick != nil {
+				select {
+				case <-tick:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			if err := cl.ProduceSync(ctx, out).FirstErr(); err != nil {
+				return fmt.Errorf("producing partition %d offset %d to %s failed after %s sent: %w; "+
+					"fix the cause (topic ACLs, broker availability, record size), then resume from this record with --partition %d --from-offset %d "+
+					"and redrive the later partitions (partitions are redriven in order); records sent twice keep their identity, so a deduplicating consumer applies them once",
+					r.Partition, r.Offset, target, plural(st.sent, "record"), err, r.Partition, r.Offset)
+			}
+		}
+		st.sent++
+		st.perTopic[target]++
+		if now := time.Now(); st.sent%progressEvery == 0 || now.Sub(st.lastProgress) >= progressInterval {
+			st.lastProgress = now
+			rate := float64(st.sent) / now.Sub(st.started).Seconds()
+			fmt.Fprintf(e.stderr, "redrive: %s %s, skipped %d, at partition %d offset %d (%.1f/s)\n", verb, plural(st.sent, "record"), st.skipped, r.Partition, r.Offset, rate)
+		}
+		return nil
+	})
+	summary := redriveSummary(topic, verb, st)
+	if err != nil {
+		fmt.Fprintln(e.stdout, summary)
+		return err
+	}
+	if o.dryRun {
+		summary += "; dry run: nothing was sent"
+	} else if st.sent > 0 {
+		summary += "; the records stay in the dead-letter topic (Kafka cannot delete single records)"
+	}
+	fmt.Fprintln(e.stdout, summary)
+	if st.skipped > 0 {
+		return fmt.Errorf("skipped %s: their source topic is unknown (see the lines above); redrive them with --to retry", plural(st.skipped, "record"))
+	}
+	return nil
+}
+
+func redriveSummary(topic, verb string, st *redriveStats) string {
+	if st.matched == 0 {
+		return fmt.Sprintf("redrive: no record of %s matched; nothing to send", topic)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "redrive: %s %d of %s from %s", verb, st.sent, plural(st.matched, "matching record"), topic)
+	if len(st.perTopic) > 0 {
+		ts := make([]string, 0, len(st.perTopic))
+		for t := range st.perTopic {
+			ts = append(ts, t)
+		}
+		sort.Strings(ts)
+		for i, t := range ts {
+			ts[i] = fmt.Sprintf("%s (%d)", t, st.perTopic[t])
+		}
+		fmt.Fprintf(&b, " to %s", strings.Join(ts, ", "))
+	}
+	fmt.Fprintf(&b, ", skipped %d", st.skipped)
+	return b.String()
+}
+
+// redriveRecord returns the record that redrives r to topic: r's key, value
+// and headers minus the per-attempt routing headers, plus the audit header.
+// For a null key, the partition hint is the original partition when going
+// back to the source topic.
+func redriveRecord(r *kgo.Record, topic string, m retrytopic.Metadata, by string, now time.Time) *kgo.Record {
+	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+	for _, h := range r.Headers {
+		if routingHeaders[h.Key] || strings.HasPrefix(h.Key, springPrefix) {
+			continue
+		}
+		hs = append(hs, h)
+	}
+	hs = append(hs, kgo.RecordHeader{Key: retrytopic.HeaderRedrive, Value: []byte(auditNote(by, now, r))})
+	out := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: hs, Partition: -1}
+	if topic == m.OriginalTopic {
+		out.Partition = m.OriginalPartition
+	}
+	return out
+}
+
+// auditNote is the value of the audit header: who, when, from where.
+func auditNote(by string, now time.Time, r *kgo.Record) string {
+	if strings.ContainsAny(by, " \t\n\"=") {
+		by = strconv.Quote(by)
+	}
+	return fmt.Sprintf("by=%s at=%s from=%s/%d/%d", by, now.UTC().Format(time.RFC3339), r.Topic, r.Partition, r.Offset)
+}
+
+// redrivePartitioner places a keyed record as the Java client and kgo's
+// default do (murmur2 of the key), so a key lands where its earlier records
+// are; a record without a key goes to the partition in its Partition field
+// when the topic has it (its original partition), else to any.
+func redrivePartitioner() kgo.Partitioner {
+	keyed := kgo.StickyKeyPartitioner(nil)
+	return kgo.BasicConsistentPartitioner(func(topic string) func(*kgo.Record, int) int {
+		byKey := keyed.ForTopic(topic)
+		return func(r *kgo.Record, n int) int {
+			if r.Key != nil {
+				return byKey.Partition(r, n)
+			}
+			if r.Partition >= 0 && int(r.Partition) < n {
+				return int(r.Partition)
+			}
+			return rand.IntN(n)
+		}
+	})
+}

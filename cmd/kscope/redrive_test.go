@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+func header(r *kgo.Record, key string) (string, bool) {
+	v, ok := (&consumer.Record{Record: r}).Header(key)
+	return string(v), ok
+}
+
+// dropped are the headers a redriven record must not carry.
+var dropped = []string{
+	retrytopic.HeaderAttempt, retrytopic.HeaderDue, retrytopic.HeaderStage, retrytopic.HeaderParked,
+	retrytopic.HeaderError, retrytopic.HeaderErrorClass, retrytopic.HeaderFirstFailure, retrytopic.HeaderLastFailure,
+}
+
+func TestRedriveToSource(t *testing.T) {
+	k := testenv.KafkaT(t)
+	dlt := setupDLT(t, k)
+
+	start := time.Now().UTC().Truncate(time.Second)
+	r := kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--key", "k4", "--by", "alice")
+	r.want(t, exitOK, "redrive: sent 1 of 1 matching record from payments.kscope-dlt to orders (1), skipped 0", "stay in the dead-letter topic")
+
+	got := readTopic(t, k, testSource)
+	if len(got) != 1 {
+		t.Fatalf("source topic holds %d records, want 1", len(got))
+	}
+	rec := got[0]
+	if string(rec.Key) != "k4" || string(rec.Value) != fixture[3].value {
+		t.Fatalf("key %q value %q, want the original ones", rec.Key, rec.Value)
+	}
+	// The identity travels: a consumer computes the same dedupe key as
+	// for the original record, so an applied record dedupes as a no-op.
+	if id := (consumer.Identity{}).Of(&consumer.Record{Record: rec}); id != "m-4" {
+		t.Fatalf("redriven record's identity %q, want m-4", id)
+	}
+	for key, want := range map[string]string{
+		consumer.HeaderID:                "m-4",
+		consumer.HeaderOriginalTopic:     testSource,
+		consumer.HeaderOriginalPartition: "1",
+		consumer.HeaderOriginalOffset:    "13",
+		retrytopic.HeaderGroup:           testGroup,
+		"message-id":                     "m-4",
+		"trace-bin":                      "\x00\xff\x10",
+	} {
+		if v, ok := header(rec, key); !ok || v != want {
+			t.Errorf("header %s = %q (present %v), want %q", key, v, ok, want)
+		}
+	}
+	for _, key := range dropped {
+		if v, ok := header(rec, key); ok {
+			t.Errorf("routing header %s = %q kept, want it dropped", key, v)
+		}
+	}
+	audit, ok := header(rec, retrytopic.HeaderRedrive)
+	if !ok {
+		t.Fatal("no audit header")
+	}
+	m := regexp.MustCompile(`^by=alice at=(\S+) from=payments\.kscope-dlt/1/0$`).FindStringSubmatch(audit)
+	if m == nil {
+		t.Fatalf("audit header %q", audit)
+	}
+	at, err := time.Parse(time.RFC3339, m[1])
+	if err != nil || at.Before(start) || at.After(time.Now().Add(time.Second)) || !strings.HasSuffix(m[1], "Z") {
+		t.Fatalf("audit time %q (%v), want RFC 3339 UTC of now", m[1], err)
+	}
+	// A re-read of the redriven record shows a fresh retry budget and the
+	// original metadata.
+	md, err := decode(rec)
+	if err != nil || md.Attempt != 0 || md.Error != "" || md.OriginalOffset != 13 || md.ID != "m-4" {
+		t.Fatalf("redriven record decodes as %+v, %v", md, err)
+	}
+
+	// The DLT still holds its records.
+	if n := len(listJSON(t, k, "--topic", dlt)); n != len(fixture) {
+		t.Fatalf("DLT holds %d records after redrive, want %d", n, len(fixture))
+	}
+}
+
+func TestRedriveAllDropsSpringHeadersAndKeepsPartitionOfNullKeys(t *testing.T) {
+	k := testenv.KafkaT(t)
+	dlt := setupDLT(t, k)
+	// A record with a null key goes back to its original partition.
+	nullKey := fixture[1]
+	nullKey.origPart, nullKey.origOff = 1, 99
+	rec := dltRecord(dlt, nullKey)
+	rec.Key = nil
+	produceTo(t, k, rec)
+
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--by", "bob", "--rate", "1000").
+		want(t, exitOK, "sent 6 of 6 matching records", "to orders (6)")
+	got := readTopic(t, k, testSource)
+	if len(got) != 6 {
+		t.Fatalf("source topic holds %d records, want 6", len(got))
+	}
+	for _, r := range got {
+		for _, h := range r.Headers {
+			if strings.HasPrefix(h.Key, "kafka_dlt-") {
+				t.Errorf("record %q kept Spring header %s", r.Key, h.Key)
+			}
+		}
+		if by, _ := header(r, retrytopic.HeaderRedrive); !strings.HasPrefix(by, "by=bob ") {
+			t.Errorf("record %q audit %q", r.Key, by)
+		}
+		if r.Key == nil && r.Partition != 1 {
+			t.Errorf("null-key record went to partition %d, want its original 1", r.Partition)
+		}
+	}
+	// Same key, same partition.
+	part := map[string]int32{}
+	for _, r := range got {
+		if p, ok := part[string(r.Key)]; ok && p != r.Partition && r.Key != nil {
+			t.Errorf("key %q went to partitions %d and %d", r.Key, p, r.Partition)
+		}
+		part[string(r.Key)] = r.Partition
+	}
+}
+
+func TestRedriveDryRunSendsNothing(t *testing.T) {
+	k := testenv.KafkaT(t)
+	setupDLT(t, k)
+	r := kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--class", "terminal", "--dry-run", "--by", "carol")
+	r.want(t, exitOK,
+		"would send partition 0 offset 1 (key k2, id orders/1/11) to orders",
+		"would send partition 1 offset 1 (key k1, id orders/0/14) to orders",
+		"redrive: would send 2 of 2 matching records", "dry run: nothing was sent")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ends, err := k.EndOffsets(ctx, testSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, e := range ends {
+		if e != 0 {
+			t.Fatalf("dry run wrote %d records to %s partition %d", e, testSource, p)
+		}
+	}
+}
+
+func TestRedriveToRetry(t *testing.T) {
+	k := testenv.KafkaT(t)
+	setupDLT(t, k)
+	retry := retrytopic.RetryTopic(testGroup, retrytopic.DefaultLadder[0])
+	createTopic(t, k, retry, 1)
+
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "retry", "--class", "terminal", "--by", "dave").
+		want(t, exitOK, "sent 2 of 2 matching records from payments.kscope-dlt to "+retry+" (2)")
+	got := readTopic(t, k, retry)
+	if len(got) != 2 {
+		t.Fatalf("retry topic holds %d records, want 2", len(got))
+	}
+	for _, r := range got {
+		if id, _ := header(r, consumer.HeaderID); id != "orders/1/11" && id != "orders/0/14" {
+			t.Errorf("record %q has identity %q", r.Key, id)
+		}
+		if _, ok := header(r, retrytopic.HeaderAttempt); ok {
+			t.Errorf("record %q kept its attempt count", r.Key)
+		}
+		if ot, _ := header(r, consumer.HeaderOriginalTopic); ot != testSource {
+			t.Errorf("record %q original topic %q", r.Key, ot)
+		}
+	}
+	if n := len(readTopic(t, k, testSource)); n != 0 {
+		t.Fatalf("source topic got %d records", n)
+	}
+
+	// Another ladder: its topic does not exist.
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "retry", "--ladder-first", "1m", "--by", "dave").
+		want(t, exitFailure, `topic "payments.kscope-retry-1m" does not exist`, "--ladder-first", "redrive: sent 0 of 1 matching")
+	// The retry topics are per group: --topic alone is not enough.
+	kscope(t, "dlt", "redrive", brokers(k), "--topic", retrytopic.DLTopic(testGroup), "--to", "retry").
+		want(t, exitUsage, "--to retry needs --group")
+}
+
+func TestRedriveSkipsRecordsWithoutSource(t *testing.T) {
+	k := testenv.KafkaT(t)
+	dlt := "foreign-dlt"
+	createTopic(t, k, dlt, 1)
+	createTopic(t, k, testSource, 1)
+	produceTo(t, k,
+		&kgo.Record{Topic: dlt, Key: []byte("x"), Value: []byte("no kscope headers")},
+		dltRecord(dlt, dltEntry{key: "k9", value: "v", attempt: 1, class: retrytopic.ClassTerminal, err: "e", origOff: 3}),
+	)
+	r := kscope(t, "dlt", "redrive", brokers(k), "--topic", dlt, "--to", "source", "--by", "erin")
+	r.want(t, exitFailure, "skipped partition 0 offset 0", "source topic is unknown", "sent 1 of 2 matching records", "skipped 1", "skipped 1 record: their source topic is unknown")
+	if got := readTopic(t, k, testSource); len(got) != 1 || string(got[0].Key) != "k9" {
+		t.Fatalf("source topic holds %v", got)
+	}
+}
+
+func TestRedriveUsage(t *testing.T) {
+	k := testenv.KafkaT(t)
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup).want(t, exitUsage, "--to source", "--to retry")
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "elsewhere").want(t, exitUsage, `unknown --to "elsewhere"`)
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--rate", "-1").want(t, exitUsage, "--rate")
+}
+
+func TestRedriveProgressAndRate(t *testing.T) {
+	k := testenv.KafkaT(t)
+	setupDLT(t, k)
+
+	// --rate bounds the pace: 5 records at 20/s take at least 200ms.
+	began := time.Now()
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--rate", "20", "--by", "frank").
+		want(t, exitOK, "sent 5 of 5 matching records")
+	if took := time.Since(began); took < 200*time.Millisecond {
+		t.Fatalf("5 records at --rate 20 took %v, want at least 200ms", took)
+	}
+
+	// A progress line every 1000 records, on stderr.
+	big := "big.kscope-dlt"
+	createTopic(t, k, big, 1)
+	var recs []*kgo.Record
+	for i := range 1001 {
+		e := fixture[0]
+		e.key, e.origOff = fmt.Sprintf("key-%d", i), int64(i)
+		recs = append(recs, dltRecord(big, e))
+	}
+	produceTo(t, k, recs...)
+	r := kscope(t, "dlt", "redrive", brokers(k), "--topic", big, "--to", "source", "--dry-run", "--by", "frank")
+	r.want(t, exitOK, "redrive: would send 1001 of 1001 matching records")
+	if !strings.Contains(r.stderr, "redrive: would send 1000 records, skipped 0, at partition 0 offset 999") {
+		t.Fatalf("no progress line on stderr:\n%s", r.stderr)
+	}
+	if strings.Count(r.stdout, "would send partition") != 1001 {
+		t.Fatalf("dry run did not print every record")
+	}
+	kscope(t, "dlt", "list", brokers(k), "--topic", big).want(t, exitOK, "key-1000", "1001 records in big.kscope-dlt")
+}
+
+func TestRedriveStopsAtFirstProduceError(t *testing.T) {
+	k := testenv.KafkaT(t)
+	setupDLT(t, k)
+	h, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: testSource, Err: kerr.TopicAuthorizationFailed, Count: -1})
+	if err != nil {
+		t.Skip(err)
+	}
+	defer h.Remove()
+	r := kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--rate", "0", "--by", "gina")
+	r.want(t, exitFailure, "producing partition 0 offset 0 to orders failed after 0 records sent",
+		"TOPIC_AUTHORIZATION_FAILED", "resume from this record with --partition 0 --from-offset 0", "redrive: sent 0 of 1 matching record")
+}

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+func replayCmd() *command {
+	return &command{
+		name:    "replay",
+		summary: "move a stopped consumer group's committed offsets on a topic",
+		usage: `
+Usage:
+  kscope replay --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
+
+Resets the committed offsets of a STOPPED consumer group for one topic, so
+that its consumers, when started again, re-consume records (moving back) or
+skip them (moving forward).
+
+It first prints the blast radius: per partition the committed offset, the
+target offset and how many records will be consumed again or skipped, and
+the total. Counts are offset differences (transaction markers count too).
+With --dry-run, or without --yes, it stops there and changes nothing.
+
+It refuses when the group does not exist, when the group still has members
+(stop its consumers first: Kafka rejects offsets committed from outside a
+running group, and a running consumer would overwrite them), or when the
+topic does not exist.
+
+A replayed record is handled again: in the DB scope its inbox row makes it a
+no-op; in the at-least-once scope its handler runs again.
+
+Targets:
+  --to-offset N      offset N on every partition (kept within each partition's
+                     start and end)
+  --to-time T        the first offset whose timestamp is at or after T, such as
+                     2024-05-01T00:00:00Z (the end when there is none)
+  --to-start         the oldest offset still in the log
+  --to-end           the end of the log: skip everything not consumed yet
+
+Examples:
+  kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z
+  kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z --yes
+  kscope replay --group payments --topic orders --to-start --dry-run
+  kscope replay --group payments --topic orders --to-end --yes
+`,
+		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
+			o := &replayOpts{}
+			brokers := brokerFlag(fs)
+			fs.StringVar(&o.group, "group", "", "the consumer group (required)")
+			fs.StringVar(&o.topic, "topic", "", "the topic whose committed offsets to move (required)")
+			fs.Int64Var(&o.toOffset, "to-offset", -1, "move every partition to this offset")
+			fs.StringVar(&o.toTime, "to-time", "", "move every partition to the first record at or after this RFC 3339 time")
+			fs.BoolVar(&o.toStart, "to-start", false, "move every partition to the start of the log")
+			fs.BoolVar(&o.toEnd, "to-end", false, "move every partition to the end of the log")
+			fs.BoolVar(&o.dryRun, "dry-run", false, "print the blast radius and change nothing")
+			fs.BoolVar(&o.yes, "yes", false, "commit the new offsets (without it, only the blast radius is printed)")
+			return func(ctx context.Context) error {
+				o.brokers = *brokers
+				return replay(ctx, e, o)
+			}
+		},
+	}
+}
+
+type replayOpts struct {
+	brokers, group, topic string
+	toOffset              int64
+	toTime                string
+	toStart, toEnd        bool
+	dryRun, yes           bool
+}
+
+// replayPlan is one partition's move.
+type replayPlan struct {
+	committed int64 // -1: none
+	target    int64
+	epoch     int32
+	clamped   bool
+}
+
+func replay(ctx context.Context, e *env, o *replayOpts) error {
+	if o.group == "" || o.topic == "" {
+		return usagef("give the consumer group with --group and the topic with --topic")
+	}
+	targets := 0
+	var desc string
+	var at time.Time
+	if o.toOffset >= 0 {
+		targets++
+		desc = fmt.Sprintf("offset %d", o.toOffset)
+	} else if o.toOffset < -1 {
+		return usagef("--to-offset must be 0 or more, got %d", o.toOffset)
+	}
+	if o.toTime != "" {
+		targets++
+		t, err := time.Parse(time.RFC3339, o.toTime)
+		if err != nil {
+			return usagef("--to-time %q is not an RFC 3339 time such as 2024-05-01T00:00:00Z", o.toTime)
+		}
+		at = t
+		desc = "the first record at or after " + t.UTC().Format(time.RFC3339)
+	}
+	if o.toStart {
+		targets++
+		desc = "the start of the log"
+	}
+	if o.toEnd {
+		targets++
+		desc = "the end of the log"
+	}
+	if targets != 1 {
+		return usagef("give exactly one target: --to-offset, --to-time, --to-start or --to-end")
+	}
+	brokers, err := e.brokers(o.brokers)
+	if err != nil {
+		return err
+	}
+	cl, err := newClient(brokers)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+
+	if _, err := topicExists(ctx, adm, brokers, o.topic, "check --topic"); err != nil {
+		return err
+	}
+	if err := groupStopped(ctx, adm, o.group); err != nil {
+		return err
+	}
+	plan, err := replayTargets(ctx, adm, o, at)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
+	changes := printPlan(e.stdout, plan)
+	switch {
+	case changes == 0:
+		fmt.Fprintln(e.stdout, "nothing to do: every partition is already at its target")
+		return nil
+	case o.dryRun:
+		fmt.Fprintln(e.stdout, "dry run: nothing changed")
+		return nil
+	case !o.yes:
+		fmt.Fprintln(e.stdout, "nothing changed: re-run with --yes to commit these offsets (keep the group's consumers stopped until then)")
+		return nil
+	}
+
+	// Check again right before committing: a consumer may have started
+	// while the plan was printed.
+	if err := groupStopped(ctx, adm, o.group); err != nil {
+		return err
+	}
+	offsets := make(kadm.Offsets)
+	for p, pl := range plan {
+		if pl.committed == pl.target {
+			continue
+		}
+		offsets.Add(kadm.Offset{Topic: o.topic, Partition: p, At: pl.target, LeaderEpoch: pl.epoch})
+	}
+	resp, err := adm.CommitOffsets(ctx, o.group, offsets)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		if errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) || errors.Is(err, kerr.RebalanceInProgress) {
+			return fmt.Errorf("committing the offsets of group %q failed: %w: a consumer joined the group meanwhile; stop its consumers first, then re-run", o.group, err)
+		}
+		return fmt.Errorf("committing the offsets of group %q failed: %w; nothing or part was changed: check with --dry-run and re-run", o.group, err)
+	}
+	fmt.Fprintf(e.stdout, "committed: group %s will start topic %s at the target offsets on %s when its consumers start\n", o.group, o.topic, plural(len(offsets[o.topic]), "partition"))
+	return nil
+}
+
+// groupStopped returns an error unless group exists and has no members.
+func groupStopped(ctx context.Context, adm *kadm.Client, group string) error {
+	state, members, err := describeGroup(ctx, adm, group)
+	if err != nil {
+		return err
+	}
+	if state == "" {
+		return fmt.Errorf("consumer group %q does not exist (no member ever joined it and it has no committed offsets): check --group; 'kafka-consumer-groups --list' lists the groups", group)
+	}
+	if len(members) > 0 || (state != "Empty" && state != "Dead") {
+		return fmt.Errorf("consumer group %q is still active (state %s, %d members: %s): stop its consumers first, then re-run", group, state, len(members), strings.Join(members, ", "))
+	}
+	return nil
+}
+
+// describeGroup returns group's state and members, looked up as a classic
+// group and then as a KIP-848 consumer group. The state is "" when the group
+// does not exist.
+func describeGroup(ctx context.Context, adm *kadm.Client, group string) (string, []string, error) {
+	gs, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		return "", nil, fmt.Errorf("describing consumer group %q: %w", group, err)
+	}
+	g, ok := gs[group]
+	if ok && g.Err == nil && g.State != "Dead" {
+		var ms []string
+		for _, m := range g.Members {
+			ms = append(ms, m.ClientID+"@"+strings.TrimPrefix(m.ClientHost, "/"))
+		}
+		return g.State, ms, nil
+	}
+	if ok && g.Err != nil && !errors.Is(g.Err, kerr.GroupIDNotFound) {
+		return "", nil, fmt.Errorf("describing consumer group %q: %w", group, g.Err)
+	}
+	// Not a classic group: a KIP-848 consumer group, or none. Brokers
+	// without KIP-848 answer with an error, read as "none".
+	cgs, err := adm.DescribeConsumerGroups(ctx, group)
+	if err != nil {
+		return "", nil, nil
+	}
+	cg, ok := cgs[group]
+	if !ok || cg.Err != nil || cg.State == "Dead" || cg.State == "" {
+		return "", nil, nil
+	}
+	var ms []string
+	for _, m := range cg.Members {
+		ms = append(ms, m.ClientID+"@"+strings.TrimPrefix(m.ClientHost, "/"))
+	}
+	return cg.State, ms, nil
+}
+
+// replayTargets returns the move of each partition of the topic.
+func replayTargets(ctx context.Context, adm *kadm.Client, o *replayOpts, at time.Time) (map[int32]*replayPlan, error) {
+	listed := func(what string, l kadm.ListedOffsets, err error) (kadm.ListedOffsets, error) {
+		if err == nil {
+			err = l.Error()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing the %s offsets of %q: %w", what, o.topic, err)
+		}
+		return l, nil
+	}
+	l, err := adm.ListStartOffsets(ctx, o.topic)
+	starts, err := listed("start", l, err)
+	if err != nil {
+		return nil, err
+	}
+	l, err = adm.ListEndOffsets(ctx, o.topic)
+	ends, err := listed("end", l, err)
+	if err != nil {
+		return nil, err
+	}
+	var byTime kadm.ListedOffsets
+	if o.toTime != "" {
+		l, err = adm.ListOffsetsAfterMilli(ctx, at.UnixMilli(), o.topic)
+		if byTime, err = listed("time", l, err); err != nil {
+			return nil, err
+		}
+	}
+	committed, err := adm.FetchOffsetsForTopics(ctx, o.group, o.topic)
+	if err == nil {
+		err = committed.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fetching the committed offsets of group %q: %w", o.group, err)
+	}
+	plan := make(map[int32]*replayPlan)
+	for p, s := range starts[o.topic] {
+		end, _ := ends.Lookup(o.topic, p)
+		pl := &replayPlan{committed: -1, epoch: -1}
+		if c, ok := committed.Lookup(o.topic, p); ok && c.At >= 0 {
+			pl.committed = c.At
+		}
+		switch {
+		case o.toStart:
+			pl.target, pl.epoch = s.Offset, s.LeaderEpoch
+		case o.toEnd:
+			pl.target, pl.epoch = end.Offset, end.LeaderEpoch
+		case o.toTime != "":
+			t, ok := byTime.Lookup(o.topic, p)
+			if !ok || t.Offset < 0 {
+				pl.target, pl.epoch = end.Offset, end.LeaderEpoch
+			} else {
+				pl.target, pl.epoch = t.Offset, t.LeaderEpoch
+			}
+		default:
+			pl.target = o.toOffset
+			if pl.target < s.Offset {
+				pl.target, pl.clamped = s.Offset, true
+			}
+			if pl.target > end.Offset {
+				pl.target, pl.clamped = end.Offset, true
+			}
+		}
+		plan[p] = pl
+	}
+	return plan, nil
+}
+
+// printPlan writes the blast radius and returns how many partitions move.
+func printPlan(w io.Writer, plan map[int32]*replayPlan) int {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tCOMMITTED\tTARGET\tEFFECT")
+	var again, skipped int64
+	changes, uncommitted := 0, 0
+	for _, p := range sortedPartitions(plan) {
+		pl := plan[p]
+		target := fmt.Sprint(pl.target)
+		if pl.clamped {
+			target += " (clamped)"
+		}
+		var committed, effect string
+		switch {
+		case pl.committed < 0:
+			committed, effect = "none", "no committed offset yet: will start at the target"
+			changes++
+			uncommitted++
+		case pl.target < pl.committed:
+			n := pl.committed - pl.target
+			committed, effect = fmt.Sprint(pl.committed), plural64(n, "record")+" consumed again"
+			again += n
+			changes++
+		case pl.target > pl.committed:
+			n := pl.target - pl.committed
+			committed, effect = fmt.Sprint(pl.committed), plural64(n, "record")+" skipped"
+			skipped += n
+			changes++
+		default:
+			committed, effect = fmt.Sprint(pl.committed), "unchanged"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", p, committed, target, effect)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "total: %s consumed again, %s skipped", plural64(again, "record"), plural64(skipped, "record"))
+	if uncommitted > 0 {
+		fmt.Fprintf(w, ", %s without a committed offset", plural(uncommitted, "partition"))
+	}
+	fmt.Fprintln(w)
+	return changes
+}
+
+func plural64(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

@@ -1,0 +1,324 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+const (
+	// defaultRetryTimeout bounds how long one request to the cluster is
+	// retried before the command gives up.
+	defaultRetryTimeout = 30 * time.Second
+	// defaultIdleTimeout is how long a read waits for the next record of a
+	// partition that has not reached its end offset yet.
+	defaultIdleTimeout = 30 * time.Second
+)
+
+// dltFlags are the flags that name a dead-letter topic and select records
+// in it, shared by dlt list, show and redrive.
+type dltFlags struct {
+	brokers     *string
+	topic       *string
+	group       *string
+	partition   *int
+	fromOffset  *int64
+	toOffset    *int64
+	key         *string
+	class       *string
+	id          *string
+	idleTimeout *time.Duration
+	fs          *flag.FlagSet
+}
+
+func declareDLTFlags(fs *flag.FlagSet, selection bool) *dltFlags {
+	f := &dltFlags{fs: fs}
+	f.brokers = brokerFlag(fs)
+	f.topic = fs.String("topic", "", "the dead-letter topic to read")
+	f.group = fs.String("group", "", "the consumer group whose dead-letter topic (<group>.kscope-dlt) to read, when --topic is not given")
+	f.partition = fs.Int("partition", -1, "only this partition (-1: all)")
+	f.idleTimeout = fs.Duration("idle-timeout", defaultIdleTimeout, "give up when a partition yields no record for this long before reaching its end offset")
+	if selection {
+		f.fromOffset = fs.Int64("from-offset", -1, "only records at or after this offset (-1: from the start)")
+		f.toOffset = fs.Int64("to-offset", -1, "only records at or before this offset, inclusive (-1: up to the end)")
+		f.key = fs.String("key", "", "only records with exactly this key (as text)")
+		f.class = fs.String("class", "", "only records whose error class is this: unknown, retryable, terminal or skip")
+		f.id = fs.String("id", "", "only records with this kscope identity (the kscope-id header, or the identity derived as the consumer does by default)")
+	}
+	return f
+}
+
+// dltTopic returns the topic named by --topic or --group.
+func (f *dltFlags) dltTopic() (string, error) {
+	switch {
+	case *f.topic != "":
+		return *f.topic, nil
+	case *f.group != "":
+		return retrytopic.DLTopic(*f.group), nil
+	}
+	return "", usagef("give the dead-letter topic with --topic, or the consumer group with --group (the topic is then <group>.kscope-dlt)")
+}
+
+func (f *dltFlags) isSet(name string) bool {
+	set := false
+	f.fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == name {
+			set = true
+		}
+	})
+	return set
+}
+
+// selection returns the scan bounds and the record filter from the flags.
+func (f *dltFlags) selection() (scanRange, *recordFilter, error) {
+	r := scanRange{partition: int32(*f.partition), from: -1, to: -1, idle: *f.idleTimeout}
+	if *f.partition < -1 || *f.partition > 1<<31-1 {
+		return r, nil, usagef("--partition %d is not a partition number", *f.partition)
+	}
+	if r.idle <= 0 {
+		return r, nil, usagef("--idle-timeout must be positive, got %v", r.idle)
+	}
+	flt := &recordFilter{}
+	if f.fromOffset != nil {
+		r.from, r.to = *f.fromOffset, *f.toOffset
+		if r.from < -1 || r.to < -1 {
+			return r, nil, usagef("offsets are 0 or more (-1 for no bound), got --from-offset %d --to-offset %d", r.from, r.to)
+		}
+		if r.to >= 0 && r.from > r.to {
+			return r, nil, usagef("--from-offset %d is after --to-offset %d", r.from, r.to)
+		}
+	}
+	if f.key == nil { // no content filters on this command
+		return r, flt, nil
+	}
+	if f.isSet("key") {
+		k := *f.key
+		flt.key = &k
+	}
+	if *f.class != "" {
+		c, ok := retrytopic.ParseClass(*f.class)
+		if !ok {
+			return r, nil, usagef("unknown --class %q: use unknown, retryable, terminal or skip", *f.class)
+		}
+		flt.class = &c
+	}
+	flt.id = *f.id
+	return r, flt, nil
+}
+
+// recordFilter selects DLT records by their content.
+type recordFilter struct {
+	key   *string
+	class *retrytopic.Class
+	id    string
+}
+
+func (f *recordFilter) match(r *kgo.Record, m retrytopic.Metadata) bool {
+	if f.key != nil && string(r.Key) != *f.key {
+		return false
+	}
+	if f.class != nil && m.Class != *f.class {
+		return false
+	}
+	if f.id != "" && m.ID != f.id {
+		return false
+	}
+	return true
+}
+
+// decode returns the kscope metadata r carries, with r's identity as a
+// consumer with the default identity computes it, and a note on malformed
+// headers.
+func decode(r *kgo.Record) (retrytopic.Metadata, error) {
+	return retrytopic.FromRecord(r, consumer.Identity{}.Of(&consumer.Record{Record: r}))
+}
+
+// scanRange bounds a read of a topic.
+type scanRange struct {
+	partition int32 // -1: all partitions
+	from, to  int64 // inclusive offset bounds, -1: none
+	idle      time.Duration
+}
+
+// partitionBounds is what a scan reads of one partition: [begin, end).
+type partitionBounds struct {
+	begin, end int64
+}
+
+// topicExists checks that topic exists and returns its partition count.
+func topicExists(ctx context.Context, adm *kadm.Client, brokers []string, topic, what string) (int, error) {
+	tds, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return 0, reachErr(brokers, err)
+	}
+	td, ok := tds[topic]
+	if !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
+		return 0, fmt.Errorf("topic %q does not exist: %s", topic, what)
+	}
+	if td.Err != nil {
+		return 0, fmt.Errorf("cannot read the metadata of topic %q: %w", topic, td.Err)
+	}
+	return len(td.Partitions), nil
+}
+
+// bounds returns, per partition to read, the offsets from the range's start
+// (or the log start) up to the range's end (or the last stable offset seen
+// now: a read never waits for records produced after it began).
+func bounds(ctx context.Context, adm *kadm.Client, brokers []string, topic string, r scanRange) (map[int32]partitionBounds, error) {
+	n, err := topicExists(ctx, adm, brokers, topic, "check --topic or --group (a group's dead-letter topic is <group>.kscope-dlt and is created with the group's retry topics)")
+	if err != nil {
+		return nil, err
+	}
+	if r.partition >= 0 && int(r.partition) >= n {
+		return nil, usagef("topic %q has no partition %d: it has %d partitions (0 to %d)", topic, r.partition, n, n-1)
+	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the start offsets of %q: %w", topic, err)
+	}
+	// Read committed: the end a reader can reach is the last stable offset.
+	ends, err := adm.ListCommittedOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the end offsets of %q: %w", topic, err)
+	}
+	out := make(map[int32]partitionBounds)
+	for p, s := range starts[topic] {
+		if r.partition >= 0 && p != r.partition {
+			continue
+		}
+		e, ok := ends.Lookup(topic, p)
+		if !ok {
+			continue
+		}
+		b := partitionBounds{begin: s.Offset, end: e.Offset}
+		if r.from > b.begin {
+			b.begin = r.from
+		}
+		if r.to >= 0 && r.to+1 < b.end {
+			b.end = r.to + 1
+		}
+		out[p] = b
+	}
+	return out, nil
+}
+
+// scan reads topic partition by partition, in offset order, from each
+// partition's begin up to its end offset as listed when the scan started,
+// with read-committed isolation, and calls fn for each data record. It
+// uses no consumer group and commits nothing.
+func scan(ctx context.Context, brokers []string, adm *kadm.Client, topic string, r scanRange, fn func(*kgo.Record) error) error {
+	bs, err := bounds(ctx, adm, brokers, topic, r)
+	if err != nil {
+		return err
+	}
+	cl, err := newClient(brokers,
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers are kept so that a partition whose last
+		// offsets are a marker is seen to reach its end.
+		kgo.KeepControlRecords(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for _, p := range sortedPartitions(bs) {
+		b := bs[p]
+		if b.begin >= b.end {
+			continue
+		}
+		if err := scanPartition(ctx, cl, topic, p, b, r.idle, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func scanPartition(ctx context.Context, cl *kgo.Client, topic string, p int32, b partitionBounds, idle time.Duration, fn func(*kgo.Record) error) error {
+	cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p: kgo.NewOffset().At(b.begin)}})
+	defer cl.RemoveConsumePartitions(map[string][]int32{topic: {p}})
+	next := b.begin // the offset up to which the partition was read
+	for next < b.end {
+		pollCtx, cancel := context.WithTimeout(ctx, idle)
+		fetches := cl.PollFetches(pollCtx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		progressed := false
+		var ferr error
+		fetches.EachError(func(t string, fp int32, err error) {
+			switch {
+			case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+			case errors.As(err, new(*kgo.ErrDataLoss)):
+				// The client resumed at the log start: records were
+				// deleted by retention while reading.
+			case kerr.IsRetriable(err):
+			default:
+				if ferr == nil {
+					ferr = fmt.Errorf("reading %s partition %d: %w", t, fp, err)
+				}
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		for rec := range fetches.RecordsAll() {
+			if rec.Topic != topic || rec.Partition != p || rec.Offset < next {
+				continue
+			}
+			progressed = true
+			next = rec.Offset + 1
+			if rec.Offset >= b.end {
+				break
+			}
+			if rec.Attrs.IsControl() {
+				continue
+			}
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+		if !progressed && next < b.end && pollTimedOut(fetches) {
+			return fmt.Errorf("reading %s partition %d: no record for %v at offset %d, before the end offset %d seen at start; "+
+				"records may have been deleted (retention) or the cluster is slow: re-run, raise --idle-timeout, or narrow the read with --from-offset/--to-offset",
+				topic, p, idle, next, b.end)
+		}
+	}
+	return nil
+}
+
+// pollTimedOut reports whether a poll returned because its own deadline
+// passed.
+func pollTimedOut(fs kgo.Fetches) bool {
+	timedOut := false
+	fs.EachError(func(_ string, _ int32, err error) {
+		if errors.Is(err, context.DeadlineExceeded) {
+			timedOut = true
+		}
+	})
+	return timedOut
+}
+
+// warnDecode writes a note about malformed kscope headers of r.
+func warnDecode(w io.Writer, r *kgo.Record, err error) {
+	if err != nil {
+		fmt.Fprintf(w, "warning: partition %d offset %d: %v\n", r.Partition, r.Offset, err)
+	}
+}
