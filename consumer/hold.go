@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -52,6 +53,9 @@ func (r *Runner) releaseHeld(st *partState) {
 			st.holdTimer = time.AfterFunc(rec.due.Sub(now), func() { r.releaseHeld(st) })
 			break
 		}
+		if !rec.due.IsZero() {
+			r.lateness.observe(now.Sub(rec.due))
+		}
 		r.pool.Dispatch(rec.shard, st.Assignment, rec)
 		st.held[i] = nil
 		r.held.Add(-1)
@@ -96,4 +100,41 @@ func dueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool)
 		due = limit
 	}
 	return due, true
+}
+
+// LatenessBuckets are the upper bounds of the RetryLateness histogram.
+var LatenessBuckets = []time.Duration{
+	10 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond,
+	time.Second, 5 * time.Second, 30 * time.Second,
+}
+
+// Lateness is a histogram of how long after their due time held records
+// were released to their key-shard: Counts[i] counts releases at most
+// LatenessBuckets[i] late; the last count is for later ones.
+type Lateness struct {
+	Counts [8]int64
+	Max    time.Duration
+}
+
+type latenessHist struct {
+	mu sync.Mutex
+	h  Lateness
+}
+
+func (l *latenessHist) observe(d time.Duration) {
+	d = max(d, 0)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := 0
+	for i < len(LatenessBuckets) && d > LatenessBuckets[i] {
+		i++
+	}
+	l.h.Counts[i]++
+	l.h.Max = max(l.h.Max, d)
+}
+
+func (l *latenessHist) snapshot() Lateness {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.h
 }

@@ -113,7 +113,15 @@ func TestDelayTopicHoldsRecordsUntilDue(t *testing.T) {
 	if at("p1-corrupt").Before(at("p1-forged")) {
 		t.Fatal("a record overtook the forged one in its partition")
 	}
-	if st := r.Stats(); st.Held != 0 || st.InFlight != 0 {
+	st := r.Stats()
+	if st.Held != 0 || st.InFlight != 0 {
 		t.Fatalf("after the run: %d held, %d in flight", st.Held, st.InFlight)
+	}
+	var released int64
+	for _, n := range st.RetryLateness.Counts {
+		released += n
+	}
+	if released < 2 || st.RetryLateness.Max > time.Second {
+		t.Fatalf("lateness %+v: want the held releases counted, none a second late", st.RetryLateness)
 	}
 }

@@ -43,20 +43,21 @@ type partState struct {
 // Stats are a runner's own counters, for tests and health checks. Metrics
 // for dashboards come from the observability hooks.
 type Stats struct {
-	InFlight         int64 // records polled and not yet finished
-	InFlightBytes    int64 // their key, value and header bytes
-	MaxInFlight      int64 // the highest InFlight seen
-	MaxInFlightBytes int64 // the highest InFlightBytes seen
-	Polled           int64 // records dispatched to key-shards
-	Done             int64 // records whose effect is durable
-	PausedPartitions int   // partitions paused for backpressure now
-	Held             int64 // records of delay topics waiting for their due time now
-	Pauses           int64 // times a partition was paused for backpressure
-	Assigned         int   // partitions assigned now
-	Rebalances       int64 // assignments, revocations and losses seen
-	LostPartitions   int64 // partitions lost (taken without a revoke)
-	Commits          int64 // offset commit requests that succeeded
-	CommitErrors     int64 // offset commit requests that failed
+	InFlight         int64    // records polled and not yet finished
+	InFlightBytes    int64    // their key, value and header bytes
+	MaxInFlight      int64    // the highest InFlight seen
+	MaxInFlightBytes int64    // the highest InFlightBytes seen
+	Polled           int64    // records dispatched to key-shards
+	Done             int64    // records whose effect is durable
+	PausedPartitions int      // partitions paused for backpressure now
+	Held             int64    // records of delay topics waiting for their due time now
+	RetryLateness    Lateness // how late held records were released
+	Pauses           int64    // times a partition was paused for backpressure
+	Assigned         int      // partitions assigned now
+	Rebalances       int64    // assignments, revocations and losses seen
+	LostPartitions   int64    // partitions lost (taken without a revoke)
+	Commits          int64    // offset commit requests that succeeded
+	CommitErrors     int64    // offset commit requests that failed
 	Failures         FailureStats
 }
 
@@ -97,6 +98,7 @@ type Runner struct {
 	polled, done, pauses            atomic.Int64
 	rebalances, commits, commitErrs atomic.Int64
 	lost, held                      atomic.Int64
+	lateness                        latenessHist
 	paused                          atomic.Int64
 
 	fatalMu sync.Mutex
@@ -191,6 +193,7 @@ func (r *Runner) Stats() Stats {
 		Rebalances:       r.rebalances.Load(),
 		LostPartitions:   r.lost.Load(),
 		Held:             r.held.Load(),
+		RetryLateness:    r.lateness.snapshot(),
 		Commits:          r.commits.Load(),
 		CommitErrors:     r.commitErrs.Load(),
 		Failures:         r.failureStats(),

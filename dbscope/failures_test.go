@@ -193,3 +193,69 @@ func indexOf(s []string, v string) int {
 	}
 	return -1
 }
+
+// A parked key is released when its head goes to the dead-letter topic: the
+// records waiting behind it are then applied, in order.
+func TestDBParkedKeyReleasedByDLT(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "accounts", "g-release"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = retrytopic.Policy{
+		Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		InPlaceAttempts: 1, Ladder: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, RetryableAttempts: 3,
+	}
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			if string(r.Value) == "K/0" {
+				return consumer.Retryable(errors.New("never works"))
+			}
+			return insertEffect(ctx, tx, r)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/0")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K/0 in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	if err := k.Produce(ctx,
+		&kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/1")},
+		&kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/2")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K/1 and K/2 applied", func() bool { return r.DBStats().Applied == 2 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if r.Stats().Failures.DeadLettered != 1 {
+		t.Fatalf("failures %+v: K/0 should be dead-lettered after 3 attempts", r.Stats().Failures)
+	}
+	if r.DBStats().Parked < 2 {
+		t.Fatalf("stats %+v: K/1 and K/2 did not wait behind K/0", r.DBStats())
+	}
+	var order []string
+	rows, _ := pool.Query(ctx, `SELECT key || '/' || seq FROM effects ORDER BY n`)
+	for rows.Next() {
+		var v string
+		rows.Scan(&v)
+		order = append(order, v)
+	}
+	rows.Close()
+	if strings.Join(order, ",") != "K/1,K/2" {
+		t.Fatalf("effects %v", order)
+	}
+	if dlt := k.ReadAll(t, retrytopic.DLTopic(group)); len(dlt) != 1 || string(dlt[0].Value) != "K/0" {
+		t.Fatalf("DLT %v", dlt)
+	}
+	var left int
+	pool.QueryRow(ctx, `SELECT count(*) FROM kscope_parked`).Scan(&left)
+	if left != 0 {
+		t.Fatalf("%d parked rows left", left)
+	}
+}
