@@ -7,13 +7,17 @@ MODULES     := . integration
 # The race detector multiplies memory and time; the suites are sized for it.
 TESTFLAGS   ?= -race -count=1 -timeout 15m
 
-.PHONY: all demo test vet staticcheck test-unit test-integration test-containers bench fmt
+.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers bench fmt
 
 all: test
 
 ## demo: consume and print records on the embedded backends (kfake)
 demo:
 	$(GO) run ./examples/quickstart
+
+## build: the kscope CLI, as bin/kscope
+build:
+	$(GO) build -o $(BIN)/kscope ./cmd/kscope
 
 ## test: vet, staticcheck, then every unit and integration test with -race
 test: vet staticcheck test-unit test-integration

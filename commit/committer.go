@@ -130,7 +130,7 @@ func (t *Tracker) markCommitted(topic string, partition int32, offset int64) {
 // Result is the outcome of one offset commit request.
 type Result struct {
 	Offsets map[string]map[int32]kgo.EpochOffset // what was asked for
-	Err     error                                 // nil when every partition committed
+	Err     error                                // nil when every partition committed
 }
 
 // Committer commits a Tracker's watermarks through a group-consuming client.

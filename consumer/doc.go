@@ -29,6 +29,15 @@
 // AtLeastOnce scope: nothing is lost, and a record is handled again after a
 // crash or rebalance if its offset was not committed yet, so its handler's
 // effects must be idempotent. The DB scope (effects in PostgreSQL applied
-// exactly once) and the Kafka scope (transactional Kafka-to-Kafka) build on
-// the same runner through the [Scope] interface.
+// exactly once, package dbscope) and the Kafka scope (transactional
+// Kafka-to-Kafka) build on the same runner through the [Scope] interface.
+//
+// # Failures
+//
+// A handler error is classified ([Skip], [Terminal], [DecodeError],
+// [Retryable], or unknown) and routed by Config.Failures: retried in place,
+// sent to a delayed retry topic, skipped, or sent to the dead-letter topic
+// with its failure metadata; see package retrytopic. Nothing is lost: the
+// offset of a failing record is not committed until its route is
+// acknowledged.
 package consumer

@@ -60,7 +60,8 @@ func TestDelayTopicHoldsRecordsUntilDue(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	due := start.Add(700 * time.Millisecond)
+	// Due times travel in whole milliseconds.
+	due := time.UnixMilli(start.Add(700 * time.Millisecond).UnixMilli())
 	recs := []*kgo.Record{
 		// partition 0: a record due later, then records due now: they
 		// must wait behind it.

@@ -112,10 +112,12 @@ type Runner struct {
 
 // New returns an AtLeastOnce runner: every record is handled at least once
 // and nothing is lost. A record's offset is committed only after its handler
-// returned nil. A handler that fails is retried in place, with backoff,
-// blocking only its key-shard, until it succeeds or the partition moves to
-// another member; after a crash or a rebalance, records handled since the
-// last commit are handled again.
+// returned nil, or its failure was routed by Config.Failures: skipped as a
+// business outcome, or acknowledged by the dead-letter topic (or, with an
+// Unordered policy, a retry topic). Keyed records are retried in place, with
+// backoff, blocking only their key-shard, so per-key order holds across
+// retries. After a crash or a rebalance, records handled since the last
+// commit are handled again.
 //
 // AtLeastOnce does not deduplicate: a handler with external effects must be
 // idempotent on its own, or use the DB or Kafka scope.

@@ -689,10 +689,3 @@ func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) (err er
 	}()
 	return s.h.Handle(ctx, tx, r)
 }
-
-func logKey(k []byte) string {
-	if len(k) > 64 {
-		k = k[:64]
-	}
-	return string(k)
-}

@@ -33,7 +33,7 @@ func startMember(t *testing.T, k *testenv.Kafka, name, group, topic string, h co
 		DrainTimeout:   10 * time.Second,
 		// A short heartbeat makes members notice a rebalance quickly.
 		ClientOptions: []kgo.Opt{kgo.ClientID(name), kgo.HeartbeatInterval(100 * time.Millisecond)},
-		Logger:         slog.New(slog.DiscardHandler),
+		Logger:        slog.New(slog.DiscardHandler),
 	}, h)
 	if err != nil {
 		t.Fatal(err)
