@@ -98,6 +98,11 @@ func (f *Failures) Route(ctx context.Context, rec *Record, err error, step retry
 		meta.Error = err.Error()
 		meta.Class = step.Class
 		meta.Due, meta.Stage, meta.Parked = time.Time{}, -1, false
+		meta.ExpectedVersion, meta.ActualVersion = 0, 0
+		var gap *retrytopic.VersionGapError
+		if errors.As(err, &gap) {
+			meta.ExpectedVersion, meta.ActualVersion = gap.Expected, gap.Actual
+		}
 		topic, spring := f.policy.DeadLetterTopic, f.policy.SpringHeaders
 		if step.Action == retrytopic.ActionRetryTopic {
 			topic, spring = step.Topic, false

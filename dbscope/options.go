@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/sequence"
 )
 
 // Handler applies one record's effect inside tx, the transaction that also
@@ -88,6 +89,13 @@ type Options struct {
 	InboxTTL        time.Duration
 	CleanupInterval time.Duration
 	CleanupBatch    int
+
+	// Versions, when not nil, turns on version-gap detection: each record
+	// carries a per-key version and the key's last applied version is
+	// checked and advanced in the record's transaction. See package
+	// sequence. Null-key records are not versioned: leave them out of
+	// versioned topics.
+	Versions *sequence.Config
 }
 
 func (o Options) withDefaults(cfg consumer.Config) Options {
@@ -105,6 +113,10 @@ func (o Options) withDefaults(cfg consumer.Config) Options {
 	}
 	if o.CleanupBatch == 0 {
 		o.CleanupBatch = DefaultCleanupBatch
+	}
+	if o.Versions != nil {
+		v := o.Versions.WithDefaults()
+		o.Versions = &v
 	}
 	return o
 }
@@ -134,6 +146,11 @@ func (o Options) validate() error {
 	}
 	if o.CleanupBatch < 0 {
 		bad("CleanupBatch", "is %d; set it to a positive row count (0 selects %d)", o.CleanupBatch, DefaultCleanupBatch)
+	}
+	if o.Versions != nil {
+		if err := o.Versions.Validate(); err != nil {
+			bad("Versions", "%v", err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/sequence"
 )
 
 const (
@@ -31,6 +33,11 @@ type Stats struct {
 	Failed        int64 // handler failures (retried or dead-lettered by the failure policy)
 	Skipped       int64 // records whose handler returned a business skip (their writes commit)
 	Parked        int64 // records sent behind an earlier record of their key that is in the retry topics
+	Stale         int64 // records whose version was at or below their key's last applied one: skipped
+	GapsDetected  int64 // records found ahead of their key's next version
+	GapsHealed    int64 // records applied after waiting for the versions before them
+	GapsAccepted  int64 // records applied over a gap (sequence.Accept)
+	GapsTimedOut  int64 // records that waited past GapTimeout and went to the DLT
 	TxRetries     int64 // transactions retried after a transient PostgreSQL error
 	Transactions  int64 // transactions committed
 }
@@ -50,6 +57,11 @@ func (r *Runner) DBStats() Stats {
 		Failed:        r.s.failed.Load(),
 		Skipped:       r.s.skipped.Load(),
 		Parked:        r.s.parked.Load(),
+		Stale:         r.s.stale.Load(),
+		GapsDetected:  r.s.gapsDetected.Load(),
+		GapsHealed:    r.s.gapsHealed.Load(),
+		GapsAccepted:  r.s.gapsAccepted.Load(),
+		GapsTimedOut:  r.s.gapsTimedOut.Load(),
 		TxRetries:     r.s.txRetries.Load(),
 		Transactions:  r.s.transactions.Load(),
 	}
@@ -98,6 +110,7 @@ type scope struct {
 
 	sqlInbox, sqlForget, sqlOffset, sqlLoadOffsets string
 	sqlLoadParked, sqlPark, sqlUnpark              string
+	sqlLoadVersion, sqlSaveVersion                 string
 
 	marksMu sync.Mutex
 	marks   map[shardKey]int64 // next offset not known durable, per partition and shard
@@ -105,6 +118,9 @@ type scope struct {
 	applied, duplicates, replaySkipped atomic.Int64
 	failed, txRetries, transactions    atomic.Int64
 	skipped, parked                    atomic.Int64
+	stale, gapsDetected, gapsHealed    atomic.Int64
+	gapsAccepted, gapsTimedOut         atomic.Int64
+	group                              string
 
 	f         *consumer.Failures
 	identity  consumer.Identity
@@ -126,6 +142,7 @@ type shardKey struct {
 func (s *scope) init(cfg consumer.Config) {
 	o := s.o
 	s.identity = cfg.Identity
+	s.group = cfg.Group
 	s.log = cfg.Logger.With("group", cfg.Group, "scope", "db")
 	s.shards = cfg.Shards
 	s.marks = make(map[shardKey]int64)
@@ -138,11 +155,14 @@ func (s *scope) init(cfg consumer.Config) {
 			next_offset = CASE WHEN o.shards = EXCLUDED.shards THEN GREATEST(o.next_offset, EXCLUDED.next_offset) ELSE EXCLUDED.next_offset END,
 			shards = EXCLUDED.shards,
 			updated_at = now()`
-	s.sqlLoadParked = `SELECT topic, key, message_id, original_offset, stage FROM ` + p + `parked
+	s.sqlLoadParked = `SELECT topic, key, message_id, original_offset, stage, coalesce(version, 0) FROM ` + p + `parked
 		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
-	s.sqlPark = `INSERT INTO ` + p + `parked (consumer, topic, key, message_id, original_offset, stage)
-		VALUES ($1, $2, $3, $4, $5, $6)
+	s.sqlPark = `INSERT INTO ` + p + `parked (consumer, topic, key, message_id, original_offset, stage, version)
+		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, 0))
 		ON CONFLICT (consumer, topic, key, message_id) DO UPDATE SET stage = EXCLUDED.stage`
+	s.sqlLoadVersion = `SELECT version FROM ` + p + `key_versions WHERE consumer = $1 AND topic = $2 AND key = $3 FOR UPDATE`
+	s.sqlSaveVersion = `INSERT INTO ` + p + `key_versions AS v (consumer, topic, key, version) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (consumer, topic, key) DO UPDATE SET version = EXCLUDED.version, updated_at = now()`
 	s.sqlUnpark = `DELETE FROM ` + p + `parked WHERE consumer = $1 AND topic = $2 AND key = $3 AND message_id = $4`
 	s.sqlLoadOffsets = `SELECT partition, shard, next_offset FROM ` + p + `offsets
 		WHERE consumer = $1 AND topic = $2 AND shards = $3 AND partition = ANY($4::int[])`
@@ -249,7 +269,21 @@ const (
 	duplicate
 	failedOutcome
 	parkedOutcome
+	staleOutcome
 	deferred
+)
+
+// gapNote says what a record's transaction did about a version gap.
+type gapNote uint8
+
+const (
+	noGap       gapNote = iota
+	gapDetected         // first found: the record waits in the retry topics
+	gapWaiting          // still waiting
+	gapHealed           // the missing versions came: applied
+	gapAccepted         // applied over the gap (sequence.Accept)
+	gapTimedOut         // waited past GapTimeout: to the DLT
+	gapDead             // sequence.DeadLetter: to the DLT at once
 )
 
 var errIsolate = errors.New("dbscope: a handler failed; rerun the batch with a savepoint per record")
@@ -263,6 +297,7 @@ type failure struct {
 // result is what one transaction decided for one record.
 type result struct {
 	out   outcome
+	gap   gapNote
 	err   error           // failedOutcome: the handler's error
 	step  retrytopic.Step // failedOutcome: what the failure policy decided
 	stage int             // parkedOutcome: the retry topic to wait in
@@ -386,10 +421,26 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		case duplicate:
 			s.duplicates.Add(1)
 			done(r)
+		case staleOutcome:
+			s.stale.Add(1)
+			done(r)
 		case failedOutcome:
 			s.failed.Add(1)
 		case parkedOutcome:
 			s.parked.Add(1)
+		}
+		switch res[i].gap {
+		case gapDetected:
+			s.gapsDetected.Add(1)
+		case gapHealed:
+			s.gapsHealed.Add(1)
+		case gapAccepted:
+			s.gapsDetected.Add(1)
+			s.gapsAccepted.Add(1)
+		case gapTimedOut:
+			s.gapsTimedOut.Add(1)
+		case gapDead:
+			s.gapsDetected.Add(1)
 		}
 	}
 	return work, res, nil
@@ -397,9 +448,10 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 
 // parkRow is a row of the parked table.
 type parkRow struct {
-	id     string
-	offset int64
-	stage  int
+	id      string
+	offset  int64
+	stage   int
+	version int64 // 0 when versions are not checked
 }
 
 // pairKey names a (original topic, key) pair.
@@ -482,7 +534,7 @@ func (s *scope) loadParking(ctx context.Context, tx pgx.Tx, work []*consumer.Rec
 		var topic string
 		var key []byte
 		var row parkRow
-		if err := rows.Scan(&topic, &key, &row.id, &row.offset, &row.stage); err != nil {
+		if err := rows.Scan(&topic, &key, &row.id, &row.offset, &row.stage, &row.version); err != nil {
 			return nil, err
 		}
 		k := pairKey{topic, string(key)}
@@ -526,17 +578,28 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 
 	ordered := s.ordered()
+	vers := s.o.Versions
 	var metas []retrytopic.Metadata
 	var park parking
-	if ordered {
+	if ordered || vers != nil {
 		metas = make([]retrytopic.Metadata, len(work))
 		for i, r := range work {
 			metas[i] = s.f.Metadata(r)
 		}
+	}
+	if ordered {
 		if park, err = s.loadParking(ctx, tx, work, metas); err != nil {
 			return nil, err
 		}
 	}
+	// versions[i] is record i's version when versions are checked.
+	var versions []int64
+	if vers != nil {
+		versions = make([]int64, len(work))
+	}
+	var blocked map[string]bool
+	blockedNull := false
+	var undo []string
 	// unpark deletes a record's row once it leaves the retry pipeline.
 	unpark := func(i int) error {
 		if !ordered || work[i].Key == nil {
@@ -552,14 +615,36 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 	setPark := func(i, stage int) error {
 		k := pairKey{metas[i].OriginalTopic, string(work[i].Key)}
-		park.set(k, parkRow{id: ids[i], offset: metas[i].OriginalOffset, stage: stage})
-		_, err := tx.Exec(ctx, s.sqlPark, s.o.Consumer, k.topic, work[i].Key, ids[i], metas[i].OriginalOffset, stage)
+		var v int64
+		if versions != nil {
+			v = versions[i]
+		}
+		park.set(k, parkRow{id: ids[i], offset: metas[i].OriginalOffset, stage: stage, version: v})
+		_, err := tx.Exec(ctx, s.sqlPark, s.o.Consumer, k.topic, work[i].Key, ids[i], metas[i].OriginalOffset, stage, v)
 		return err
 	}
+	// fail records a failure decided before the handler ran (an unreadable
+	// version, a version gap) the way a handler failure is recorded.
+	fail := func(i int, herr error, step retrytopic.Step) {
+		res[i] = result{out: failedOutcome, err: herr, step: step}
+		undo = append(undo, ids[i])
+		r := work[i]
+		if r.Key == nil {
+			blockedNull = true
+		} else {
+			if blocked == nil {
+				blocked = make(map[string]bool)
+			}
+			blocked[string(r.Key)] = true
+		}
+	}
+	attemptOf := func(r *consumer.Record) int {
+		if fi := fails[r]; fi != nil {
+			return fi.attempts + 1
+		}
+		return 1
+	}
 
-	var blocked map[string]bool
-	blockedNull := false
-	var undo []string
 	for i, r := range work {
 		if res[i].out == duplicate {
 			if err := unpark(i); err != nil {
@@ -572,11 +657,21 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			undo = append(undo, ids[i])
 			continue
 		}
+		if vers != nil && r.Key != nil {
+			v, err := vers.Version(r)
+			if err != nil {
+				herr := consumer.DecodeError(err) // poison: the DLT, with the reason
+				fail(i, herr, s.f.Decide(ctx, r, herr, attemptOf(r), false))
+				continue
+			}
+			versions[i] = v
+		}
 		if ordered && r.Key != nil {
 			// A key with records in the retry topics: unless this is the
-			// oldest of them (the head), it waits behind it.
+			// oldest of them (the head), or a version that fills the gap
+			// the head waits for, it waits behind it.
 			k := pairKey{metas[i].OriginalTopic, string(r.Key)}
-			if h, ok := park.head(k); ok && h.id != ids[i] {
+			if h, ok := park.head(k); ok && h.id != ids[i] && !(versions != nil && h.version > 0 && versions[i] < h.version) {
 				if err := setPark(i, h.stage); err != nil {
 					return nil, err
 				}
@@ -585,8 +680,71 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				continue
 			}
 		}
+		hctx := ctx
+		if vers != nil && r.Key != nil {
+			check, err := s.checkVersion(ctx, tx, metas[i].OriginalTopic, r.Key, versions[i])
+			if err != nil {
+				return nil, err
+			}
+			switch {
+			case check.Outcome == sequence.Stale:
+				res[i].out = staleOutcome
+				undo = append(undo, ids[i]) // not applied: a redelivery of it is stale again
+				if err := unpark(i); err != nil {
+					return nil, err
+				}
+				continue
+			case check.Outcome == sequence.Gap && vers.Gaps != sequence.Accept:
+				gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: versions[i]}
+				timedOut := !metas[i].FirstFailure.IsZero() && time.Since(metas[i].FirstFailure) > vers.GapTimeout
+				pol := s.f.Policy()
+				if vers.Gaps == sequence.DeadLetter || timedOut || pol.DisableRetryTopics || len(pol.Ladder) == 0 {
+					herr := consumer.Terminal(gap)
+					fail(i, herr, s.f.Decide(ctx, r, herr, attemptOf(r), false))
+					res[i].gap = gapDead
+					if timedOut {
+						res[i].gap = gapTimedOut
+					}
+					if err := unpark(i); err != nil {
+						return nil, err
+					}
+					continue
+				}
+				// Wait: to the next retry topic, the key parked behind this
+				// record; the missing versions still pass.
+				stage := min(metas[i].Stage+1, len(pol.Ladder)-1)
+				step := retrytopic.Step{Action: retrytopic.ActionRetryTopic, Class: consumer.ClassRetryable,
+					Delay: pol.Ladder[stage], Stage: stage, Topic: retrytopic.RetryTopic(s.group, pol.Ladder[stage])}
+				fail(i, consumer.Retryable(gap), step)
+				res[i].gap = gapWaiting
+				if metas[i].ExpectedVersion == 0 {
+					res[i].gap = gapDetected
+				}
+				if ordered && r.Key != nil {
+					if err := setPark(i, stage); err != nil {
+						return nil, err
+					}
+				}
+				continue
+			case check.Outcome == sequence.Gap:
+				res[i].gap = gapAccepted
+			case metas[i].ExpectedVersion > 0:
+				res[i].gap = gapHealed
+			}
+			hctx = sequence.WithResult(ctx, check)
+		}
+		// saveVersion advances the key's version with the record's effects.
+		saveVersion := func(q interface {
+			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+		}) error {
+			if vers == nil || r.Key == nil {
+				return nil
+			}
+			_, err := q.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, metas[i].OriginalTopic, r.Key, versions[i])
+			return err
+		}
 		if !isolate {
-			if err := s.call(ctx, tx, r); err != nil {
+			if err := s.call(hctx, tx, r); err != nil {
 				if IsTransient(err) || tx.Conn().IsClosed() {
 					return nil, err
 				}
@@ -597,6 +755,9 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			} else {
 				res[i].out = applied
 			}
+			if err := saveVersion(tx); err != nil {
+				return nil, err
+			}
 			if err := unpark(i); err != nil {
 				return nil, err
 			}
@@ -606,12 +767,15 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		if err != nil {
 			return nil, err
 		}
-		herr := s.call(ctx, sp, r)
+		herr := s.call(hctx, sp, r)
 		if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
 			return nil, herr
 		}
 		if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
 			// Success, or a business outcome: what the handler wrote stays.
+			if err := saveVersion(sp); err != nil {
+				return nil, err
+			}
 			if err := sp.Commit(ctx); err != nil {
 				return nil, err
 			}
@@ -664,7 +828,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 	if s.o.StoreOffsets {
 		k := 0
-		for k < len(work) && (res[k].out == applied || res[k].out == skipped || res[k].out == duplicate) {
+		for k < len(work) && (res[k].out == applied || res[k].out == skipped || res[k].out == duplicate || res[k].out == staleOutcome) {
 			k++
 		}
 		if k > 0 {
@@ -688,4 +852,18 @@ func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) (err er
 		}
 	}()
 	return s.h.Handle(ctx, tx, r)
+}
+
+// checkVersion reads, with a row lock, the last applied version of key and
+// checks v against it.
+func (s *scope) checkVersion(ctx context.Context, tx pgx.Tx, topic string, key []byte, v int64) (sequence.Result, error) {
+	var last int64
+	err := tx.QueryRow(ctx, s.sqlLoadVersion, s.o.Consumer, topic, key).Scan(&last)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return s.o.Versions.Check(v, 0, false), nil
+	case err != nil:
+		return sequence.Result{}, err
+	}
+	return s.o.Versions.Check(v, last, true), nil
 }

@@ -72,6 +72,9 @@ type Metadata struct {
 	Due               time.Time // zero when not set
 	Stage             int       // -1 when not set
 	Parked            bool
+	// ExpectedVersion and ActualVersion describe the version gap the
+	// record was routed for (both 0 when none).
+	ExpectedVersion, ActualVersion int64
 }
 
 // FromRecord returns the metadata r carries, filling in what it does not
@@ -163,6 +166,19 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	if v, ok := header(HeaderParked); ok {
 		m.Parked = string(v) == "1"
 	}
+	for _, f := range []struct {
+		h string
+		n *int64
+	}{{HeaderVersionExpected, &m.ExpectedVersion}, {HeaderVersionActual, &m.ActualVersion}} {
+		if v, ok := header(f.h); ok {
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil || n < 0 {
+				bad(f.h, v)
+			} else {
+				*f.n = n
+			}
+		}
+	}
 	return m, errors.Join(errs...)
 }
 
@@ -206,6 +222,10 @@ func (m Metadata) Headers(orig []kgo.RecordHeader, spring bool) []kgo.RecordHead
 	}
 	if m.Parked {
 		add(HeaderParked, "1")
+	}
+	if m.ExpectedVersion > 0 || m.ActualVersion > 0 {
+		add(HeaderVersionExpected, strconv.FormatInt(m.ExpectedVersion, 10))
+		add(HeaderVersionActual, strconv.FormatInt(m.ActualVersion, 10))
 	}
 	if spring {
 		add(SpringOriginalTopic, m.OriginalTopic)
@@ -273,4 +293,20 @@ func lastHeader(hs []kgo.RecordHeader, key string) ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// Header names of a version gap, on records routed because of one.
+const (
+	HeaderVersionExpected = "kscope-version-expected" // the version that was due
+	HeaderVersionActual   = "kscope-version-actual"   // the version the record carries
+)
+
+// VersionGapError says a record's version is ahead of the next one due for
+// its key. Routing copies it into the version headers.
+type VersionGapError struct {
+	Expected, Actual int64
+}
+
+func (e *VersionGapError) Error() string {
+	return fmt.Sprintf("version gap: expected version %d, got %d", e.Expected, e.Actual)
 }

@@ -1,0 +1,264 @@
+package dbscope_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/sequence"
+)
+
+// versioned returns a record of key with version v (a header) and value
+// "key/v"; n makes its message id unique, so a repeated version is not an
+// inbox duplicate.
+func versioned(topic, key string, v int, n int) *kgo.Record {
+	return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(fmt.Sprintf("%s/%d", key, v)),
+		Headers: []kgo.RecordHeader{
+			{Key: "version", Value: []byte(fmt.Sprint(v))},
+			{Key: "message-id", Value: []byte(fmt.Sprintf("%s-%d-%d", key, v, n))},
+		}}
+}
+
+// appliedVersions returns each key's applied versions, in the order applied.
+func appliedVersions(t testing.TB, pool *pgxpool.Pool) map[string]string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT key, seq FROM effects ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var k string
+		var v int
+		rows.Scan(&k, &v)
+		out[k] = append(out[k], fmt.Sprint(v))
+	}
+	res := map[string]string{}
+	for k, vs := range out {
+		res[k] = strings.Join(vs, ",")
+	}
+	return res
+}
+
+func versionConfig(k *testenv.Kafka, group, topic string) consumer.Config {
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = retrytopic.Policy{
+		Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, InPlaceAttempts: 1,
+		Ladder: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, RetryableAttempts: 1000,
+	}
+	return cfg
+}
+
+// In-order versions are applied; a repeated version and an older one are
+// skipped as stale; the handler can read the check's result.
+func TestVersionsInOrderStaleAndDuplicate(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-versions"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx,
+		versioned(topic, "K", 1, 0), versioned(topic, "K", 2, 0), versioned(topic, "K", 3, 0),
+		versioned(topic, "K", 3, 1), // the same version again, another message
+		versioned(topic, "K", 2, 2), // an older one
+		versioned(topic, "K", 4, 0)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var firsts []bool
+	r, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool, Versions: &sequence.Config{}},
+		dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			res, ok := sequence.FromContext(ctx)
+			if !ok {
+				return fmt.Errorf("no version check result in the handler's context")
+			}
+			mu.Lock()
+			firsts = append(firsts, res.First)
+			mu.Unlock()
+			return insertEffect(ctx, tx, r)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == 6 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := appliedVersions(t, pool)["K"]; got != "1,2,3,4" {
+		t.Fatalf("applied versions %s, want 1,2,3,4", got)
+	}
+	if st := r.DBStats(); st.Stale != 2 || st.Applied != 4 {
+		t.Fatalf("stats %+v: want 4 applied, 2 stale", st)
+	}
+	if fmt.Sprint(firsts) != "[true false false false]" {
+		t.Fatalf("First flags seen by the handler %v", firsts)
+	}
+}
+
+// Versions 1, 3, 2 arrive: 3 waits in the retry topics with its key parked,
+// 2 fills the gap, then 3 is applied: 1, 2, 3. Another key is not held back.
+func TestVersionGapThenFill(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-gapfill"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	r, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool, Versions: &sequence.Config{}},
+		dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 3, 0), versioned(topic, "J", 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the gap detected", func() bool { return r.DBStats().GapsDetected == 1 })
+	if err := k.Produce(ctx, versioned(topic, "J", 2, 0), versioned(topic, "K", 4, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "J applied while K waits", func() bool { return appliedVersions(t, pool)["J"] == "1,2" })
+	if got := appliedVersions(t, pool)["K"]; got != "1" {
+		t.Fatalf("K applied %s while version 2 is missing", got)
+	}
+	if err := k.Produce(ctx, versioned(topic, "K", 2, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K healed", func() bool { return appliedVersions(t, pool)["K"] == "1,2,3,4" })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.DBStats(); st.GapsHealed != 1 || st.GapsTimedOut != 0 {
+		t.Fatalf("stats %+v: want one gap healed", st)
+	}
+}
+
+// A gap that never fills goes to the DLT after GapTimeout with the expected
+// and actual versions in headers; the key is released: a later record of it
+// is judged on its own.
+func TestVersionGapTimeout(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-gaptimeout"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	r, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool,
+		Versions: &sequence.Config{GapTimeout: 500 * time.Millisecond}}, dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 5, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the gap timed out", func() bool {
+		return r.DBStats().GapsTimedOut == 1 && r.Stats().Failures.DeadLettered == 1
+	})
+	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
+	if len(dlt) != 1 || testenv.Header(dlt[0], retrytopic.HeaderVersionExpected) != "2" || testenv.Header(dlt[0], retrytopic.HeaderVersionActual) != "5" {
+		t.Fatalf("DLT %v", dlt)
+	}
+	// Released: version 2 arrives late and is applied at once.
+	if err := k.Produce(ctx, versioned(topic, "K", 2, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the key released", func() bool { return appliedVersions(t, pool)["K"] == "1,2" })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A record without a readable version is poison: it goes to the DLT with
+// the reason, and the consumer keeps going.
+func TestUnreadableVersionGoesToDLT(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-badversion"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	bad := versioned(topic, "K", 1, 0)
+	bad.Headers[0].Value = []byte("one")
+	if err := k.Produce(ctx, bad, versioned(topic, "J", 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool, Versions: &sequence.Config{}}, dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "both done", func() bool { return r.Stats().Done == 2 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
+	if len(dlt) != 1 || !strings.Contains(testenv.Header(dlt[0], retrytopic.HeaderError), `header "version" is "one"`) {
+		t.Fatalf("DLT %v", dlt)
+	}
+	if got := appliedVersions(t, pool)["J"]; got != "1" {
+		t.Fatalf("J applied %q", got)
+	}
+}
+
+// A rebalance while a key waits for a missing version: the new owner of the
+// partitions carries on from the database; no version is applied twice and
+// none is skipped.
+func TestVersionGapAcrossRebalance(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-gaprebalance"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	newMember := func() *dbscope.Runner {
+		cfg := versionConfig(k, group, topic)
+		cfg.ClientOptions = []kgo.Opt{kgo.HeartbeatInterval(50 * time.Millisecond)}
+		r, err := dbscope.New(cfg, dbscope.Options{Pool: pool, Versions: &sequence.Config{}}, dbscope.HandlerFunc(insertEffect))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a := newMember()
+	stopA := run(t, a)
+	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 3, 0), versioned(topic, "K", 4, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the gap detected", func() bool { return a.DBStats().GapsDetected == 1 })
+	b := newMember()
+	stopB := run(t, b)
+	testenv.WaitFor(t, time.Minute, "b to join", func() bool { return b.Stats().Assigned > 0 })
+	if err := stopA(); err != nil { // every partition moves to b, mid-gap
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, versioned(topic, "K", 2, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K complete", func() bool { return appliedVersions(t, pool)["K"] == "1,2,3,4" })
+	if err := stopB(); err != nil {
+		t.Fatal(err)
+	}
+	if got := appliedVersions(t, pool)["K"]; got != "1,2,3,4" {
+		t.Fatalf("K applied %s", got)
+	}
+}

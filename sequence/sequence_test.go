@@ -1,0 +1,56 @@
+package sequence
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+)
+
+func TestCheck(t *testing.T) {
+	c := Config{}.WithDefaults()
+	for _, tc := range []struct {
+		v, last int64
+		known   bool
+		want    Outcome
+	}{
+		{5, 0, false, Applied}, {1, 0, false, Applied},
+		{3, 2, true, Applied}, {2, 2, true, Stale}, {1, 2, true, Stale}, {4, 2, true, Gap},
+	} {
+		if got := c.Check(tc.v, tc.last, tc.known).Outcome; got != tc.want {
+			t.Errorf("Check(%d, %d, %v) = %s, want %s", tc.v, tc.last, tc.known, got, tc.want)
+		}
+	}
+	strict := Config{First: FirstMustBeOne}.WithDefaults()
+	if got := strict.Check(3, 0, false); got.Outcome != Gap || got.Expected() != 1 {
+		t.Errorf("FirstMustBeOne: %+v", got)
+	}
+}
+
+func TestVersionReading(t *testing.T) {
+	rec := func(v string) *consumer.Record {
+		return &consumer.Record{Record: &kgo.Record{Headers: []kgo.RecordHeader{{Key: "version", Value: []byte(v)}}}}
+	}
+	c := Config{}.WithDefaults()
+	if v, err := c.Version(rec("42")); err != nil || v != 42 {
+		t.Fatalf("%d %v", v, err)
+	}
+	for _, bad := range []string{"", "x", "0", "-3", "99999999999999999999"} {
+		if _, err := c.Version(rec(bad)); !errors.Is(err, ErrNoVersion) {
+			t.Errorf("version %q: %v", bad, err)
+		}
+	}
+	if _, err := c.Version(&consumer.Record{Record: &kgo.Record{}}); !errors.Is(err, ErrNoVersion) {
+		t.Error("missing header accepted")
+	}
+	if err := (Config{Gaps: 7}).Validate(); err == nil {
+		t.Error("bad policy accepted")
+	}
+	ctx := WithResult(context.Background(), Result{Outcome: Applied, Version: 3, First: true})
+	if r, ok := FromContext(ctx); !ok || !r.First || r.Version != 3 {
+		t.Errorf("FromContext %+v %v", r, ok)
+	}
+}
