@@ -26,6 +26,10 @@
 // commit. Options.StoreOffsets also keeps the consumed position in the same
 // transaction, which removes the duplicate window after a crash entirely.
 //
+// Options.Versions turns on version-gap detection (package sequence): the
+// last applied version per key lives in PostgreSQL and is read with a row
+// lock, checked and advanced in the record's transaction.
+//
 // # What the DB scope does not cover
 //
 // Only what the handler does through the transaction it is given is applied
