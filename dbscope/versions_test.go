@@ -262,3 +262,59 @@ func TestVersionGapAcrossRebalance(t *testing.T) {
 		t.Fatalf("K applied %s", got)
 	}
 }
+
+// The other gap policies: DeadLetter sends a gapped record to the DLT at
+// once; Accept applies it and counts the gap; FirstMustBeOne treats a new
+// key's first version other than 1 as a gap.
+func TestVersionGapPolicies(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cfg     sequence.Config
+		applied string
+		dlt     int
+	}{
+		{"dead-letter", sequence.Config{Gaps: sequence.DeadLetter}, "1,2", 2}, // 3 and then 4 are gaps
+		{"accept", sequence.Config{Gaps: sequence.Accept}, "1,3,4", 0},
+		{"first-must-be-one", sequence.Config{Gaps: sequence.DeadLetter, First: sequence.FirstMustBeOne}, "", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			k := testenv.KafkaT(t)
+			pool := newPool(t)
+			const topic, group = "acct-events", "g-gappolicy"
+			if err := k.CreateTopic(ctx, topic, 1); err != nil {
+				t.Fatal(err)
+			}
+			recs := []*kgo.Record{versioned(topic, "K", 1, 0), versioned(topic, "K", 3, 0), versioned(topic, "K", 4, 0)}
+			if tc.name == "dead-letter" {
+				recs[2] = versioned(topic, "K", 2, 0)
+				recs = append(recs, versioned(topic, "K", 4, 0))
+			}
+			if tc.name == "first-must-be-one" {
+				recs = []*kgo.Record{versioned(topic, "K", 2, 0), versioned(topic, "K", 3, 0), versioned(topic, "K", 5, 0)}
+			}
+			if err := k.Produce(ctx, recs...); err != nil {
+				t.Fatal(err)
+			}
+			cfg := tc.cfg
+			r, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool, Versions: &cfg}, dbscope.HandlerFunc(insertEffect))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, r)
+			testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == int64(len(recs)) })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if got := appliedVersions(t, pool)["K"]; got != tc.applied {
+				t.Fatalf("applied %q, want %q", got, tc.applied)
+			}
+			if n := len(k.ReadAll(t, retrytopic.DLTopic(group))); n != tc.dlt {
+				t.Fatalf("%d DLT records, want %d", n, tc.dlt)
+			}
+			if tc.name == "accept" && r.DBStats().GapsAccepted != 1 {
+				t.Fatalf("stats %+v: one gap accepted", r.DBStats())
+			}
+		})
+	}
+}
