@@ -88,27 +88,8 @@ func (f *Failures) Route(ctx context.Context, rec *Record, err error, step retry
 		f.log.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
 			append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()))...)
 	case retrytopic.ActionDeadLetter, retrytopic.ActionRetryTopic:
-		now := time.Now()
-		meta.Group = f.group
-		meta.Attempt = total
-		if meta.FirstFailure.IsZero() {
-			meta.FirstFailure = firstFailure
-		}
-		meta.LastFailure = now
-		meta.Error = err.Error()
-		meta.Class = step.Class
-		meta.Due, meta.Stage, meta.Parked = time.Time{}, -1, false
-		meta.ExpectedVersion, meta.ActualVersion = 0, 0
-		var gap *retrytopic.VersionGapError
-		if errors.As(err, &gap) {
-			meta.ExpectedVersion, meta.ActualVersion = gap.Expected, gap.Actual
-		}
-		topic, spring := f.policy.DeadLetterTopic, f.policy.SpringHeaders
-		if step.Action == retrytopic.ActionRetryTopic {
-			topic, spring = step.Topic, false
-			meta.Due, meta.Stage = now.Add(step.Delay), step.Stage
-		}
-		out := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, spring)}
+		out := f.routedRecord(rec, err, step, attempt, firstFailure)
+		topic := out.Topic
 		if err := f.produce(ctx, out); err != nil {
 			return err
 		}
@@ -123,6 +104,61 @@ func (f *Failures) Route(ctx context.Context, rec *Record, err error, step retry
 			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic))...)
 	}
 	return nil
+}
+
+// routedRecord builds the record that carries rec to the retry topic or the
+// dead-letter topic of step, with its failure metadata.
+func (f *Failures) routedRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
+	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
+	now := time.Now()
+	meta.Group = f.group
+	meta.Attempt = min(meta.Attempt+attempt, retrytopic.MaxAttempt)
+	if meta.FirstFailure.IsZero() {
+		meta.FirstFailure = firstFailure
+	}
+	meta.LastFailure = now
+	meta.Error = err.Error()
+	meta.Class = step.Class
+	meta.Due, meta.Stage, meta.Parked = time.Time{}, -1, false
+	meta.ExpectedVersion, meta.ActualVersion = 0, 0
+	var gap *retrytopic.VersionGapError
+	if errors.As(err, &gap) {
+		meta.ExpectedVersion, meta.ActualVersion = gap.Expected, gap.Actual
+	}
+	topic, spring := f.policy.DeadLetterTopic, f.policy.SpringHeaders
+	if step.Action == retrytopic.ActionRetryTopic {
+		topic, spring = step.Topic, false
+		meta.Due, meta.Stage = now.Add(step.Delay), step.Stage
+	}
+	return &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, spring)}
+}
+
+// DeadLetterRecord returns the dead-letter record of rec after a failure
+// that step sends to the DLT, for a scope that produces it itself (the
+// Kafka scope, inside its transaction).
+func (f *Failures) DeadLetterRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
+	step.Action = retrytopic.ActionDeadLetter
+	return f.routedRecord(rec, err, step, attempt, firstFailure)
+}
+
+// NewFailures returns the failure policy of cfg (defaults filled in, as
+// NewRunner returns them in Runner.Config) producing through cl, for a scope
+// that runs its own client (the Kafka scope).
+func NewFailures(cfg Config, cl *kgo.Client, log *slog.Logger) *Failures {
+	return &Failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log}
+}
+
+// EnsureFailureTopics makes sure cfg's dead-letter topic (and, when
+// retryTopics is set, its retry topics) exist, creating them unless the
+// policy says not to. cfg must have its defaults (Runner.Config).
+func EnsureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) error {
+	adm, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
+	if err != nil {
+		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
+	}
+	defer adm.Close()
+	f := &Failures{policy: cfg.Failures, group: cfg.Group, cl: adm, topics: retryTopics}
+	return f.ensureTopics(ctx, cfg.Topics)
 }
 
 // Metadata returns the failure metadata rec carries (or, for a record on

@@ -271,6 +271,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		// The failure topics exist before the group starts consuming
 		// (the retry topics are consumed too).
 		if err := r.ensureFailureTopics(runCtx); err != nil {
+			if runCtx.Err() != nil {
+				return nil // stopped while starting: a clean stop
+			}
 			return err
 		}
 	}
@@ -321,13 +324,7 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 func (r *Runner) ensureFailureTopics(ctx context.Context) error {
-	adm, err := kgo.NewClient(append(append([]kgo.Opt{}, r.cfg.ClientOptions...), kgo.SeedBrokers(r.cfg.Brokers...))...)
-	if err != nil {
-		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
-	}
-	defer adm.Close()
-	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, cl: adm, topics: r.retryTopics}
-	return f.ensureTopics(ctx, r.cfg.Topics)
+	return EnsureFailureTopics(ctx, r.cfg, r.retryTopics)
 }
 
 // topics returns the configured topics and the scope's delay topics.

@@ -33,6 +33,7 @@ const (
 	childDelayEnv  = "KSCOPE_CHILD_MAX_DELAY"
 	childCommitEnv = "KSCOPE_CHILD_COMMIT_INTERVAL"
 	statsLinePref  = "STATS "
+	readyLine      = "READY"
 	recordLinePref = "REC "
 )
 
@@ -45,6 +46,7 @@ func childClientOptions() []kgo.Opt {
 func runChild(role string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	fmt.Println(readyLine) // SIGTERM is handled from here on
 	maxDelay, _ := time.ParseDuration(os.Getenv(childDelayEnv))
 	var outMu sync.Mutex
 	out := bufio.NewWriter(os.Stdout)
@@ -74,6 +76,8 @@ func runChild(role string) int {
 	switch role {
 	case "db", "db-offsets":
 		return runDBChild(ctx, cfg, role == "db-offsets", maxDelay, emit)
+	case "txn":
+		return runTxnChild(ctx, cfg, maxDelay)
 	case "at-least-once":
 		h = consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
 			if maxDelay > 0 {
@@ -102,6 +106,7 @@ func runChild(role string) int {
 type child struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
+	ready  chan struct{} // closed once the child handles SIGTERM
 	err    error
 	stats  string // the STATS line a child prints on a graceful exit
 }
@@ -125,11 +130,13 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, exited: make(chan struct{})}
+	c := &child{cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{})}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), recordLinePref); ok {
+			if sc.Text() == readyLine {
+				close(c.ready)
+			} else if v, ok := strings.CutPrefix(sc.Text(), recordLinePref); ok {
 				onRecord([]byte(v))
 			} else if v, ok := strings.CutPrefix(sc.Text(), statsLinePref); ok {
 				c.stats = v
@@ -153,6 +160,13 @@ func (c *child) kill() {
 // terminate sends SIGTERM (a graceful stop) and returns the exit error.
 func (c *child) terminate(t *testing.T) error {
 	t.Helper()
+	select {
+	case <-c.ready:
+	case <-c.exited:
+		return c.err
+	case <-time.After(time.Minute):
+		t.Fatal("child never became ready")
+	}
 	c.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-c.exited:

@@ -1,0 +1,282 @@
+package txn_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/goleak"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/txn"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func logger() *slog.Logger {
+	if os.Getenv("KSCOPE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// enrich emits two outputs per input ("<value>#a", "<value>#b") and
+// dead-letters inputs whose value starts with "poison".
+var enrich = txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
+	if strings.HasPrefix(string(r.Value), "poison") {
+		return consumer.DecodeError(errors.New("unparseable order"))
+	}
+	for _, s := range []string{"a", "b"} {
+		out.Emit(&kgo.Record{Topic: "out", Key: r.Key, Value: []byte(string(r.Value) + "#" + s)})
+	}
+	return nil
+})
+
+func config(k *testenv.Kafka, group string) consumer.Config {
+	return consumer.Config{
+		Brokers: k.Brokers, Group: group, Topics: []string{"in"}, Shards: 4, Logger: logger(),
+		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond},
+		ClientOptions: clientOpts(),
+	}
+}
+
+func clientOpts() []kgo.Opt {
+	if os.Getenv("KSCOPE_TEST_KGO_LOG") != "" {
+		return []kgo.Opt{kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelInfo, nil))}
+	}
+	return nil
+}
+
+// checkExactlyOnce reads the outputs read_committed and checks that every
+// input's two outputs are there exactly once, and nothing else.
+func checkExactlyOnce(t *testing.T, k *testenv.Kafka, inputs []string) {
+	t.Helper()
+	got := map[string]int{}
+	for _, r := range k.ReadAll(t, "out") {
+		got[string(r.Value)]++
+	}
+	want := map[string]bool{}
+	for _, in := range inputs {
+		for _, s := range []string{"a", "b"} {
+			want[in+"#"+s] = true
+		}
+	}
+	for v, n := range got {
+		if !want[v] {
+			t.Fatalf("unexpected output %q", v)
+		}
+		if n != 1 {
+			t.Fatalf("output %q seen %d times", v, n)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d distinct outputs, want %d", len(got), len(want))
+	}
+}
+
+func produceInputs(t *testing.T, k *testenv.Kafka, n int, poisonEvery int) (good []string) {
+	t.Helper()
+	var recs []*kgo.Record
+	for i := range n {
+		v := fmt.Sprintf("order-%05d", i)
+		if poisonEvery > 0 && i%poisonEvery == poisonEvery-1 {
+			v = "poison-" + v
+		} else {
+			good = append(good, v)
+		}
+		recs = append(recs, &kgo.Record{Topic: "in", Key: []byte(fmt.Sprintf("c%02d", i%17)), Value: []byte(v)})
+	}
+	if err := k.Produce(context.Background(), recs...); err != nil {
+		t.Fatal(err)
+	}
+	return good
+}
+
+func setup(t *testing.T, opts ...kfake.Opt) *testenv.Kafka {
+	k := testenv.KafkaT(t, opts...)
+	for _, topic := range []string{"in", "out"} {
+		if err := k.CreateTopic(context.Background(), topic, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return k
+}
+
+func runFor(t *testing.T, r *txn.Runner) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	var err error
+	done := false
+	stop = func() error {
+		if !done {
+			done = true
+			cancel()
+			err = <-errc
+		}
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// Outputs and input offsets commit together; a poison input yields a DLT
+// record and no output, in the same transaction.
+func TestTransformExactlyOnceWithDLT(t *testing.T) {
+	k := setup(t)
+	good := produceInputs(t, k, 500, 50)
+	r, err := txn.New(config(k, "g-enrich"), txn.Options{TransactionalID: "enrich-1"}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	testenv.WaitFor(t, time.Minute, "every input committed", func() bool { return r.Stats().Records == 500 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-enrich", "in") })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, k, good)
+	dlt := k.ReadAll(t, retrytopic.DLTopic("g-enrich"))
+	if len(dlt) != 10 || r.Stats().DeadLettered != 10 {
+		t.Fatalf("%d DLT records (stats %+v), want 10", len(dlt), r.Stats())
+	}
+	for _, d := range dlt {
+		if !strings.HasPrefix(string(d.Value), "poison") || testenv.Header(d, retrytopic.HeaderErrorClass) != "terminal" {
+			t.Fatalf("DLT record %q", d.Value)
+		}
+	}
+	checkKcatReadCommitted(t, k, good)
+}
+
+// checkKcatReadCommitted reads the outputs with kcat (librdkafka) in
+// read_committed mode and checks it sees the same outputs.
+func checkKcatReadCommitted(t *testing.T, k *testenv.Kafka, inputs []string) {
+	t.Helper()
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		t.Fatal("kcat is not installed (Debian: apt-get install kcat); .ci/run installs it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, kcat, "-b", strings.Join(k.Brokers, ","), "-C", "-t", "out",
+		"-o", "beginning", "-e", "-q", "-f", "%s\n", "-X", "isolation.level=read_committed").Output()
+	if err != nil {
+		t.Fatalf("kcat: %v", err)
+	}
+	seen := map[string]int{}
+	for _, v := range strings.Fields(string(out)) {
+		seen[v]++
+	}
+	if len(seen) != 2*len(inputs) {
+		t.Fatalf("kcat saw %d distinct outputs, want %d", len(seen), 2*len(inputs))
+	}
+	for v, n := range seen {
+		if n != 1 {
+			t.Fatalf("kcat saw %q %d times", v, n)
+		}
+	}
+}
+
+// Broker faults on EndTxn, AddOffsetsToTxn and Produce abort the
+// transaction, which is retried: outputs still exactly once.
+func TestBrokerFaultsAbortAndRetry(t *testing.T) {
+	k := setup(t)
+	good := produceInputs(t, k, 300, 0)
+	faults := []kfake.Fault{
+		{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.TransactionAbortable, Count: 1},
+		{Keys: []kmsg.Key{kmsg.AddOffsetsToTxn}, Err: kerr.UnknownServerError, Count: 1},
+		{Keys: []kmsg.Key{kmsg.Produce}, Topic: "out", Err: kerr.UnknownServerError, Count: 2},
+	}
+	h, err := k.Fault(faults...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := txn.New(config(k, "g-faults"), txn.Options{TransactionalID: "faults-1", CommitInterval: 20 * time.Millisecond}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	if err := h.Wait(context.Background(), 3); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-faults", "in") })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, k, good)
+}
+
+// A second instance with the same transactional id fences the first: the
+// first one's Run returns an error, the second carries on, and no output is
+// duplicated.
+func TestFencing(t *testing.T) {
+	k := setup(t)
+	good := produceInputs(t, k, 200, 0)
+	block := make(chan struct{})
+	var blocking atomic.Bool
+	first, err := txn.New(config(k, "g-fence"), txn.Options{TransactionalID: "fence-1"},
+		txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
+			if blocking.Load() {
+				<-block // holds its transaction open
+			}
+			return enrich(ctx, r, out)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstErr := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { firstErr <- first.Run(ctx) }()
+	// The first instance owns the transactional id and commits.
+	testenv.WaitFor(t, time.Minute, "the first instance to commit", func() bool { return first.Stats().Records == 200 })
+	blocking.Store(true)
+	var more []string
+	for i := range 100 {
+		more = append(more, fmt.Sprintf("late-%03d", i))
+	}
+	var recs []*kgo.Record
+	for i, v := range more {
+		recs = append(recs, &kgo.Record{Topic: "in", Key: []byte(fmt.Sprintf("c%02d", i%17)), Value: []byte(v)})
+	}
+	if err := k.Produce(context.Background(), recs...); err != nil {
+		t.Fatal(err)
+	}
+	second, err := txn.New(config(k, "g-fence"), txn.Options{TransactionalID: "fence-1"}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, second)
+	// The second instance initializes the same transactional id, which
+	// fences the first's producer epoch, and commits what it is given.
+	testenv.WaitFor(t, time.Minute, "the second instance to commit", func() bool { return second.Stats().Committed > 0 })
+	close(block)
+	select {
+	case err := <-firstErr:
+		if err == nil || !strings.Contains(err.Error(), "fenced") {
+			t.Fatalf("the fenced instance's Run returned %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the fenced instance kept running")
+	}
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-fence", "in") })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, k, append(good, more...))
+}
