@@ -13,6 +13,7 @@
 //	kscope dlt show    (--topic T | --group G) --partition P --offset O [--max-value N] [--json]
 //	kscope dlt redrive (--topic T | --group G) --to source|retry [filters] [--dry-run] [--rate N] [--by WHO]
 //	kscope replay      --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
+//	kscope dev         [--port 9092] [--data-dir DIR] [--partitions N] [--brokers N]
 //	kscope help [command]
 //
 // Every command takes --brokers, a comma-separated list of seed brokers,

@@ -49,7 +49,7 @@ type env struct {
 }
 
 func commands() []*command {
-	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd()}
+	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), devCmd()}
 }
 
 func findCommand(words []string) (*command, int) {
