@@ -11,9 +11,9 @@ TESTFLAGS   ?= -race -count=1 -timeout 15m
 
 all: test
 
-## demo: consume and print records on the embedded backends (kfake)
+## demo: the payments ledger through crashes, poison, retries, gaps and a replay (kfake + local PostgreSQL)
 demo:
-	$(GO) run ./examples/quickstart
+	$(GO) run ./examples/payments
 
 ## build: the kscope CLI, as bin/kscope
 build:
