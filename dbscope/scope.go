@@ -286,7 +286,17 @@ const (
 	gapDead             // sequence.DeadLetter: to the DLT at once
 )
 
-var errIsolate = errors.New("dbscope: a handler failed; rerun the batch with a savepoint per record")
+// isolateError says the fast path's handler failed on record i: the batch is
+// run again with a savepoint per record, and record i takes err without
+// being called again (its writes were rolled back with the transaction).
+type isolateError struct {
+	i   int
+	err error
+}
+
+func (e *isolateError) Error() string {
+	return "dbscope: a handler failed; rerun the batch with a savepoint per record: " + e.err.Error()
+}
 
 // failure is what is known of one record's failures in this Process call.
 type failure struct {
@@ -402,9 +412,10 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 	for i, r := range work {
 		ids[i] = s.identity.Of(r)
 	}
-	res, err := s.runTx(ctx, work, ids, isolate, fails)
-	if errors.Is(err, errIsolate) {
-		res, err = s.runTx(ctx, work, ids, true, fails)
+	res, err := s.runTx(ctx, work, ids, isolate, fails, nil)
+	var ie *isolateError
+	if errors.As(err, &ie) {
+		res, err = s.runTx(ctx, work, ids, true, fails, ie)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -543,7 +554,7 @@ func (s *scope) loadParking(ctx context.Context, tx pgx.Tx, work []*consumer.Rec
 	return p, rows.Err()
 }
 
-func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool, fails map[*consumer.Record]*failure) (res []result, err error) {
+func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool, fails map[*consumer.Record]*failure, known *isolateError) (res []result, err error) {
 	tx, err := s.o.Pool.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -749,7 +760,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 					return nil, err
 				}
 				if s.f.Class(err) != consumer.ClassSkip {
-					return nil, errIsolate
+					return nil, &isolateError{i: i, err: err}
 				}
 				res[i].out = skipped
 			} else {
@@ -763,13 +774,20 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			}
 			continue
 		}
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return nil, err
-		}
-		herr := s.call(hctx, sp, r)
-		if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
-			return nil, herr
+		var herr error
+		var sp pgx.Tx
+		if known != nil && known.i == i {
+			// Failed on the fast path already: not called twice for
+			// one attempt.
+			herr = known.err
+		} else {
+			if sp, err = tx.Begin(ctx); err != nil {
+				return nil, err
+			}
+			herr = s.call(hctx, sp, r)
+			if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
+				return nil, herr
+			}
 		}
 		if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
 			// Success, or a business outcome: what the handler wrote stays.
@@ -788,8 +806,10 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			}
 			continue
 		}
-		if err := sp.Rollback(ctx); err != nil {
-			return nil, err
+		if sp != nil {
+			if err := sp.Rollback(ctx); err != nil {
+				return nil, err
+			}
 		}
 		attempt := 1
 		if fi := fails[r]; fi != nil {

@@ -283,7 +283,6 @@ func (r *Runner) Run(ctx context.Context) error {
 		kgo.TransactionalID(r.o.TransactionalID),
 		kgo.TransactionTimeout(r.o.TransactionTimeout),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.RequireStableFetchOffsets(),
 		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
 		kgo.FetchMaxWait(min(500*time.Millisecond, r.o.CommitInterval*5)),
 	)

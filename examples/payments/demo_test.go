@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"testing"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -10,7 +12,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(roleEnv) == "consumer" {
 		os.Exit(runConsumer())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	testenv.StopShared()
+	os.Exit(code)
 }
 
 // The demo's invariants hold end to end: every payment booked exactly

@@ -91,6 +91,21 @@ func (g *gateway) handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) err
 	return nil
 }
 
+// failures is the pipeline's failure policy: a short retry ladder, so the
+// demo's flaky gateway recovers within seconds.
+func failures() retrytopic.Policy {
+	return retrytopic.Policy{
+		Backoff: 50 * time.Millisecond, MaxBackoff: time.Second,
+		InPlaceAttempts: 2, Ladder: []time.Duration{time.Second, 2 * time.Second},
+	}
+}
+
+// options are the pipeline's DB-scope options (the pool aside): account
+// events carry versions.
+func options(pool *pgxpool.Pool) dbscope.Options {
+	return dbscope.Options{Pool: pool, Versions: &sequence.Config{}}
+}
+
 // newPipeline builds the payments pipeline in the DB scope.
 func newPipeline(brokers []string, pool *pgxpool.Pool, group string, commitEvery time.Duration) (*dbscope.Runner, error) {
 	g := &gateway{calls: map[string]int{}}
@@ -104,9 +119,6 @@ func newPipeline(brokers []string, pool *pgxpool.Pool, group string, commitEvery
 		// A killed consumer's partitions move on after the session
 		// timeout: keep it at the broker's minimum.
 		ClientOptions: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)},
-		Failures: retrytopic.Policy{
-			Backoff: 50 * time.Millisecond, MaxBackoff: time.Second,
-			InPlaceAttempts: 2, Ladder: []time.Duration{time.Second, 2 * time.Second},
-		},
-	}, dbscope.Options{Pool: pool, Versions: &sequence.Config{}}, dbscope.HandlerFunc(g.handle))
+		Failures:      failures(),
+	}, options(pool), dbscope.HandlerFunc(g.handle))
 }

@@ -1,0 +1,79 @@
+package kscopetest_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/kscopetest"
+)
+
+// A service's test hands its pipeline to the kit: the handler, the schema,
+// how to make an input, how to count effects.
+func ExampleDB() {
+	_ = func(t *testing.T) {
+		report := kscopetest.DB(t, kscopetest.DBPipeline{
+			Handler: dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+				var order struct{ ID string }
+				if err := json.Unmarshal(r.Value, &order); err != nil {
+					return consumer.DecodeError(err)
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, order.ID)
+				return err
+			}),
+			Schema: `CREATE TABLE orders (id text)`,
+			Valid: func(i int) *kgo.Record {
+				return &kgo.Record{Value: []byte(fmt.Sprintf(`{"ID":"o-%d"}`, i))}
+			},
+			Undecodable: func() *kgo.Record { return &kgo.Record{Value: []byte("not json")} },
+			Effects: func(ctx context.Context, db *pgxpool.Pool) (n int, err error) {
+				err = db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n)
+				return n, err
+			},
+		})
+		for _, r := range report {
+			t.Logf("%s held=%v %s", r.Scenario, r.Held, r.Detail)
+		}
+	}
+}
+
+// A minimal pipeline passes every scenario; this also runs the kit on
+// kscope's own tests.
+func TestKitOnAMinimalPipeline(t *testing.T) {
+	rep := kscopetest.DB(t, kscopetest.DBPipeline{
+		Handler: dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			var order struct{ ID string }
+			if err := json.Unmarshal(r.Value, &order); err != nil {
+				return consumer.DecodeError(err)
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, order.ID)
+			return err
+		}),
+		Schema:      `CREATE TABLE orders (id text)`,
+		Valid:       func(i int) *kgo.Record { return &kgo.Record{Value: []byte(fmt.Sprintf(`{"ID":"o-%d"}`, i))} },
+		Undecodable: func() *kgo.Record { return &kgo.Record{Value: []byte("not json")} },
+		Effects: func(ctx context.Context, db *pgxpool.Pool) (n int, err error) {
+			err = db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n)
+			return n, err
+		},
+	})
+	if !rep.Held() {
+		t.Fatalf("report %+v", rep)
+	}
+	var skipped []string
+	for _, r := range rep {
+		if r.Detail == "not applicable" {
+			skipped = append(skipped, r.Scenario)
+		}
+	}
+	if len(skipped) != 1 || skipped[0] != "out_of_order_versions" {
+		t.Fatalf("scenarios not applied: %v (only the version one should be, for an unversioned pipeline)", skipped)
+	}
+}

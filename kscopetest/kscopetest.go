@@ -1,0 +1,453 @@
+// Package kscopetest is a delivery-semantics test kit for services built on
+// kscope. Given a DB-scope pipeline — its handler, its schema, how to make
+// an input record and how to count its effects — [DB] runs the scenarios
+// production throws at a consumer against it, on an in-process Kafka (kfake)
+// and a throwaway PostgreSQL (or KAFKA_BROKERS / DATABASE_URL), and reports
+// which guarantees hold:
+//
+//   - success then commit: every record applied once, offsets committed;
+//   - duplicate delivery: the same message twice has one effect;
+//   - crash before the offset commit: redelivered records are no-ops;
+//   - retryable failure: retried with backoff, then applied once;
+//   - non-retryable failure: to the dead-letter topic, no effect;
+//   - undecodable record: to the dead-letter topic, no effect;
+//   - poison (an error every time): bounded retries, then the DLT;
+//   - out-of-order versions: handled per the gap policy (when versioned);
+//   - batch partial failure: the rest of the batch commits;
+//   - replay: consuming the topic again causes no new effect.
+//
+// Each scenario runs as a subtest on a fresh topic, group and database, so
+// a failure names the guarantee that broke.
+package kscopetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/sequence"
+)
+
+// DBPipeline describes a service's DB-scope pipeline to the kit.
+type DBPipeline struct {
+	// Handler is the service's handler, unchanged.
+	Handler dbscope.Handler
+	// Schema creates the service's tables (run after dbscope.Migrate).
+	Schema string
+	// Options are the service's DB-scope options; the kit sets Pool.
+	Options dbscope.Options
+	// Config, when not nil, adjusts the consumer configuration the kit
+	// builds (brokers, group and topic are the kit's).
+	Config func(consumer.Config) consumer.Config
+	// Valid returns the i-th well-formed input record (value and any
+	// headers; the kit sets topic, key and message id).
+	Valid func(i int) *kgo.Record
+	// Undecodable returns a record the handler rejects as poison
+	// (consumer.DecodeError). Nil skips that scenario.
+	Undecodable func() *kgo.Record
+	// Effects counts the effects in the database (rows the handler wrote).
+	Effects func(ctx context.Context, db *pgxpool.Pool) (int, error)
+}
+
+// Result is one scenario's outcome.
+type Result struct {
+	Scenario string
+	Held     bool
+	Detail   string // what broke, or why the scenario did not apply
+}
+
+// Report lists the scenarios' results.
+type Report []Result
+
+// Held reports whether every scenario that applied held.
+func (r Report) Held() bool {
+	for _, x := range r {
+		if !x.Held {
+			return false
+		}
+	}
+	return true
+}
+
+// DB runs every scenario against p and returns the report; each failing
+// scenario also fails its subtest of t.
+func DB(t *testing.T, p DBPipeline) Report {
+	t.Helper()
+	k := testenv.KafkaT(t)
+	var (
+		mu  sync.Mutex
+		rep Report
+	)
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			h := newHarness(t, k, p, sc.name)
+			detail := sc.run(h)
+			mu.Lock()
+			rep = append(rep, Result{Scenario: sc.name, Held: detail == "" || detail == notApplicable, Detail: detail})
+			mu.Unlock()
+			switch detail {
+			case "":
+			case notApplicable:
+				t.Log("not applicable to this pipeline")
+			default:
+				t.Error(detail)
+			}
+		})
+	}
+	return rep
+}
+
+const notApplicable = "not applicable"
+
+// harness is one scenario's fresh topic, group and database.
+type harness struct {
+	t     *testing.T
+	k     *testenv.Kafka
+	p     DBPipeline
+	pool  *pgxpool.Pool
+	topic string
+	group string
+	n     int // records made so far
+
+	mu    sync.Mutex
+	calls map[string]int    // handler calls per message id
+	fail  map[string]func(n int) error
+}
+
+func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, name string) *harness {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.DatabaseT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := dbscope.Migrate(ctx, pool, p.Options.TablePrefix); err != nil {
+		t.Fatal(err)
+	}
+	if p.Schema != "" {
+		if _, err := pool.Exec(ctx, p.Schema); err != nil {
+			t.Fatalf("kscopetest: the pipeline's Schema: %v", err)
+		}
+	}
+	h := &harness{t: t, k: k, p: p, pool: pool, topic: "kt-" + name, group: "kt-" + name,
+		calls: map[string]int{}, fail: map[string]func(int) error{}}
+	if err := k.CreateTopic(ctx, h.topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// record returns the next valid record, keyed key, with a message id of its
+// own (or id, when not empty).
+func (h *harness) record(key, id string) *kgo.Record {
+	r := h.p.Valid(h.n)
+	h.n++
+	if id == "" {
+		id = fmt.Sprintf("%s-msg-%d", h.topic, h.n)
+	}
+	r.Topic, r.Key = h.topic, []byte(key)
+	r.Headers = setHeader(r.Headers, h.idHeader(), id)
+	if v := h.p.Options.Versions; v != nil && v.Extract == nil {
+		r.Headers = setHeader(r.Headers, headerOr(v.Header, sequence.DefaultHeader), strconv.Itoa(h.n))
+	}
+	return r
+}
+
+func (h *harness) idHeader() string { return headerOr("", consumer.DefaultMessageIDHeader) }
+
+func headerOr(h, def string) string {
+	if h == "" {
+		return def
+	}
+	return h
+}
+
+func setHeader(hs []kgo.RecordHeader, k, v string) []kgo.RecordHeader {
+	out := hs[:0:0]
+	for _, h := range hs {
+		if h.Key != k {
+			out = append(out, h)
+		}
+	}
+	return append(out, kgo.RecordHeader{Key: k, Value: []byte(v)})
+}
+
+func (h *harness) produce(recs ...*kgo.Record) {
+	h.t.Helper()
+	if err := h.k.Produce(context.Background(), recs...); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// runner builds the pipeline, its handler wrapped to count calls and to
+// inject the failures a scenario asks for.
+func (h *harness) runner(adjust func(*consumer.Config)) *dbscope.Runner {
+	h.t.Helper()
+	cfg := consumer.Config{
+		Brokers: h.k.Brokers, Group: h.group, Topics: []string{h.topic},
+		CommitInterval: 20 * time.Millisecond, DrainTimeout: 5 * time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
+			Ladder: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
+	}
+	if h.p.Config != nil {
+		cfg = h.p.Config(cfg)
+		cfg.Brokers, cfg.Group, cfg.Topics = h.k.Brokers, h.group, []string{h.topic}
+	}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	o := h.p.Options
+	o.Pool = h.pool
+	r, err := dbscope.New(cfg, o, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		id, _ := r.Header(h.idHeader())
+		h.mu.Lock()
+		h.calls[string(id)]++
+		n := h.calls[string(id)]
+		f := h.fail[string(id)]
+		h.mu.Unlock()
+		if f != nil {
+			if err := f(n); err != nil {
+				return err
+			}
+		}
+		return h.p.Handler.Handle(ctx, tx, r)
+	}))
+	if err != nil {
+		h.t.Fatalf("kscopetest: building the pipeline: %v", err)
+	}
+	return r
+}
+
+func (h *harness) callsOf(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls[id]
+}
+
+// until runs r until cond holds (or a minute passes), then stops it.
+func (h *harness) until(r *dbscope.Runner, what string, cond func() bool) string {
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	deadline := time.Now().Add(time.Minute)
+	ok := true
+	for !cond() {
+		if time.Now().After(deadline) {
+			ok = false
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		return fmt.Sprintf("Run: %v", err)
+	}
+	if !ok {
+		return "timed out waiting for " + what
+	}
+	return ""
+}
+
+func (h *harness) effects() int {
+	n, err := h.p.Effects(context.Background(), h.pool)
+	if err != nil {
+		h.t.Fatalf("kscopetest: the pipeline's Effects: %v", err)
+	}
+	return n
+}
+
+// committed reports whether the group's offsets reach the end of the topic
+// (false while the group does not exist yet).
+func (h *harness) committed() bool {
+	ctx := context.Background()
+	ends, err := h.k.EndOffsets(ctx, h.topic)
+	if err != nil {
+		return false
+	}
+	com, err := h.k.CommittedOffsets(ctx, h.group, h.topic)
+	if err != nil {
+		return false
+	}
+	for p, e := range ends {
+		if com[p] != e {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *harness) dlt() []*kgo.Record { return h.k.ReadAll(h.t, retrytopic.DLTopic(h.group)) }
+
+type scenario struct {
+	name string
+	run  func(h *harness) string
+}
+
+func expect(cond bool, format string, args ...any) string {
+	if cond {
+		return ""
+	}
+	return fmt.Sprintf(format, args...)
+}
+
+var scenarios = []scenario{
+	{"success_then_commit", func(h *harness) string {
+		for i := range 10 {
+			h.produce(h.record(fmt.Sprintf("k%d", i), ""))
+		}
+		r := h.runner(nil)
+		if d := h.until(r, "10 effects and committed offsets", func() bool { return h.effects() >= 10 && h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 10, "%d effects for 10 records", h.effects())
+	}},
+	{"duplicate_delivery_skipped", func(h *harness) string {
+		a := h.record("k", "dup-1")
+		h.produce(a, &kgo.Record{Topic: a.Topic, Key: a.Key, Value: a.Value, Headers: a.Headers}, h.record("k2", ""))
+		r := h.runner(nil)
+		if d := h.until(r, "every delivery done", func() bool { return r.Stats().Done >= 3 && h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 2 && r.DBStats().Duplicates == 1, "%d effects, %d duplicates for one message delivered twice and one other", h.effects(), r.DBStats().Duplicates)
+	}},
+	{"crash_before_offset_commit", func(h *harness) string {
+		for i := range 10 {
+			h.produce(h.record(fmt.Sprintf("k%d", i), ""))
+		}
+		// Every offset commit fails: as far as Kafka knows, the consumer
+		// died before committing anything.
+		fault, err := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: h.group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+		if err != nil {
+			return notApplicable // a real broker cannot be told to fail
+		}
+		first := h.runner(func(c *consumer.Config) { c.DrainTimeout = 500 * time.Millisecond })
+		if d := h.until(first, "10 effects", func() bool { return h.effects() >= 10 }); d != "" {
+			return d
+		}
+		fault.Remove()
+		second := h.runner(nil)
+		if d := h.until(second, "the redelivery", func() bool { return h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 10, "%d effects after the redelivery of 10 applied records", h.effects())
+	}},
+	{"retryable_failure_retried", func(h *harness) string {
+		rec := h.record("k", "flaky-1")
+		h.fail["flaky-1"] = func(n int) error {
+			if n <= 2 {
+				return consumer.Retryable(errors.New("kscopetest: injected transient failure"))
+			}
+			return nil
+		}
+		h.produce(rec)
+		r := h.runner(nil)
+		if d := h.until(r, "the record applied", func() bool { return h.effects() >= 1 && h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 1 && h.callsOf("flaky-1") == 3, "%d effects, %d handler calls for a record failing twice then succeeding", h.effects(), h.callsOf("flaky-1"))
+	}},
+	{"non_retryable_failure_to_dlt", func(h *harness) string {
+		h.fail["bad-1"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) }
+		h.produce(h.record("k", "bad-1"), h.record("k2", ""))
+		r := h.runner(nil)
+		if d := h.until(r, "both records done", func() bool { return h.committed() && r.Stats().Done >= 2 }); d != "" {
+			return d
+		}
+		dlt := h.dlt()
+		return expect(h.effects() == 1 && len(dlt) == 1 && h.callsOf("bad-1") == 1, "%d effects, %d DLT records, %d calls of the failing record", h.effects(), len(dlt), h.callsOf("bad-1"))
+	}},
+	{"undecodable_record_to_dlt", func(h *harness) string {
+		if h.p.Undecodable == nil {
+			return notApplicable
+		}
+		bad := h.p.Undecodable()
+		bad.Topic, bad.Key = h.topic, []byte("k")
+		bad.Headers = setHeader(bad.Headers, h.idHeader(), "undecodable-1")
+		h.produce(bad, h.record("k2", ""))
+		r := h.runner(nil)
+		if d := h.until(r, "both records done", func() bool { return h.committed() && r.Stats().Done >= 2 }); d != "" {
+			return d
+		}
+		dlt := h.dlt()
+		return expect(h.effects() == 1 && len(dlt) == 1, "%d effects, %d DLT records for one undecodable and one good record", h.effects(), len(dlt))
+	}},
+	{"poison_bounded_then_dlt", func(h *harness) string {
+		h.fail["poison-1"] = func(int) error { return errors.New("kscopetest: injected failure, every time") }
+		h.produce(h.record("k", "poison-1"))
+		r := h.runner(nil)
+		budget := r.Config().Failures.UnknownAttempts
+		if d := h.until(r, "the poison dead-lettered", func() bool { return h.committed() && len(h.dlt()) == 1 }); d != "" {
+			return d
+		}
+		return expect(h.callsOf("poison-1") == budget && h.effects() == 0, "poison handled %d times (budget %d), %d effects", h.callsOf("poison-1"), budget, h.effects())
+	}},
+	{"out_of_order_versions", func(h *harness) string {
+		v := h.p.Options.Versions
+		if v == nil || v.Extract != nil {
+			return notApplicable
+		}
+		hdr := headerOr(v.Header, sequence.DefaultHeader)
+		mk := func(ver int) *kgo.Record {
+			r := h.record("versioned", "")
+			r.Headers = setHeader(r.Headers, hdr, strconv.Itoa(ver))
+			return r
+		}
+		h.produce(mk(1), mk(3), mk(2))
+		r := h.runner(nil)
+		want, wantDLT := 3, 0
+		if v.Gaps == sequence.DeadLetter {
+			want, wantDLT = 2, 1
+		}
+		if d := h.until(r, "the versions settled", func() bool { return h.committed() && h.effects() >= want && len(h.dlt()) >= wantDLT }); d != "" {
+			return d
+		}
+		return expect(h.effects() == want && len(h.dlt()) == wantDLT, "versions 1, 3, 2: %d effects and %d DLT records, want %d and %d", h.effects(), len(h.dlt()), want, wantDLT)
+	}},
+	{"batch_partial_failure", func(h *harness) string {
+		var recs []*kgo.Record
+		for i := range 20 {
+			recs = append(recs, h.record(fmt.Sprintf("k%d", i), fmt.Sprintf("batch-%d", i)))
+		}
+		h.fail["batch-7"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-batch")) }
+		h.produce(recs...)
+		r := h.runner(func(c *consumer.Config) { c.Shards = 1 })
+		if d := h.until(r, "the batch done", func() bool { return h.committed() && r.Stats().Done >= 20 }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 19 && len(h.dlt()) == 1, "%d effects and %d DLT records for a batch of 20 with one failing", h.effects(), len(h.dlt()))
+	}},
+	{"replay_no_new_effects", func(h *harness) string {
+		for i := range 10 {
+			h.produce(h.record(fmt.Sprintf("k%d", i), ""))
+		}
+		first := h.runner(nil)
+		if d := h.until(first, "the first pass", func() bool { return h.effects() >= 10 && h.committed() }); d != "" {
+			return d
+		}
+		if _, err := h.k.Admin().DeleteGroup(context.Background(), h.group); err != nil {
+			return fmt.Sprintf("resetting the group: %v", err)
+		}
+		replay := h.runner(nil)
+		if d := h.until(replay, "the replay", func() bool { return replay.Stats().Done >= 10 }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 10 && replay.DBStats().Duplicates == 10, "after the replay: %d effects, %d duplicates", h.effects(), replay.DBStats().Duplicates)
+	}},
+}
