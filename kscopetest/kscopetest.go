@@ -126,7 +126,7 @@ type harness struct {
 	n     int // records made so far
 
 	mu    sync.Mutex
-	calls map[string]int    // handler calls per message id
+	calls map[string]int // handler calls per message id
 	fail  map[string]func(n int) error
 }
 
