@@ -17,7 +17,10 @@
 //   - replay: consuming the topic again causes no new effect.
 //
 // Each scenario runs as a subtest on a fresh topic, group and database, so
-// a failure names the guarantee that broke.
+// a failure names the guarantee that broke. [Kafka] does the same for a
+// Kafka-scope pipeline. With KSCOPE_TEST_CONTAINERS=1, from a test binary
+// that links kscope's container provider (the integration module does), the
+// same suites run on real Apache Kafka and PostgreSQL.
 package kscopetest
 
 import (

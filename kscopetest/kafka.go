@@ -1,0 +1,335 @@
+package kscopetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/txn"
+)
+
+// KafkaPipeline describes a service's Kafka-scope pipeline to the kit.
+type KafkaPipeline struct {
+	// Handler is the service's handler, unchanged.
+	Handler txn.Handler
+	// OutputTopics are the topics the handler emits to (the kit creates
+	// them), and OutputsPerInput how many records it emits per valid
+	// input.
+	OutputTopics    []string
+	OutputsPerInput int
+	// Config, when not nil, adjusts the consumer configuration the kit
+	// builds (brokers, group and topic are the kit's).
+	Config func(consumer.Config) consumer.Config
+	// Valid returns the i-th well-formed input (the kit sets topic and
+	// key).
+	Valid func(i int) *kgo.Record
+	// Undecodable returns an input the handler rejects as poison. Nil
+	// skips that scenario.
+	Undecodable func() *kgo.Record
+}
+
+// Kafka runs the Kafka-scope scenarios against p: success then commit, a
+// crash mid-transaction (the member is fenced by its successor), retryable
+// failure retried, non-retryable failure and undecodable record to the DLT
+// inside the transaction, poison bounded then the DLT, batch partial
+// failure, and a broker fault on EndTxn. Duplicate inputs, version gaps and
+// replays are not part of the Kafka scope's guarantee (it does not
+// deduplicate inputs; a replay produces its outputs again) and are not run.
+// Each scenario runs on a fresh in-process cluster (or KAFKA_BROKERS).
+func Kafka(t *testing.T, p KafkaPipeline) Report {
+	t.Helper()
+	var (
+		mu  sync.Mutex
+		rep Report
+	)
+	for _, sc := range kafkaScenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			h := newKafkaHarness(t, p, sc.name)
+			detail := sc.run(h)
+			mu.Lock()
+			rep = append(rep, Result{Scenario: sc.name, Held: detail == "" || detail == notApplicable, Detail: detail})
+			mu.Unlock()
+			switch detail {
+			case "":
+			case notApplicable:
+				t.Log("not applicable to this pipeline")
+			default:
+				t.Error(detail)
+			}
+		})
+	}
+	return rep
+}
+
+type kafkaHarness struct {
+	t     *testing.T
+	k     *testenv.Kafka
+	p     KafkaPipeline
+	topic string
+	group string
+	n     int
+
+	mu    sync.Mutex
+	calls map[string]int
+	fail  map[string]func(n int) error
+}
+
+const kitIDHeader = "kscopetest-id"
+
+func newKafkaHarness(t *testing.T, p KafkaPipeline, name string) *kafkaHarness {
+	k := testenv.KafkaT(t)
+	h := &kafkaHarness{t: t, k: k, p: p, topic: "kt-in-" + name, group: "kt-" + name,
+		calls: map[string]int{}, fail: map[string]func(int) error{}}
+	for _, topic := range append([]string{h.topic}, p.OutputTopics...) {
+		if err := k.CreateTopic(context.Background(), topic, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h
+}
+
+func (h *kafkaHarness) record(id string) *kgo.Record {
+	r := h.p.Valid(h.n)
+	h.n++
+	if id == "" {
+		id = fmt.Sprintf("in-%d", h.n)
+	}
+	r.Topic, r.Key = h.topic, []byte(id)
+	r.Headers = setHeader(r.Headers, kitIDHeader, id)
+	return r
+}
+
+func (h *kafkaHarness) produce(recs ...*kgo.Record) {
+	h.t.Helper()
+	if err := h.k.Produce(context.Background(), recs...); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *kafkaHarness) runner(txnID string, opts txn.Options) *txn.Runner {
+	h.t.Helper()
+	cfg := consumer.Config{
+		Brokers: h.k.Brokers, Group: h.group, Topics: []string{h.topic},
+		Logger: slog.New(slog.DiscardHandler),
+		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond},
+	}
+	if h.p.Config != nil {
+		cfg = h.p.Config(cfg)
+		cfg.Brokers, cfg.Group, cfg.Topics = h.k.Brokers, h.group, []string{h.topic}
+	}
+	opts.TransactionalID = txnID
+	if opts.CommitInterval == 0 {
+		opts.CommitInterval = 20 * time.Millisecond
+	}
+	r, err := txn.New(cfg, opts, txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
+		id, _ := r.Header(kitIDHeader)
+		h.mu.Lock()
+		h.calls[string(id)]++
+		n := h.calls[string(id)]
+		f := h.fail[string(id)]
+		h.mu.Unlock()
+		if f != nil {
+			if err := f(n); err != nil {
+				return err
+			}
+		}
+		return h.p.Handler.Handle(ctx, r, out)
+	}))
+	if err != nil {
+		h.t.Fatalf("kscopetest: building the pipeline: %v", err)
+	}
+	return r
+}
+
+// run runs r in the background; stop stops it and returns Run's error.
+func run(r interface{ Run(context.Context) error }) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	return func() error {
+		once.Do(func() { cancel(); err = <-errc })
+		return err
+	}
+}
+
+func (h *kafkaHarness) committed() bool {
+	ctx := context.Background()
+	ends, err := h.k.EndOffsets(ctx, h.topic)
+	if err != nil {
+		return false
+	}
+	com, err := h.k.CommittedOffsets(ctx, h.group, h.topic)
+	if err != nil {
+		return false
+	}
+	for p, e := range ends {
+		if com[p] != e {
+			return false
+		}
+	}
+	return true
+}
+
+func waitCond(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// outputs reads the output topics read_committed and counts outputs.
+func (h *kafkaHarness) outputs() int {
+	n := 0
+	for _, t := range h.p.OutputTopics {
+		n += len(h.k.ReadAll(h.t, t))
+	}
+	return n
+}
+
+func (h *kafkaHarness) dlt() int { return len(h.k.ReadAll(h.t, retrytopic.DLTopic(h.group))) }
+
+// settle runs the pipeline until the input is committed, then checks the
+// outputs and DLT records.
+func (h *kafkaHarness) settle(r *txn.Runner, wantOutputs, wantDLT int) string {
+	stop := run(r)
+	ok := waitCond(time.Minute, h.committed)
+	if err := stop(); err != nil {
+		return fmt.Sprintf("Run: %v", err)
+	}
+	if !ok {
+		return "timed out waiting for the input offsets to commit"
+	}
+	out, dlt := h.outputs(), h.dlt()
+	return expect(out == wantOutputs && dlt == wantDLT, "%d outputs and %d DLT records, want %d and %d", out, dlt, wantOutputs, wantDLT)
+}
+
+type kafkaScenario struct {
+	name string
+	run  func(h *kafkaHarness) string
+}
+
+var kafkaScenarios = []kafkaScenario{
+	{"success_then_commit", func(h *kafkaHarness) string {
+		for range 10 {
+			h.produce(h.record(""))
+		}
+		return h.settle(h.runner("kt-1", txn.Options{}), 10*h.p.OutputsPerInput, 0)
+	}},
+	{"crash_mid_transaction", func(h *kafkaHarness) string {
+		// The first member commits, then hangs inside a transaction, as a
+		// crashed or stalled process does; its successor, with the same
+		// transactional id, fences it and redoes the open work.
+		hang := make(chan struct{})
+		h.fail["hang"] = func(n int) error {
+			if n == 1 {
+				<-hang
+			}
+			return nil
+		}
+		for range 5 {
+			h.produce(h.record(""))
+		}
+		first := h.runner("kt-1", txn.Options{})
+		stopFirst := run(first)
+		if !waitCond(time.Minute, func() bool { return first.Stats().Records == 5 }) {
+			close(hang)
+			stopFirst()
+			return "the first member never committed"
+		}
+		h.produce(h.record(""), h.record("hang"), h.record(""), h.record(""), h.record(""))
+		if !waitCond(time.Minute, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.calls["hang"] >= 1 }) {
+			close(hang)
+			stopFirst()
+			return "the first member never reached the record it hangs on"
+		}
+		second := h.runner("kt-1", txn.Options{})
+		stopSecond := run(second)
+		ok := waitCond(time.Minute, func() bool { return second.Stats().Committed > 0 })
+		close(hang)
+		stopFirst() // fenced: its error is expected
+		if !ok {
+			stopSecond()
+			return "the successor never committed"
+		}
+		ok = waitCond(time.Minute, h.committed)
+		if err := stopSecond(); err != nil {
+			return fmt.Sprintf("Run: %v", err)
+		}
+		if !ok {
+			return "timed out waiting for the input offsets to commit"
+		}
+		return expect(h.outputs() == 10*h.p.OutputsPerInput, "%d outputs for 10 inputs after a crash mid-transaction, want %d", h.outputs(), 10*h.p.OutputsPerInput)
+	}},
+	{"retryable_failure_retried", func(h *kafkaHarness) string {
+		h.fail["flaky"] = func(n int) error {
+			if n <= 2 {
+				return consumer.Retryable(errors.New("kscopetest: injected transient failure"))
+			}
+			return nil
+		}
+		h.produce(h.record("flaky"))
+		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 0)
+	}},
+	{"non_retryable_failure_to_dlt", func(h *kafkaHarness) string {
+		h.fail["bad"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) }
+		h.produce(h.record("bad"), h.record(""))
+		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 1)
+	}},
+	{"undecodable_record_to_dlt", func(h *kafkaHarness) string {
+		if h.p.Undecodable == nil {
+			return notApplicable
+		}
+		bad := h.p.Undecodable()
+		bad.Topic, bad.Key = h.topic, []byte("undecodable")
+		h.produce(bad, h.record(""))
+		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 1)
+	}},
+	{"poison_bounded_then_dlt", func(h *kafkaHarness) string {
+		h.fail["poison"] = func(int) error { return errors.New("kscopetest: injected failure, every time") }
+		h.produce(h.record("poison"))
+		r := h.runner("kt-1", txn.Options{})
+		if d := h.settle(r, 0, 1); d != "" {
+			return d
+		}
+		h.mu.Lock()
+		calls := h.calls["poison"]
+		h.mu.Unlock()
+		return expect(calls == retrytopic.DefaultUnknownAttempts, "poison handled %d times, budget %d", calls, retrytopic.DefaultUnknownAttempts)
+	}},
+	{"batch_partial_failure", func(h *kafkaHarness) string {
+		var recs []*kgo.Record
+		for i := range 20 {
+			recs = append(recs, h.record(fmt.Sprintf("batch-%d", i)))
+		}
+		h.fail["batch-7"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-transaction")) }
+		h.produce(recs...)
+		return h.settle(h.runner("kt-1", txn.Options{}), 19*h.p.OutputsPerInput, 1)
+	}},
+	{"broker_fault_on_end_txn", func(h *kafkaHarness) string {
+		for range 10 {
+			h.produce(h.record(""))
+		}
+		if _, err := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.TransactionAbortable, Count: 1}); err != nil {
+			return notApplicable // a real broker cannot be told to fail
+		}
+		return h.settle(h.runner("kt-1", txn.Options{}), 10*h.p.OutputsPerInput, 0)
+	}},
+}
