@@ -122,7 +122,7 @@ func (h *kafkaHarness) runner(txnID string, opts txn.Options) *txn.Runner {
 	h.t.Helper()
 	cfg := consumer.Config{
 		Brokers: h.k.Brokers, Group: h.group, Topics: []string{h.topic},
-		Logger: slog.New(slog.DiscardHandler),
+		Logger:   slog.New(slog.DiscardHandler),
 		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond},
 	}
 	if h.p.Config != nil {
