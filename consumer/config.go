@@ -153,6 +153,7 @@ type ConfigError struct {
 	Reason string // what is wrong and what to do
 }
 
+// Error returns the message: the field at fault and what to change.
 func (e *ConfigError) Error() string {
 	s := e.Struct
 	if s == "" {

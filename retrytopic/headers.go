@@ -307,6 +307,7 @@ type VersionGapError struct {
 	Expected, Actual int64
 }
 
+// Error describes the gap.
 func (e *VersionGapError) Error() string {
 	return fmt.Sprintf("version gap: expected version %d, got %d", e.Expected, e.Actual)
 }
