@@ -248,7 +248,7 @@ func run() (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	done := func() bool { return ledgerRows() >= len(s.valid) && committedAll(ctx, kafka) }
+	done := func() bool { return ledgerRows() >= len(s.valid) && kafka.CaughtUp(ctx, group, topic) }
 	if err := waitUntil("restarted", 90*time.Second, done); err != nil {
 		child.Process.Kill()
 		return 1, err
@@ -266,7 +266,7 @@ func run() (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	if err := waitUntil("replay", time.Minute, func() bool { return committedAll(ctx, kafka) }); err != nil {
+	if err := waitUntil("replay", time.Minute, func() bool { return kafka.CaughtUp(ctx, group, topic) }); err != nil {
 		child.Process.Kill()
 		return 1, err
 	}
@@ -362,25 +362,6 @@ func measure(ctx context.Context, k *testenv.Kafka, pool *pgxpool.Pool, s stream
 		}
 	}
 	return rep, nil
-}
-
-// committedAll reports whether the group's committed offsets reach the end
-// of every partition of the topic (false while the group does not exist).
-func committedAll(ctx context.Context, k *testenv.Kafka) bool {
-	ends, err := k.EndOffsets(ctx, topic)
-	if err != nil {
-		return false
-	}
-	com, err := k.CommittedOffsets(ctx, group, topic)
-	if err != nil {
-		return false
-	}
-	for p, e := range ends {
-		if com[p] != e {
-			return false
-		}
-	}
-	return true
 }
 
 func startConsumer(env []string) (*exec.Cmd, error) {

@@ -225,3 +225,23 @@ func Header(r *kgo.Record, key string) string {
 	}
 	return ""
 }
+
+// CaughtUp reports whether group's committed offsets reach the end of every
+// partition of topic. It is false, not an error, while the group or its
+// commits do not exist yet.
+func (k *Kafka) CaughtUp(ctx context.Context, group, topic string) bool {
+	ends, err := k.EndOffsets(ctx, topic)
+	if err != nil {
+		return false
+	}
+	com, err := k.CommittedOffsets(ctx, group, topic)
+	if err != nil {
+		return false
+	}
+	for p, e := range ends {
+		if e > 0 && com[p] != e {
+			return false
+		}
+	}
+	return true
+}
