@@ -81,17 +81,14 @@ type kafkaHarness struct {
 	group string
 	n     int
 
-	mu    sync.Mutex
-	calls map[string]int
-	fail  map[string]func(n int) error
+	inject *injector
 }
 
 const kitIDHeader = "kscopetest-id"
 
 func newKafkaHarness(t *testing.T, p KafkaPipeline, name string) *kafkaHarness {
 	k := testenv.KafkaT(t)
-	h := &kafkaHarness{t: t, k: k, p: p, topic: "kt-in-" + name, group: "kt-" + name,
-		calls: map[string]int{}, fail: map[string]func(int) error{}}
+	h := &kafkaHarness{t: t, k: k, p: p, topic: "kt-in-" + name, group: "kt-" + name, inject: newInjector()}
 	for _, topic := range append([]string{h.topic}, p.OutputTopics...) {
 		if err := k.CreateTopic(context.Background(), topic, 2); err != nil {
 			t.Fatal(err)
@@ -134,16 +131,8 @@ func (h *kafkaHarness) runner(txnID string, opts txn.Options) *txn.Runner {
 		opts.CommitInterval = 20 * time.Millisecond
 	}
 	r, err := txn.New(cfg, opts, txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
-		id, _ := r.Header(kitIDHeader)
-		h.mu.Lock()
-		h.calls[string(id)]++
-		n := h.calls[string(id)]
-		f := h.fail[string(id)]
-		h.mu.Unlock()
-		if f != nil {
-			if err := f(n); err != nil {
-				return err
-			}
+		if err := h.inject.before(r, kitIDHeader); err != nil {
+			return err
 		}
 		return h.p.Handler.Handle(ctx, r, out)
 	}))
@@ -220,12 +209,12 @@ var kafkaScenarios = []kafkaScenario{
 		// crashed or stalled process does; its successor, with the same
 		// transactional id, fences it and redoes the open work.
 		hang := make(chan struct{})
-		h.fail["hang"] = func(n int) error {
+		h.inject.failOn("hang", func(n int) error {
 			if n == 1 {
 				<-hang
 			}
 			return nil
-		}
+		})
 		for range 5 {
 			h.produce(h.record(""))
 		}
@@ -237,7 +226,7 @@ var kafkaScenarios = []kafkaScenario{
 			return "the first member never committed"
 		}
 		h.produce(h.record(""), h.record("hang"), h.record(""), h.record(""), h.record(""))
-		if !waitCond(time.Minute, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.calls["hang"] >= 1 }) {
+		if !waitCond(time.Minute, func() bool { return h.inject.callsOf("hang") >= 1 }) {
 			close(hang)
 			stopFirst()
 			return "the first member never reached the record it hangs on"
@@ -261,17 +250,17 @@ var kafkaScenarios = []kafkaScenario{
 		return expect(h.outputs() == 10*h.p.OutputsPerInput, "%d outputs for 10 inputs after a crash mid-transaction, want %d", h.outputs(), 10*h.p.OutputsPerInput)
 	}},
 	{"retryable_failure_retried", func(h *kafkaHarness) string {
-		h.fail["flaky"] = func(n int) error {
+		h.inject.failOn("flaky", func(n int) error {
 			if n <= 2 {
 				return consumer.Retryable(errors.New("kscopetest: injected transient failure"))
 			}
 			return nil
-		}
+		})
 		h.produce(h.record("flaky"))
 		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 0)
 	}},
 	{"non_retryable_failure_to_dlt", func(h *kafkaHarness) string {
-		h.fail["bad"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) }
+		h.inject.failOn("bad", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) })
 		h.produce(h.record("bad"), h.record(""))
 		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 1)
 	}},
@@ -285,15 +274,13 @@ var kafkaScenarios = []kafkaScenario{
 		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 1)
 	}},
 	{"poison_bounded_then_dlt", func(h *kafkaHarness) string {
-		h.fail["poison"] = func(int) error { return errors.New("kscopetest: injected failure, every time") }
+		h.inject.failOn("poison", func(int) error { return errors.New("kscopetest: injected failure, every time") })
 		h.produce(h.record("poison"))
 		r := h.runner("kt-1", txn.Options{})
 		if d := h.settle(r, 0, 1); d != "" {
 			return d
 		}
-		h.mu.Lock()
-		calls := h.calls["poison"]
-		h.mu.Unlock()
+		calls := h.inject.callsOf("poison")
 		return expect(calls == retrytopic.DefaultUnknownAttempts, "poison handled %d times, budget %d", calls, retrytopic.DefaultUnknownAttempts)
 	}},
 	{"batch_partial_failure", func(h *kafkaHarness) string {
@@ -301,7 +288,7 @@ var kafkaScenarios = []kafkaScenario{
 		for i := range 20 {
 			recs = append(recs, h.record(fmt.Sprintf("batch-%d", i)))
 		}
-		h.fail["batch-7"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-transaction")) }
+		h.inject.failOn("batch-7", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-transaction")) })
 		h.produce(recs...)
 		return h.settle(h.runner("kt-1", txn.Options{}), 19*h.p.OutputsPerInput, 1)
 	}},

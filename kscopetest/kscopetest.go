@@ -128,9 +128,7 @@ type harness struct {
 	group string
 	n     int // records made so far
 
-	mu    sync.Mutex
-	calls map[string]int // handler calls per message id
-	fail  map[string]func(n int) error
+	inject *injector
 }
 
 func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, name string) *harness {
@@ -148,8 +146,7 @@ func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, name string) *harn
 			t.Fatalf("kscopetest: the pipeline's Schema: %v", err)
 		}
 	}
-	h := &harness{t: t, k: k, p: p, pool: pool, topic: "kt-" + name, group: "kt-" + name,
-		calls: map[string]int{}, fail: map[string]func(int) error{}}
+	h := &harness{t: t, k: k, p: p, pool: pool, topic: "kt-" + name, group: "kt-" + name, inject: newInjector()}
 	if err := k.CreateTopic(ctx, h.topic, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -219,16 +216,8 @@ func (h *harness) runner(adjust func(*consumer.Config)) *dbscope.Runner {
 	o := h.p.Options
 	o.Pool = h.pool
 	r, err := dbscope.New(cfg, o, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-		id, _ := r.Header(h.idHeader())
-		h.mu.Lock()
-		h.calls[string(id)]++
-		n := h.calls[string(id)]
-		f := h.fail[string(id)]
-		h.mu.Unlock()
-		if f != nil {
-			if err := f(n); err != nil {
-				return err
-			}
+		if err := h.inject.before(r, h.idHeader()); err != nil {
+			return err
 		}
 		return h.p.Handler.Handle(ctx, tx, r)
 	}))
@@ -238,10 +227,45 @@ func (h *harness) runner(adjust func(*consumer.Config)) *dbscope.Runner {
 	return r
 }
 
-func (h *harness) callsOf(id string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.calls[id]
+func (h *harness) callsOf(id string) int { return h.inject.callsOf(id) }
+
+// injector counts handler calls per message id and injects the failures a
+// scenario asks for, before the pipeline's own handler runs.
+type injector struct {
+	mu    sync.Mutex
+	calls map[string]int
+	fail  map[string]func(n int) error
+}
+
+func newInjector() *injector {
+	return &injector{calls: map[string]int{}, fail: map[string]func(int) error{}}
+}
+
+// before counts a call of r and returns the injected failure, if any.
+func (in *injector) before(r *consumer.Record, idHeader string) error {
+	id, _ := r.Header(idHeader)
+	in.mu.Lock()
+	in.calls[string(id)]++
+	n := in.calls[string(id)]
+	f := in.fail[string(id)]
+	in.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	return f(n)
+}
+
+// failOn makes calls of the record with this id return f(call number).
+func (in *injector) failOn(id string, f func(n int) error) {
+	in.mu.Lock()
+	in.fail[id] = f
+	in.mu.Unlock()
+}
+
+func (in *injector) callsOf(id string) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.calls[id]
 }
 
 // until runs r until cond holds (or a minute passes), then stops it.
@@ -333,12 +357,12 @@ var scenarios = []scenario{
 	}},
 	{"retryable_failure_retried", func(h *harness) string {
 		rec := h.record("k", "flaky-1")
-		h.fail["flaky-1"] = func(n int) error {
+		h.inject.failOn("flaky-1", func(n int) error {
 			if n <= 2 {
 				return consumer.Retryable(errors.New("kscopetest: injected transient failure"))
 			}
 			return nil
-		}
+		})
 		h.produce(rec)
 		r := h.runner(nil)
 		if d := h.until(r, "the record applied", func() bool { return h.effects() >= 1 && h.committed() }); d != "" {
@@ -347,7 +371,7 @@ var scenarios = []scenario{
 		return expect(h.effects() == 1 && h.callsOf("flaky-1") == 3, "%d effects, %d handler calls for a record failing twice then succeeding", h.effects(), h.callsOf("flaky-1"))
 	}},
 	{"non_retryable_failure_to_dlt", func(h *harness) string {
-		h.fail["bad-1"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) }
+		h.inject.failOn("bad-1", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) })
 		h.produce(h.record("k", "bad-1"), h.record("k2", ""))
 		r := h.runner(nil)
 		if d := h.until(r, "both records done", func() bool { return h.committed() && r.Stats().Done >= 2 }); d != "" {
@@ -372,7 +396,7 @@ var scenarios = []scenario{
 		return expect(h.effects() == 1 && len(dlt) == 1, "%d effects, %d DLT records for one undecodable and one good record", h.effects(), len(dlt))
 	}},
 	{"poison_bounded_then_dlt", func(h *harness) string {
-		h.fail["poison-1"] = func(int) error { return errors.New("kscopetest: injected failure, every time") }
+		h.inject.failOn("poison-1", func(int) error { return errors.New("kscopetest: injected failure, every time") })
 		h.produce(h.record("k", "poison-1"))
 		r := h.runner(nil)
 		budget := r.Config().Failures.UnknownAttempts
@@ -408,7 +432,7 @@ var scenarios = []scenario{
 		for i := range 20 {
 			recs = append(recs, h.record(fmt.Sprintf("k%d", i), fmt.Sprintf("batch-%d", i)))
 		}
-		h.fail["batch-7"] = func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-batch")) }
+		h.inject.failOn("batch-7", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-batch")) })
 		h.produce(recs...)
 		r := h.runner(func(c *consumer.Config) { c.Shards = 1 })
 		if d := h.until(r, "the batch done", func() bool { return h.committed() && r.Stats().Done >= 20 }); d != "" {
