@@ -15,12 +15,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/commit"
+	"github.com/kscope-dev/kscope/internal/lifecycle"
 	"github.com/kscope-dev/kscope/partition"
 )
 
-// ErrRunnerUsed is returned by [Runner.Run] on a runner that already ran or
-// was closed: a Runner runs once; build a new one to consume again.
-var ErrRunnerUsed = errors.New("kscope: Runner.Run called on a runner that already ran or was closed; create a new Runner")
+// ErrRunnerUsed is returned by Run on a runner that already ran or was
+// closed: a runner runs once; build a new one to consume again.
+var ErrRunnerUsed = lifecycle.ErrUsed
 
 type tp struct {
 	topic     string
@@ -104,10 +105,8 @@ type Runner struct {
 	fatalMu sync.Mutex
 	fatal   error
 
-	used     atomic.Bool
-	stopMu   sync.Mutex
-	stopRun  context.CancelFunc
-	finished chan struct{}
+	life   lifecycle.State
+	stopMu sync.Mutex // guards cl and failures, which exist while Run runs
 }
 
 // New returns an AtLeastOnce runner: every record is handled at least once
@@ -148,7 +147,6 @@ func newRunner(cfg Config, s Scope) (*Runner, error) {
 		maxBatch: 1,
 		parts:    make(map[tp]*partState),
 		room:     make(chan struct{}, 1),
-		finished: make(chan struct{}),
 	}
 	if b, ok := s.(Batcher); ok {
 		r.maxBatch, r.linger = b.BatchLimits()
@@ -227,16 +225,12 @@ func (r *Runner) Client() *kgo.Client {
 // durable offset, leaves the group, and waits for every goroutine it
 // started. A canceled ctx is a clean stop: Run then returns nil.
 func (r *Runner) Run(ctx context.Context) error {
-	if !r.used.CompareAndSwap(false, true) {
-		return ErrRunnerUsed
+	runCtx, end, err := r.life.Begin(ctx)
+	if err != nil {
+		return err
 	}
-	defer close(r.finished)
-
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	r.stopMu.Lock()
-	r.stopRun = stop
-	r.stopMu.Unlock()
+	defer end()
+	stop := r.life.Stop
 	r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer r.hardCancel()
 
@@ -340,20 +334,7 @@ func (r *Runner) topics() []string {
 
 // Close stops a running Run and waits for it to return. It is safe to call
 // more than once, concurrently, and on a runner that never ran.
-func (r *Runner) Close() error {
-	if r.used.CompareAndSwap(false, true) {
-		close(r.finished)
-		return nil
-	}
-	r.stopMu.Lock()
-	stop := r.stopRun
-	r.stopMu.Unlock()
-	if stop != nil {
-		stop()
-	}
-	<-r.finished
-	return nil
-}
+func (r *Runner) Close() error { return r.life.Close() }
 
 func (r *Runner) setFatal(err error) {
 	r.fatalMu.Lock()
@@ -361,12 +342,7 @@ func (r *Runner) setFatal(err error) {
 		r.fatal = err
 	}
 	r.fatalMu.Unlock()
-	r.stopMu.Lock()
-	stop := r.stopRun
-	r.stopMu.Unlock()
-	if stop != nil {
-		stop()
-	}
+	r.life.Stop()
 }
 
 func (r *Runner) fatalErr() error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,14 +112,14 @@ func TestDBOrderedRetriesThroughRetryTopics(t *testing.T) {
 		Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
 		InPlaceAttempts: 2, Ladder: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}, RetryableAttempts: 10,
 	}
-	var calls = map[string]int{}
-	var mu = make(chan struct{}, 1)
+	var mu sync.Mutex
+	calls := map[string]int{}
 	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
 		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-			mu <- struct{}{}
+			mu.Lock()
 			calls[string(r.Value)]++
 			n := calls[string(r.Value)]
-			<-mu
+			mu.Unlock()
 			if string(r.Value) == "K/0" && n <= 4 { // 2 in place, then 2 retry topics
 				return consumer.Retryable(errors.New("ledger service 503"))
 			}
@@ -152,14 +153,7 @@ func TestDBOrderedRetriesThroughRetryTopics(t *testing.T) {
 	if st := r.DBStats(); st.Parked < 4 {
 		t.Fatalf("stats %+v: K's later records were not parked behind K/0", st)
 	}
-	var order []string
-	rows, _ := pool.Query(ctx, `SELECT key || '/' || seq FROM effects ORDER BY n`)
-	for rows.Next() {
-		var v string
-		rows.Scan(&v)
-		order = append(order, v)
-	}
-	rows.Close()
+	order := effectOrder(t, pool)
 	var ks, js []string
 	for _, v := range order {
 		if strings.HasPrefix(v, "K/") {
@@ -239,14 +233,7 @@ func TestDBParkedKeyReleasedByDLT(t *testing.T) {
 	if r.DBStats().Parked < 2 {
 		t.Fatalf("stats %+v: K/1 and K/2 did not wait behind K/0", r.DBStats())
 	}
-	var order []string
-	rows, _ := pool.Query(ctx, `SELECT key || '/' || seq FROM effects ORDER BY n`)
-	for rows.Next() {
-		var v string
-		rows.Scan(&v)
-		order = append(order, v)
-	}
-	rows.Close()
+	order := effectOrder(t, pool)
 	if strings.Join(order, ",") != "K/1,K/2" {
 		t.Fatalf("effects %v", order)
 	}

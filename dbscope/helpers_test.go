@@ -115,3 +115,22 @@ func run(t testing.TB, r interface{ Run(context.Context) error }) (stop func() e
 	t.Cleanup(func() { stop() })
 	return stop
 }
+
+// effectOrder returns the effects as "key/seq", in the order applied.
+func effectOrder(t testing.TB, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT key || '/' || seq FROM effects ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	return out
+}

@@ -59,6 +59,7 @@ import (
 	"github.com/kscope-dev/kscope/commit"
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/lifecycle"
 	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -166,10 +167,7 @@ type Runner struct {
 	h   Handler
 	log *slog.Logger
 
-	used     atomic.Bool
-	stopMu   sync.Mutex
-	stopRun  context.CancelFunc
-	finished chan struct{}
+	life lifecycle.State
 
 	records, outputs, committed, aborted, dead, skipped atomic.Int64
 }
@@ -194,7 +192,7 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: cfg, o: o, h: h, log: cfg.Logger.With("group", cfg.Group, "scope", "kafka"), finished: make(chan struct{})}, nil
+	return &Runner{cfg: cfg, o: o, h: h, log: cfg.Logger.With("group", cfg.Group, "scope", "kafka")}, nil
 }
 
 type nopScope struct{}
@@ -210,20 +208,7 @@ func (r *Runner) Stats() Stats {
 }
 
 // Close stops a running Run and waits for it; idempotent.
-func (r *Runner) Close() error {
-	if r.used.CompareAndSwap(false, true) {
-		close(r.finished)
-		return nil
-	}
-	r.stopMu.Lock()
-	stop := r.stopRun
-	r.stopMu.Unlock()
-	if stop != nil {
-		stop()
-	}
-	<-r.finished
-	return nil
-}
+func (r *Runner) Close() error { return r.life.Close() }
 
 // emitter buffers one record's outputs.
 type emitter struct{ out []*kgo.Record }
@@ -264,15 +249,11 @@ type item struct {
 // returns nil after aborting the open transaction) or a fatal error, such
 // as being fenced by another producer with the same transactional id.
 func (r *Runner) Run(ctx context.Context) error {
-	if !r.used.CompareAndSwap(false, true) {
-		return consumer.ErrRunnerUsed
+	ctx, end, err := r.life.Begin(ctx)
+	if err != nil {
+		return err
 	}
-	defer close(r.finished)
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	r.stopMu.Lock()
-	r.stopRun = stop
-	r.stopMu.Unlock()
+	defer end()
 
 	opts := []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer())}
 	opts = append(opts, r.cfg.ClientOptions...)
