@@ -141,6 +141,15 @@ func (f *Failures) DeadLetterRecord(rec *Record, err error, step retrytopic.Step
 	return f.routedRecord(rec, err, step, attempt, firstFailure)
 }
 
+// RetryTopicRecord returns the record that carries rec to the retry topic
+// of step (an ActionRetryTopic step), with its failure metadata and due
+// time, for a scope that produces it itself (the Kafka scope, inside its
+// transaction).
+func (f *Failures) RetryTopicRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
+	step.Action = retrytopic.ActionRetryTopic
+	return f.routedRecord(rec, err, step, attempt, firstFailure)
+}
+
 // NewFailures returns the failure policy of cfg (defaults filled in, as
 // NewRunner returns them in Runner.Config) producing through cl, for a scope
 // that runs its own client (the Kafka scope).

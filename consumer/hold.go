@@ -17,7 +17,7 @@ func (r *Runner) hold(st *partState, rec *Record) bool {
 	// The due time is read once, when the record arrives, and clamped
 	// then: a forged far-future time waits at most maxDelay.
 	now := time.Now()
-	rec.due, _ = dueOf(rec, now, maxDelay)
+	rec.due, _ = DueOf(rec, now, maxDelay)
 	st.holdMu.Lock()
 	defer st.holdMu.Unlock()
 	if len(st.held) > 0 {
@@ -84,9 +84,11 @@ func (r *Runner) dropHeld(st *partState) {
 	st.held = nil
 }
 
-// dueOf reads rec's due time, clamped to now+maxDelay. ok is false when the
-// record has no due time or an unreadable one (then it is due now).
-func dueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
+// DueOf reads the due time a delay-topic record carries (HeaderDue),
+// clamped to now+maxDelay so that a forged or corrupt far-future time
+// cannot block its partition. ok is false when the record has no due time
+// or an unreadable one: it is due now.
+func DueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
 	v, ok := rec.Header(HeaderDue)
 	if !ok {
 		return time.Time{}, false

@@ -76,8 +76,8 @@ func runChild(role string) int {
 	switch role {
 	case "db", "db-offsets":
 		return runDBChild(ctx, cfg, role == "db-offsets", maxDelay, emit)
-	case "txn":
-		return runTxnChild(ctx, cfg, maxDelay)
+	case "txn", "txn-versions":
+		return runTxnChild(ctx, cfg, maxDelay, role == "txn-versions")
 	case "at-least-once":
 		h = consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
 			if maxDelay > 0 {

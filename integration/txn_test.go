@@ -15,16 +15,22 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/sequence"
 	"github.com/kscope-dev/kscope/txn"
 )
 
 // runTxnChild runs a Kafka-scope pipeline: every input becomes two outputs
 // on topic "<input topic>.out", "<value>#a" and "<value>#b". Its
 // transactional id is stable, as a restarted member's is, so each restart
-// fences the previous incarnation.
-func runTxnChild(ctx context.Context, cfg consumer.Config, maxDelay time.Duration) int {
+// fences the previous incarnation. With versions, the records' "version"
+// headers are checked against the changelog.
+func runTxnChild(ctx context.Context, cfg consumer.Config, maxDelay time.Duration, versions bool) int {
 	out := cfg.Topics[0] + ".out"
-	r, err := txn.New(cfg, txn.Options{TransactionalID: cfg.Group + "-child", CommitInterval: 50 * time.Millisecond, MaxRecords: 300},
+	o := txn.Options{TransactionalID: cfg.Group + "-child", CommitInterval: 50 * time.Millisecond, MaxRecords: 300}
+	if versions {
+		o.Versions = &sequence.Config{}
+	}
+	r, err := txn.New(cfg, o,
 		txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, em txn.Emitter) error {
 			if maxDelay > 0 {
 				time.Sleep(rand.N(maxDelay))
@@ -125,6 +131,76 @@ func TestTxnSurvivesKillLoop(t *testing.T) {
 		kgot[v]++
 	}
 	checkOutputs(t, "kcat read_committed", kgot, want)
+}
+
+// A versioned Kafka-scope child is killed with SIGKILL at random moments
+// while records arrive with some versions swapped. Each kill loses the
+// child's in-memory versions and parked records; the next one restores them
+// from the changelog. Every key's outputs are its versions 1..n, in order,
+// exactly once.
+func TestTxnVersionsSurviveKillLoop(t *testing.T) {
+	k := testenv.KafkaT(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	ctx := context.Background()
+	const in, group, keys, perKey, kills = "accounts", "g-txn-versions", 50, 100, 10
+	for _, topic := range []string{in, in + ".out"} {
+		if err := k.CreateTopic(ctx, topic, 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Version v of every key; every fifth pair after the first version is
+	// produced swapped, so the later version arrives first and waits in
+	// the changelog.
+	var recs []*kgo.Record
+	for v := 1; v <= perKey; v++ {
+		for key := range keys {
+			recs = append(recs, &kgo.Record{Topic: in, Key: []byte(fmt.Sprintf("a%02d", key)), Value: []byte(fmt.Sprintf("a%02d:%03d", key, v)),
+				Headers: []kgo.RecordHeader{{Key: "version", Value: []byte(fmt.Sprint(v))}}})
+		}
+	}
+	for v := 2; v < perKey; v += 5 {
+		for key := range keys {
+			i, j := (v-1)*keys+key, v*keys+key
+			recs[i], recs[j] = recs[j], recs[i]
+		}
+	}
+	total := int64(len(recs))
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+	for i := 0; i < kills; i++ {
+		c := startChild(t, k, "txn-versions", group, in, 2*time.Millisecond, func([]byte) {})
+		target := committedSumQuiet(k, group, in) + int64(100+rng.IntN(300))
+		testenv.WaitFor(t, time.Minute, "the child to commit", func() bool {
+			return committedSumQuiet(k, group, in) >= min(target, total)
+		})
+		time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond) // a random moment, not a synchronisation
+		c.kill()
+		t.Logf("kill %d: %d inputs committed", i+1, committedSumQuiet(k, group, in))
+	}
+	c := startChild(t, k, "txn-versions", group, in, 0, func([]byte) {})
+	testenv.WaitFor(t, 3*time.Minute, "every input committed", func() bool { return k.CommittedAll(t, group, in) })
+	if err := c.terminate(t); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string][]string{}
+	for _, r := range k.ReadAll(t, in+".out") {
+		if strings.HasSuffix(string(r.Value), "#a") {
+			seen[string(r.Key)] = append(seen[string(r.Key)], strings.TrimSuffix(string(r.Value), "#a"))
+		}
+	}
+	for key := range keys {
+		name := fmt.Sprintf("a%02d", key)
+		got := seen[name]
+		if len(got) != perKey {
+			t.Fatalf("%s: %d outputs, want %d (each version once): %v", name, len(got), perKey, got)
+		}
+		for v, val := range got {
+			if want := fmt.Sprintf("%s:%03d", name, v+1); val != want {
+				t.Fatalf("%s: output %d is %s, want %s (versions in order, once)", name, v, val, want)
+			}
+		}
+	}
 }
 
 // committedSumQuiet sums group's committed offsets on topic (0 before the

@@ -18,7 +18,29 @@
 // Failures are routed by consumer.Config.Failures inside the transaction: a
 // record is retried in place with backoff, skipped, or its dead-letter
 // record is produced in the same transaction, so a crash never leaves a
-// record both dead-lettered and processed, or lost.
+// record both dead-lettered and processed, or lost. With an Unordered
+// policy, a record that keeps failing goes to the delayed retry topics
+// instead, also inside the transaction; the runner consumes them and holds
+// each record until its due time without committing past it (the
+// partition is paused, the transaction commits its offset at the held
+// record, and the consumer is rewound to it). Keyed records keep per-key
+// order by default, so they retry in place: there is no store to park a
+// key's later records in, as the DB scope has.
+//
+// # Versions
+//
+// With Options.Versions, the scope checks per-key versions as package
+// sequence describes, with no store outside Kafka: the last applied
+// version of every key, and the records parked behind a gap, live in a
+// compacted changelog topic per input topic ([VersionsTopic]), written in
+// the same transaction as the outputs. Its partition p holds the keys of
+// the input's partition p, so the member that owns a partition owns its
+// versions, keeps them in memory, and restores them from the changelog
+// (read_committed) when the partition is assigned to it, the way Kafka
+// Streams restores a state store. A record ahead of its key's next version
+// is parked in the changelog (Wait) and applied, in the transaction that
+// applies the version before it; one that waits past GapTimeout goes to
+// the dead-letter topic with the expected and actual versions.
 //
 // # The transactional id
 //
@@ -38,17 +60,18 @@
 // (kscope's own runners do by default); a read_uncommitted reader sees
 // aborted outputs. Side effects outside Kafka (a database write, an HTTP
 // call) are at-least-once: a transaction that aborts runs its handlers
-// again. Delayed retry topics and version-gap detection are not part of
-// this scope yet: failures retry in place, then go to the dead-letter
-// topic.
+// again. State kept in memory per key (versions, parked records) is bounded
+// by the number of keys of the owned partitions.
 package txn
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +85,7 @@ import (
 	"github.com/kscope-dev/kscope/internal/lifecycle"
 	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/sequence"
 )
 
 // Emitter collects a handler's output records. They are produced, inside the
@@ -111,6 +135,12 @@ type Options struct {
 	// slowest handler's in-place retries. Default 2m. Java:
 	// transaction.timeout.ms.
 	TransactionTimeout time.Duration
+
+	// Versions, when not nil, turns on version-gap detection with a
+	// changelog topic per input (see the package documentation). Null-key
+	// records are not versioned. Versions need per-key order, so they do
+	// not combine with an Unordered failure policy.
+	Versions *sequence.Config
 }
 
 func (o Options) withDefaults(group string) Options {
@@ -130,6 +160,10 @@ func (o Options) withDefaults(group string) Options {
 	if o.TransactionTimeout == 0 {
 		o.TransactionTimeout = DefaultTransactionTimeout
 	}
+	if o.Versions != nil {
+		v := o.Versions.WithDefaults()
+		o.Versions = &v
+	}
 	return o
 }
 
@@ -147,6 +181,11 @@ func (o Options) validate() error {
 	if o.TransactionTimeout < 0 || (o.TransactionTimeout > 0 && o.TransactionTimeout <= o.CommitInterval) {
 		bad("TransactionTimeout", "is %s; it must be longer than CommitInterval (%s)", o.TransactionTimeout, o.CommitInterval)
 	}
+	if o.Versions != nil {
+		if err := o.Versions.Validate(); err != nil {
+			bad("Versions", "%v", err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -158,6 +197,33 @@ type Stats struct {
 	Aborted      int64 // transactions aborted (rebalance, fault) and replayed
 	DeadLettered int64 // input records dead-lettered inside a transaction
 	Skipped      int64 // input records skipped as business outcomes
+	RetryTopic   int64 // input records sent to a delayed retry topic inside a transaction
+	Held         int64 // retry-topic records found not yet due (their partition paused until due)
+
+	Stale        int64 // versioned records at or below their key's last version, skipped
+	GapsDetected int64 // versioned records parked ahead of their key's next version
+	GapsHealed   int64 // parked records applied once the versions before them were
+	GapsAccepted int64 // records applied over a gap (sequence.Accept)
+	GapsTimedOut int64 // parked records that waited past GapTimeout and went to the DLT
+}
+
+// counters are the Stats of one transaction, or of the runner.
+type counters struct {
+	records, outputs, dead, skipped, retryTopic, held       atomic.Int64
+	stale, gapsDetected, gapsHealed, gapsAccepted, timedOut atomic.Int64
+}
+
+func (c *counters) add(o *counters) {
+	c.records.Add(o.records.Load())
+	c.outputs.Add(o.outputs.Load())
+	c.dead.Add(o.dead.Load())
+	c.skipped.Add(o.skipped.Load())
+	c.retryTopic.Add(o.retryTopic.Load())
+	c.stale.Add(o.stale.Load())
+	c.gapsDetected.Add(o.gapsDetected.Load())
+	c.gapsHealed.Add(o.gapsHealed.Load())
+	c.gapsAccepted.Add(o.gapsAccepted.Load())
+	c.timedOut.Add(o.timedOut.Load())
 }
 
 // Runner runs a Kafka-scope pipeline. Build it with [New], Run it, Close it.
@@ -168,8 +234,10 @@ type Runner struct {
 	log *slog.Logger
 
 	life lifecycle.State
+	vs   *versionStore // nil without Options.Versions
 
-	records, outputs, committed, aborted, dead, skipped atomic.Int64
+	c                 counters
+	committed, aborts atomic.Int64
 }
 
 // New returns a Kafka-scope runner. cfg is the consumer configuration
@@ -189,10 +257,18 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	}
 	o = o.withDefaults(cfg.Group)
 	errs = append(errs, o.validate())
+	if o.Versions != nil && cfg.Failures.Unordered {
+		errs = append(errs, &consumer.ConfigError{Struct: "txn.Options", Field: "Versions",
+			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: cfg, o: o, h: h, log: cfg.Logger.With("group", cfg.Group, "scope", "kafka")}, nil
+	r := &Runner{cfg: cfg, o: o, h: h, log: cfg.Logger.With("group", cfg.Group, "scope", "kafka")}
+	if o.Versions != nil {
+		r.vs = &versionStore{cfg: *o.Versions, group: cfg.Group, kcfg: cfg, parts: map[tp]*partVersions{}, owned: map[tp]uint64{}}
+	}
+	return r, nil
 }
 
 type nopScope struct{}
@@ -202,13 +278,23 @@ func (nopScope) Process(context.Context, []*consumer.Record, func(*consumer.Reco
 // Stats returns the runner's counters.
 func (r *Runner) Stats() Stats {
 	return Stats{
-		Records: r.records.Load(), Outputs: r.outputs.Load(), Committed: r.committed.Load(),
-		Aborted: r.aborted.Load(), DeadLettered: r.dead.Load(), Skipped: r.skipped.Load(),
+		Records: r.c.records.Load(), Outputs: r.c.outputs.Load(), Committed: r.committed.Load(),
+		Aborted: r.aborts.Load(), DeadLettered: r.c.dead.Load(), Skipped: r.c.skipped.Load(),
+		RetryTopic: r.c.retryTopic.Load(), Held: r.c.held.Load(),
+		Stale: r.c.stale.Load(), GapsDetected: r.c.gapsDetected.Load(), GapsHealed: r.c.gapsHealed.Load(),
+		GapsAccepted: r.c.gapsAccepted.Load(), GapsTimedOut: r.c.timedOut.Load(),
 	}
 }
 
 // Close stops a running Run and waits for it; idempotent.
 func (r *Runner) Close() error { return r.life.Close() }
+
+// retryTopics reports whether failing records go to the delayed retry
+// topics: only with an Unordered policy (and no versions), as in the
+// AtLeastOnce scope.
+func (r *Runner) retryTopics() bool {
+	return r.cfg.Failures.Unordered && r.o.Versions == nil && len(r.cfg.Failures.RetryTopics()) > 0
+}
 
 // emitter buffers one record's outputs.
 type emitter struct{ out []*kgo.Record }
@@ -217,13 +303,10 @@ func (e *emitter) Emit(r *kgo.Record) { e.out = append(e.out, r) }
 
 // txnState is one transaction's bookkeeping, shared by the workers.
 type txnState struct {
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	err     error // the first produce or routing failure: the transaction aborts
-	outputs atomic.Int64
-	records atomic.Int64
-	dead    atomic.Int64
-	skipped atomic.Int64
+	wg  sync.WaitGroup
+	mu  sync.Mutex
+	err error // the first produce or routing failure: the transaction aborts
+	counters
 }
 
 func (t *txnState) fail(err error) {
@@ -240,9 +323,23 @@ func (t *txnState) failed() error {
 	return t.err
 }
 
+// produce adds rec to the transaction; a failure aborts it.
+func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, rec *kgo.Record, what string) {
+	t.wg.Add(1)
+	sess.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+		if err != nil {
+			t.fail(fmt.Errorf("producing %s: %w", what, err))
+		}
+		t.wg.Done()
+	})
+}
+
+// item is one unit of work for a key-shard worker: an input record, or a
+// parked record whose gap timed out.
 type item struct {
-	rec *consumer.Record
-	tx  *txnState
+	rec    *consumer.Record
+	expire *parkedRec
+	tx     *txnState
 }
 
 // Run consumes, transforms and produces until ctx is canceled (then it
@@ -255,19 +352,36 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer end()
 
+	retryTopics := r.retryTopics()
+	topics := append([]string(nil), r.cfg.Topics...)
+	delays := map[string]time.Duration{}
+	if retryTopics {
+		for i, t := range r.cfg.Failures.RetryTopics() {
+			topics = append(topics, t)
+			delays[t] = r.cfg.Failures.Ladder[i]
+		}
+	}
 	opts := []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer())}
 	opts = append(opts, r.cfg.ClientOptions...)
 	opts = append(opts,
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ConsumerGroup(r.cfg.Group),
-		kgo.ConsumeTopics(r.cfg.Topics...),
+		kgo.ConsumeTopics(topics...),
 		kgo.TransactionalID(r.o.TransactionalID),
 		kgo.TransactionTimeout(r.o.TransactionTimeout),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
 		kgo.FetchMaxWait(min(500*time.Millisecond, r.o.CommitInterval*5)),
 	)
-	if err := ensureDLT(ctx, r.cfg); err != nil {
+	if r.vs != nil {
+		opts = append(opts,
+			kgo.RecordPartitioner(newChangelogPartitioner(r.cfg.Group, r.cfg.Topics)),
+			kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { r.vs.assigned(ps) }),
+			kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { r.vs.drop(ps) }),
+			kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { r.vs.drop(ps) }),
+		)
+	}
+	if err := r.ensureTopics(ctx, retryTopics); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting: a clean stop
 		}
@@ -278,7 +392,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		return fmt.Errorf("kscope: creating the transactional client: %w", err)
 	}
 	defer sess.Close()
-	f := consumer.NewFailures(r.cfg, sess.Client(), r.log)
+	cl := sess.Client()
+	f := consumer.NewFailures(r.cfg, cl, r.log)
 
 	var mu sync.Mutex
 	assigns := map[string]map[int32]*partition.Assignment{}
@@ -307,17 +422,43 @@ func (r *Runner) Run(ctx context.Context) error {
 	})
 	pool.Start()
 	defer pool.Stop()
+	holds := newHolds(delays)
 
-	r.log.Info("kscope: transactional runner started", "topics", r.cfg.Topics, "transactional_id", r.o.TransactionalID)
+	r.log.Info("kscope: transactional runner started", "topics", r.cfg.Topics, "transactional_id", r.o.TransactionalID,
+		"retry_topics", retryTopics, "versions", r.vs != nil)
 	for ctx.Err() == nil {
-		fetches := sess.PollRecords(ctx, r.o.MaxRecords)
+		// Sleep in the poll no longer than until a held partition is due
+		// or a parked record times out.
+		wake := holds.resume(cl, time.Now())
+		if r.vs != nil {
+			if at := r.vs.nextExpiry(); !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
+				wake = at
+			}
+		}
+		pctx, cancel := context.WithCancel(ctx)
+		if !wake.IsZero() {
+			pctx, cancel = context.WithDeadline(ctx, wake)
+		}
+		if r.vs != nil {
+			r.vs.setKick(cancel)
+		}
+		fetches := sess.PollRecords(pctx, r.o.MaxRecords)
+		if r.vs != nil {
+			r.vs.setKick(nil)
+		}
+		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			break
 		}
-		fetches.EachError(func(t string, p int32, err error) {
-			r.log.Warn("kscope: fetch error; the client retries", "topic", t, "partition", p, "err", err)
-		})
-		if fetches.NumRecords() == 0 {
+		r.logFetchErrors(fetches)
+		var expired []*parkedRec
+		if r.vs != nil {
+			if err := r.restore(ctx); err != nil {
+				break // ctx is done
+			}
+			expired = r.vs.expired(time.Now())
+		}
+		if fetches.NumRecords() == 0 && len(expired) == 0 {
 			continue
 		}
 		if err := sess.Begin(); err != nil {
@@ -327,7 +468,12 @@ func (r *Runner) Run(ctx context.Context) error {
 		deadline := time.Now().Add(r.o.CommitInterval)
 		n := 0
 		dispatch := func(fs kgo.Fetches) {
+			now := time.Now()
 			fs.EachRecord(func(rec *kgo.Record) {
+				if holds.keep(cl, rec, now) {
+					tx.held.Add(1)
+					return
+				}
 				n++
 				tx.wg.Add(1)
 				shard := partition.Shard(rec.Topic, rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys)
@@ -335,6 +481,11 @@ func (r *Runner) Run(ctx context.Context) error {
 			})
 		}
 		dispatch(fetches)
+		for _, p := range expired {
+			tx.wg.Add(1)
+			shard := partition.Shard(p.Topic, p.Partition, p.Offset, p.Key, r.cfg.Shards, r.cfg.NullKeys)
+			pool.Dispatch(shard, assignment(p.Topic, p.Partition), item{expire: p, tx: tx})
+		}
 		// Collect more records into this transaction until the interval
 		// or the record bound says to end it.
 		for n < r.o.MaxRecords && time.Now().Before(deadline) && ctx.Err() == nil {
@@ -343,6 +494,11 @@ func (r *Runner) Run(ctx context.Context) error {
 			cancel()
 			if more.IsClientClosed() {
 				break
+			}
+			if r.vs != nil {
+				if err := r.restore(ctx); err != nil {
+					tx.fail(err)
+				}
 			}
 			dispatch(more)
 		}
@@ -359,85 +515,279 @@ func (r *Runner) Run(ctx context.Context) error {
 				r.log.Warn("kscope: aborting the transaction; its records are consumed again", "err", err)
 			}
 		}
-		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.o.TransactionTimeout)
+		endCtx, cancel := context.WithTimeout(holds.commitContext(context.WithoutCancel(ctx)), r.o.TransactionTimeout)
 		committed, err := sess.End(endCtx, try)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.o.TransactionalID, err)
 		}
+		holds.ended(cl, committed)
+		if r.vs != nil {
+			r.vs.end(committed)
+		}
+		r.c.held.Add(tx.held.Load())
 		if committed {
 			r.committed.Add(1)
-			r.records.Add(tx.records.Load())
-			r.outputs.Add(tx.outputs.Load())
-			r.dead.Add(tx.dead.Load())
-			r.skipped.Add(tx.skipped.Load())
+			r.c.add(&tx.counters)
 		} else {
-			r.aborted.Add(1)
+			r.aborts.Add(1)
 		}
 	}
 	r.log.Info("kscope: transactional runner stopped")
 	return nil
 }
 
-// handle runs one input record: the handler with in-place retries, then its
-// outputs, or its dead-letter record, produced into the transaction.
+func (r *Runner) logFetchErrors(fs kgo.Fetches) {
+	fs.EachError(func(t string, p int32, err error) {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return // the poll's own wake-up deadline
+		}
+		r.log.Warn("kscope: fetch error; the client retries", "topic", t, "partition", p, "err", err)
+	})
+}
+
+func (r *Runner) ensureTopics(ctx context.Context, retryTopics bool) error {
+	if err := consumer.EnsureFailureTopics(ctx, r.cfg, retryTopics); err != nil {
+		return err
+	}
+	if r.vs != nil {
+		return ensureChangelogs(ctx, r.cfg)
+	}
+	return nil
+}
+
+// restore loads the version state of the input partitions this member owns
+// and has not loaded yet, retrying with backoff while the changelog cannot
+// be read; it fails only when ctx is done.
+func (r *Runner) restore(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		need := r.vs.missing(r.cfg.Topics)
+		if len(need) == 0 {
+			return nil
+		}
+		err := r.vs.restore(ctx, need)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+		r.log.Warn("kscope: restoring versions from the changelog failed; retrying", "err", err, "retry_in", d)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
+// handle runs one work item on its key-shard worker.
 func (r *Runner) handle(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, it item) {
-	rec := it.rec
+	if ctx.Err() != nil || it.tx.failed() != nil {
+		return
+	}
+	switch {
+	case it.expire != nil:
+		r.expire(ctx, sess, f, it.tx, it.expire)
+	case r.vs != nil && it.rec.Key != nil:
+		r.handleVersioned(ctx, sess, f, it.tx, it.rec)
+	default:
+		if r.run(ctx, ctx, sess, f, it.tx, it.rec) != outAborted {
+			it.tx.records.Add(1)
+		}
+	}
+}
+
+type outcome int
+
+const (
+	outApplied outcome = iota // the handler returned nil: outputs produced
+	outSkipped                // a business outcome: skipped
+	outRouted                 // to the DLT or a retry topic
+	outAborted                // the transaction is failing or the runner stopping
+)
+
+// run runs rec's handler with in-place retries, then produces its outputs,
+// or routes it, into the transaction. hctx is the handler's context.
+func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record) outcome {
 	var first time.Time
 	for attempt := 1; ; attempt++ {
-		if ctx.Err() != nil || it.tx.failed() != nil {
-			return
+		if ctx.Err() != nil || tx.failed() != nil {
+			return outAborted
 		}
 		em := &emitter{}
-		err := callHandler(ctx, r.h, rec, em)
+		err := callHandler(hctx, r.h, rec, em)
 		if err == nil {
 			for _, out := range em.out {
-				it.tx.outputs.Add(1)
-				it.tx.wg.Add(1)
-				sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
-					if err != nil {
-						it.tx.fail(fmt.Errorf("producing an output of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
-					}
-					it.tx.wg.Done()
-				})
+				tx.outputs.Add(1)
+				tx.produce(ctx, sess, out, fmt.Sprintf("an output of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset))
 			}
-			it.tx.records.Add(1)
-			return
+			return outApplied
+		}
+		if ctx.Err() != nil {
+			return outAborted
 		}
 		if first.IsZero() {
 			first = time.Now()
 		}
-		step := f.Decide(ctx, rec, err, attempt, false)
+		step := f.Decide(ctx, rec, err, attempt, r.retryTopics())
 		switch step.Action {
 		case retrytopic.ActionRetry:
 			f.Route(ctx, rec, err, step, attempt, first) //nolint:errcheck // logs and counts only
 			if !backoff.Sleep(ctx, step.Delay) {
-				return
+				return outAborted
 			}
 			continue
 		case retrytopic.ActionSkip:
 			f.Route(ctx, rec, err, step, attempt, first) //nolint:errcheck // logs and counts only
-			it.tx.skipped.Add(1)
-			it.tx.records.Add(1)
-			return
+			tx.skipped.Add(1)
+			return outSkipped
+		case retrytopic.ActionRetryTopic:
+			// The retry record joins the transaction: it becomes visible
+			// exactly when the input's offset commits.
+			out := f.RetryTopicRecord(rec, err, step, attempt, first)
+			tx.produce(ctx, sess, out, fmt.Sprintf("the retry record of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset))
+			tx.retryTopic.Add(1)
+			r.log.Warn("kscope: record sent to a retry topic (in the transaction)",
+				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "retry_topic", out.Topic, "delay", step.Delay, "err", err)
+			return outRouted
 		default:
-			// The dead-letter record joins the transaction: it becomes
-			// visible exactly when the input's offset commits.
-			dl := f.DeadLetterRecord(rec, err, step, attempt, first)
-			it.tx.wg.Add(1)
-			sess.Produce(ctx, dl, func(_ *kgo.Record, err error) {
-				if err != nil {
-					it.tx.fail(fmt.Errorf("producing the dead-letter record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
-				}
-				it.tx.wg.Done()
-			})
-			it.tx.dead.Add(1)
-			it.tx.records.Add(1)
-			r.log.Error("kscope: record sent to the dead-letter topic (in the transaction)",
-				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "class", step.Class.String(), "err", err)
-			return
+			r.deadLetter(ctx, sess, f, tx, rec, err, step, attempt, first)
+			return outRouted
 		}
 	}
+}
+
+// deadLetter produces rec's dead-letter record into the transaction: it
+// becomes visible exactly when the input's offset commits.
+func (r *Runner) deadLetter(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) {
+	dl := f.DeadLetterRecord(rec, err, step, attempt, first)
+	tx.produce(ctx, sess, dl, fmt.Sprintf("the dead-letter record of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset))
+	tx.dead.Add(1)
+	r.log.Error("kscope: record sent to the dead-letter topic (in the transaction)",
+		"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "class", step.Class.String(), "err", err)
+}
+
+// handleVersioned checks rec's version against its key's last applied one
+// and applies, skips, parks or dead-letters it.
+func (r *Runner) handleVersioned(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record) {
+	vers := r.vs.cfg
+	now := time.Now()
+	v, err := vers.Version(rec)
+	if err != nil {
+		herr := consumer.DecodeError(err) // poison: the DLT, with the reason
+		r.deadLetter(ctx, sess, f, tx, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
+		tx.records.Add(1)
+		return
+	}
+	pv := r.vs.get(tp{rec.Topic, rec.Partition})
+	if pv == nil {
+		tx.fail(fmt.Errorf("%s[%d] is no longer assigned to this member", rec.Topic, rec.Partition))
+		return
+	}
+	key := string(rec.Key)
+	last, known := pv.lastOf(key)
+	check := vers.Check(v, last, known)
+	switch {
+	case check.Outcome == sequence.Stale:
+		tx.stale.Add(1)
+		tx.records.Add(1)
+		return
+	case check.Outcome == sequence.Gap && vers.Gaps == sequence.DeadLetter:
+		herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v})
+		r.deadLetter(ctx, sess, f, tx, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
+		tx.records.Add(1)
+		return
+	case check.Outcome == sequence.Gap && vers.Gaps == sequence.Wait:
+		if pv.parkedAt(key, v) == nil { // a redelivery of a parked record stays parked as it was
+			p := &parkedRec{Version: v, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
+				Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
+			val, err := json.Marshal(p)
+			if err != nil {
+				tx.fail(fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
+				return
+			}
+			pv.setParked(key, v, p)
+			r.changelog(ctx, sess, tx, rec.Topic, rec.Partition, parkedKey(rec.Key, v), val)
+			tx.gapsDetected.Add(1)
+		}
+		tx.records.Add(1)
+		return
+	}
+	out := r.run(ctx, sequence.WithResult(ctx, check), sess, f, tx, rec)
+	if out == outAborted {
+		return
+	}
+	tx.records.Add(1)
+	if out == outRouted {
+		return // dead-lettered: the key's version stays
+	}
+	if check.Outcome == sequence.Gap {
+		tx.gapsAccepted.Add(1)
+	}
+	r.advance(ctx, sess, tx, pv, rec, v)
+	r.releaseParked(ctx, sess, f, tx, pv, rec, v)
+}
+
+// advance records v as the last applied version of rec's key.
+func (r *Runner) advance(ctx context.Context, sess *kgo.GroupTransactSession, tx *txnState, pv *partVersions, rec *consumer.Record, v int64) {
+	pv.setLast(string(rec.Key), v)
+	r.changelog(ctx, sess, tx, rec.Topic, rec.Partition, append([]byte{kindVersion}, rec.Key...), []byte(strconv.FormatInt(v, 10)))
+}
+
+// releaseParked applies the parked records of rec's key that follow v, in
+// version order, in this transaction.
+func (r *Runner) releaseParked(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, pv *partVersions, rec *consumer.Record, v int64) {
+	key := string(rec.Key)
+	for {
+		p := pv.parkedAt(key, v+1)
+		if p == nil {
+			return
+		}
+		pr := p.record()
+		check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
+		out := r.run(ctx, sequence.WithResult(ctx, check), sess, f, tx, pr)
+		if out == outAborted {
+			return
+		}
+		r.unpark(ctx, sess, tx, pv, p)
+		if out == outRouted {
+			return
+		}
+		tx.gapsHealed.Add(1)
+		v++
+		r.advance(ctx, sess, tx, pv, pr, v)
+	}
+}
+
+// expire sends a parked record that waited past GapTimeout to the DLT.
+func (r *Runner) expire(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, p *parkedRec) {
+	pv := r.vs.get(tp{p.Topic, p.Partition})
+	if pv == nil {
+		tx.fail(fmt.Errorf("%s[%d] is no longer assigned to this member", p.Topic, p.Partition))
+		return
+	}
+	key := string(p.Key)
+	if pv.parkedAt(key, p.Version) == nil {
+		return // released in this transaction
+	}
+	last, _ := pv.lastOf(key)
+	rec := p.record()
+	herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: last + 1, Actual: p.Version})
+	step := f.Decide(ctx, rec, herr, 1, false)
+	r.deadLetter(ctx, sess, f, tx, rec, herr, step, 1, p.Since)
+	r.unpark(ctx, sess, tx, pv, p)
+	tx.timedOut.Add(1)
+}
+
+func (r *Runner) unpark(ctx context.Context, sess *kgo.GroupTransactSession, tx *txnState, pv *partVersions, p *parkedRec) {
+	pv.setParked(string(p.Key), p.Version, nil)
+	r.changelog(ctx, sess, tx, p.Topic, p.Partition, parkedKey(p.Key, p.Version), nil)
+}
+
+// changelog writes one changelog record into the transaction, to the
+// partition of the input partition it belongs to.
+func (r *Runner) changelog(ctx context.Context, sess *kgo.GroupTransactSession, tx *txnState, topic string, p int32, key, value []byte) {
+	tx.produce(ctx, sess, &kgo.Record{Topic: VersionsTopic(r.cfg.Group, topic), Partition: p, Key: key, Value: value}, "a version changelog record")
 }
 
 func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) (err error) {
@@ -447,8 +797,4 @@ func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter
 		}
 	}()
 	return h.Handle(ctx, r, out)
-}
-
-func ensureDLT(ctx context.Context, cfg consumer.Config) error {
-	return consumer.EnsureFailureTopics(ctx, cfg, false)
 }
