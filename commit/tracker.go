@@ -15,6 +15,7 @@ type Offset struct {
 
 type entry struct {
 	offset int64
+	ts     int64 // the record's timestamp, Unix milliseconds (0 if not given)
 	epoch  int32
 	done   bool
 }
@@ -44,6 +45,12 @@ func NewPartition(topic string, partition int32) *Partition {
 // increasing order (the order a partition is consumed in); an offset at or
 // below the last added one is ignored and Add reports false.
 func (p *Partition) Add(offset int64, epoch int32) bool {
+	return p.AddTimed(offset, epoch, 0)
+}
+
+// AddTimed is Add for a record with timestamp ts (Unix milliseconds), which
+// [Partition.Position] reports while the record is the oldest unfinished.
+func (p *Partition) AddTimed(offset int64, epoch int32, ts int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.detached || offset <= p.lastAdd {
@@ -58,7 +65,7 @@ func (p *Partition) Add(offset int64, epoch int32) bool {
 		p.entries = p.entries[:n]
 		p.head = 0
 	}
-	p.entries = append(p.entries, entry{offset: offset, epoch: epoch})
+	p.entries = append(p.entries, entry{offset: offset, epoch: epoch, ts: ts})
 	p.pending++
 	return true
 }
@@ -96,6 +103,25 @@ func (p *Partition) Committable() (o Offset, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.commit, p.commit.Offset >= 0
+}
+
+// Position returns where the assignment stands: next is the lowest
+// unfinished offset (or, when every added offset is finished, one past the
+// last added), oldestTs the timestamp given for it (0 when none is
+// unfinished), and pending how many are unfinished. ok is false before any
+// offset was added.
+func (p *Partition) Position() (next, oldestTs int64, pending int, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lastAdd < 0 {
+		return 0, 0, 0, false
+	}
+	for i := p.head; i < len(p.entries); i++ {
+		if e := p.entries[i]; !e.done {
+			return e.offset, e.ts, p.pending, true
+		}
+	}
+	return p.lastAdd + 1, 0, 0, true
 }
 
 // Pending returns how many added offsets are not finished yet.

@@ -116,6 +116,10 @@ type Config struct {
 	// topic with its failure metadata. The zero value is the default
 	// policy; see retrytopic.Policy.
 	Failures retrytopic.Policy
+
+	// Hooks observe the runner: metrics, traces, lag (see [Hook]; the
+	// kscopeprom and kscopeotel packages provide them). None by default.
+	Hooks []Hook
 }
 
 // withDefaults returns c with zero fields set to their defaults.

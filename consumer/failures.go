@@ -26,6 +26,7 @@ type Failures struct {
 	identity Identity
 	cl       *kgo.Client
 	log      *slog.Logger
+	obs      *Observer
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed, parked                            atomic.Int64
@@ -82,26 +83,33 @@ func (f *Failures) Route(ctx context.Context, rec *Record, err error, step retry
 	switch step.Action {
 	case retrytopic.ActionSkip:
 		f.skipped.Add(1)
-		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", recordAttrs(rec, total, err, 0)...)
+		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(recordAttrs(rec, total, err, 0), slog.String("outcome", string(OutcomeSkipped)))...)
 	case retrytopic.ActionRetry:
 		f.retries.Add(1)
+		f.obs.Event(rec, EventRetry, step.Class.String())
 		f.log.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
-			append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()))...)
+			append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("outcome", "retrying"))...)
 	case retrytopic.ActionDeadLetter, retrytopic.ActionRetryTopic:
 		out := f.routedRecord(rec, err, step, attempt, firstFailure)
 		topic := out.Topic
-		if err := f.produce(ctx, out); err != nil {
+		kind := "dlt"
+		if step.Action == retrytopic.ActionRetryTopic {
+			kind = "retry"
+		}
+		if err := f.produce(ctx, rec.Topic, kind, step.Class.String(), out); err != nil {
 			return err
 		}
 		if step.Action == retrytopic.ActionRetryTopic {
+			f.obs.Event(rec, EventRetryTopic, topic)
 			f.routed.Add(1)
 			f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record sent to a retry topic",
-				append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("retry_topic", topic))...)
+				append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("retry_topic", topic), slog.String("outcome", string(OutcomeRetried)))...)
 			break
 		}
 		f.deadLettered.Add(1)
+		f.obs.Event(rec, EventDeadLetter, out.Topic)
 		f.log.LogAttrs(ctx, slog.LevelError, "kscope: record sent to the dead-letter topic",
-			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic))...)
+			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(OutcomeDeadLettered)))...)
 	}
 	return nil
 }
@@ -130,7 +138,9 @@ func (f *Failures) routedRecord(rec *Record, err error, step retrytopic.Step, at
 		topic, spring = step.Topic, false
 		meta.Due, meta.Stage = now.Add(step.Delay), step.Stage
 	}
-	return &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, spring)}
+	out := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, spring)}
+	f.obs.Inject(f.obs.Context(context.Background(), rec), out)
+	return out
 }
 
 // DeadLetterRecord returns the dead-letter record of rec after a failure
@@ -154,8 +164,12 @@ func (f *Failures) RetryTopicRecord(rec *Record, err error, step retrytopic.Step
 // NewRunner returns them in Runner.Config) producing through cl, for a scope
 // that runs its own client (the Kafka scope).
 func NewFailures(cfg Config, cl *kgo.Client, log *slog.Logger) *Failures {
-	return &Failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log}
+	return &Failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log, obs: NewObserver(cfg.Group, cfg.Hooks)}
 }
+
+// Observer returns the runner's hooks, for a scope to report its
+// deliveries.
+func (f *Failures) Observer() *Observer { return f.obs }
 
 // EnsureFailureTopics makes sure cfg's dead-letter topic (and, when
 // retryTopics is set, its retry topics) exist, creating them unless the
@@ -186,7 +200,8 @@ func (f *Failures) Park(ctx context.Context, rec *Record, stage int) error {
 	d := f.policy.Ladder[stage]
 	meta.Group, meta.Stage, meta.Parked, meta.Due = f.group, stage, true, time.Now().Add(d)
 	out := &kgo.Record{Topic: retrytopic.RetryTopic(f.group, d), Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, false)}
-	if err := f.produce(ctx, out); err != nil {
+	f.obs.Inject(f.obs.Context(ctx, rec), out)
+	if err := f.produce(ctx, rec.Topic, "retry", "parked", out); err != nil {
 		return err
 	}
 	f.parked.Add(1)
@@ -198,9 +213,12 @@ func (f *Failures) Policy() retrytopic.Policy { return f.policy }
 
 // produce writes out and waits for its acknowledgement, retrying with
 // backoff; only a done ctx stops it.
-func (f *Failures) produce(ctx context.Context, out *kgo.Record) error {
+func (f *Failures) produce(ctx context.Context, source, kind, class string, out *kgo.Record) error {
 	for attempt := 1; ; attempt++ {
 		err := f.cl.ProduceSync(ctx, out).FirstErr()
+		if ctx.Err() == nil {
+			f.obs.Route(Route{Topic: source, Kind: kind, Class: class, Target: out.Topic, Err: err})
+		}
 		if err == nil {
 			return nil
 		}

@@ -55,6 +55,7 @@ func (r *Runner) releaseHeld(st *partState) {
 		}
 		if !rec.due.IsZero() {
 			r.lateness.observe(now.Sub(rec.due))
+			r.obs.Lateness(rec.Topic, now.Sub(rec.due))
 		}
 		r.pool.Dispatch(rec.shard, st.Assignment, rec)
 		st.held[i] = nil

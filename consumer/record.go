@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -18,6 +19,11 @@ type Record struct {
 	shard int
 	state uint8
 	due   time.Time // on a delay topic: when it may run; zero otherwise
+
+	// The delivery's observation (Observer.Start), when hooks observe it.
+	obsCtx   context.Context
+	obsStart time.Time
+	obsEnded bool
 }
 
 // Shard returns the key-shard the record was routed to.

@@ -36,6 +36,8 @@ type partState struct {
 
 	holdPaused bool // paused while records wait for their due time; under Runner.pauseMu
 
+	hwm atomic.Int64 // the partition's high watermark at the last fetch (kept when lag hooks observe)
+
 	holdMu    sync.Mutex
 	held      []*Record // records waiting for their due time, in offset order
 	holdTimer *time.Timer
@@ -77,6 +79,7 @@ type Runner struct {
 
 	retryTopics bool // the scope sends failures to the retry topics
 
+	obs       *Observer
 	cl        *kgo.Client
 	failures  *Failures
 	tracker   *commit.Tracker
@@ -144,6 +147,7 @@ func newRunner(cfg Config, s Scope) (*Runner, error) {
 		cfg:      cfg,
 		scope:    s,
 		log:      cfg.Logger.With("group", cfg.Group),
+		obs:      NewObserver(cfg.Group, cfg.Hooks),
 		maxBatch: 1,
 		parts:    make(map[tp]*partState),
 		room:     make(chan struct{}, 1),
@@ -279,7 +283,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.cl = cl
 	r.stopMu.Unlock()
 	r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
-	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics}
+	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics, obs: r.obs}
 	r.stopMu.Lock()
 	r.failures = f
 	r.stopMu.Unlock()
@@ -387,6 +391,9 @@ func (r *Runner) pollLoop(ctx context.Context) {
 			}
 			r.log.Warn("kscope: fetch error; the client retries", "topic", topic, "partition", p, "err", err)
 		})
+		if r.obs.wantsFetch() || r.obs.wantsLag() {
+			r.observeFetches(fetches)
+		}
 		var n, bytes int64
 		fetches.EachRecord(func(rec *kgo.Record) {
 			size := recordSize(rec)
@@ -433,7 +440,7 @@ func (r *Runner) dispatch(st *partState, rec *kgo.Record, size int64) {
 		// Not ours (any more): the owner consumes it.
 		return
 	}
-	if !st.Watermark.Add(rec.Offset, rec.LeaderEpoch) {
+	if !r.addOffset(st, rec) {
 		return
 	}
 	storeMax(&r.maxInflight, r.inflight.Add(1))
@@ -445,6 +452,64 @@ func (r *Runner) dispatch(st *partState, rec *kgo.Record, size int64) {
 		return
 	}
 	r.pool.Dispatch(shard, st.Assignment, kr)
+}
+
+// addOffset adds rec to its partition's watermark, with its timestamp when
+// lag hooks want the age of the oldest unfinished record.
+func (r *Runner) addOffset(st *partState, rec *kgo.Record) bool {
+	if r.obs.wantsLag() {
+		return st.Watermark.AddTimed(rec.Offset, rec.LeaderEpoch, rec.Timestamp.UnixMilli())
+	}
+	return st.Watermark.Add(rec.Offset, rec.LeaderEpoch)
+}
+
+// observeFetches reports a poll's records per partition and keeps each
+// partition's high watermark for the lag hooks.
+func (r *Runner) observeFetches(fs kgo.Fetches) {
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) > 0 {
+			r.obs.Fetched(p.Topic, p.Partition, len(p.Records))
+		}
+		if p.HighWatermark > 0 {
+			if st := r.state(p.Topic, p.Partition); st != nil {
+				st.hwm.Store(p.HighWatermark)
+			}
+		}
+	})
+}
+
+// reportLag reports every assigned partition's lag to the lag hooks.
+func (r *Runner) reportLag() {
+	r.mu.Lock()
+	sts := make([]*partState, 0, len(r.parts))
+	for _, st := range r.parts {
+		sts = append(sts, st)
+	}
+	r.mu.Unlock()
+	now := time.Now()
+	r.pauseMu.Lock()
+	paused := make(map[*partState]bool, len(sts))
+	for _, st := range sts {
+		paused[st] = st.paused.Load() || st.holdPaused
+	}
+	r.pauseMu.Unlock()
+	for _, st := range sts {
+		next, ts, pending, ok := st.Watermark.Position()
+		hwm := st.hwm.Load()
+		if !ok && hwm == 0 {
+			continue // nothing fetched yet: the position is not known
+		}
+		l := Lag{Topic: st.Topic, Partition: st.Partition, InFlight: pending, Paused: paused[st]}
+		if ok {
+			l.Offsets = max(hwm-next, 0)
+		} else {
+			l.Offsets = hwm
+		}
+		if ts > 0 {
+			l.Age = max(now.Sub(time.UnixMilli(ts)), 0)
+		}
+		r.obs.Lag(l)
+	}
 }
 
 func partitionShard(rec *kgo.Record, shards int, nk NullKeyPolicy) int {
@@ -623,11 +688,19 @@ func (r *Runner) commitLoop(ctx context.Context) {
 			if err := r.committer.Commit(ctx, nil); err != nil && ctx.Err() == nil {
 				r.log.Warn("kscope: offset commit failed; retrying at the next interval", "err", err)
 			}
+			if r.obs.wantsLag() {
+				r.reportLag()
+			}
 		}
 	}
 }
 
 func (r *Runner) onCommit(res commit.Result) {
+	n := 0
+	for _, ps := range res.Offsets {
+		n += len(ps)
+	}
+	r.obs.Commit(n, res.Err)
 	if res.Err != nil {
 		r.commitErrs.Add(1)
 		return
@@ -650,6 +723,7 @@ func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
 		}
 	}
+	r.obs.Rebalance("assigned", count(assigned))
 	r.log.Info("kscope: partitions assigned", "partitions", assigned)
 }
 
@@ -672,8 +746,17 @@ func (r *Runner) detach(parts map[string][]int32) []*partState {
 	for _, st := range out {
 		r.pool.Purge(st.Assignment)
 		r.dropHeld(st)
+		r.obs.Gone(st.Topic, st.Partition)
 	}
 	return out
+}
+
+func count(ps map[string][]int32) int {
+	n := 0
+	for _, p := range ps {
+		n += len(p)
+	}
+	return n
 }
 
 // onRevoked runs with rebalances blocked from the poll loop's side: nothing
@@ -682,6 +765,7 @@ func (r *Runner) detach(parts map[string][]int32) []*partState {
 // go on.
 func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	r.rebalances.Add(1)
+	r.obs.Rebalance("revoked", count(revoked))
 	sts := r.detach(revoked)
 	if len(sts) == 0 {
 		return
@@ -699,6 +783,7 @@ func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string]
 // onLost commits nothing: another member may own the partitions already.
 func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	r.rebalances.Add(1)
+	r.obs.Rebalance("lost", count(lost))
 	sts := r.detach(lost)
 	for _, st := range sts {
 		st.Cancel()

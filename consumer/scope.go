@@ -91,36 +91,63 @@ func (s *atLeastOnce) UseFailures(f *Failures) { s.f = f }
 func (s *atLeastOnce) UsesRetryTopics() bool { return s.unordered }
 
 func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*Record)) {
+	obs := s.f.Observer()
 	for _, r := range batch {
-		var first time.Time
-		for attempt := 1; ; attempt++ {
-			if ctx.Err() != nil || r.Revoked() {
-				return
-			}
-			err := callHandler(ctx, s.h, r)
-			if err == nil {
-				done(r)
-				break
-			}
-			if ctx.Err() != nil {
-				return // canceled mid-handler: the next owner handles it
-			}
-			if first.IsZero() {
-				first = time.Now()
-			}
-			step, ferr := s.f.Handle(ctx, r, err, attempt, first, s.unordered)
-			if ferr != nil {
-				return // ctx done while routing: not done, redelivered
-			}
-			if step.Action != retrytopic.ActionRetry {
-				done(r)
-				break
-			}
-			if !backoff.Sleep(ctx, step.Delay) {
-				return
-			}
+		if !s.deliver(ctx, obs, r, done) {
+			obs.End(r, OutcomeAborted, nil)
+			return
 		}
 	}
+}
+
+// deliver runs one record through the handler and the failure policy. It
+// reports false when the record was left undone (ctx done or revoked).
+func (s *atLeastOnce) deliver(ctx context.Context, obs *Observer, r *Record, done func(*Record)) bool {
+	hctx := obs.Start(ctx, r)
+	var first time.Time
+	for attempt := 1; ; attempt++ {
+		if ctx.Err() != nil || r.Revoked() {
+			return false
+		}
+		err := callHandler(hctx, s.h, r)
+		if err == nil {
+			obs.End(r, OutcomeSuccess, nil)
+			done(r)
+			return true
+		}
+		if ctx.Err() != nil {
+			return false // canceled mid-handler: the next owner handles it
+		}
+		if first.IsZero() {
+			first = time.Now()
+		}
+		step, ferr := s.f.Handle(ctx, r, err, attempt, first, s.unordered)
+		if ferr != nil {
+			return false // ctx done while routing: not done, redelivered
+		}
+		if step.Action != retrytopic.ActionRetry {
+			obs.End(r, OutcomeOf(step.Action), err)
+			done(r)
+			return true
+		}
+		if !backoff.Sleep(ctx, step.Delay) {
+			return false
+		}
+	}
+}
+
+// OutcomeOf returns the outcome of a delivery whose failure ended in step
+// action a: skipped, retried (a retry topic) or dead-lettered.
+func OutcomeOf(a retrytopic.Action) Outcome {
+	switch a {
+	case retrytopic.ActionSkip:
+		return OutcomeSkipped
+	case retrytopic.ActionRetryTopic:
+		return OutcomeRetried
+	case retrytopic.ActionDeadLetter:
+		return OutcomeDeadLettered
+	}
+	return OutcomeAborted
 }
 
 // callHandler runs h and turns a panic into an error, so that one bad record

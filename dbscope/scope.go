@@ -306,15 +306,25 @@ type failure struct {
 
 // result is what one transaction decided for one record.
 type result struct {
-	out   outcome
-	gap   gapNote
-	err   error           // failedOutcome: the handler's error
-	step  retrytopic.Step // failedOutcome: what the failure policy decided
-	stage int             // parkedOutcome: the retry topic to wait in
+	out       outcome
+	gap       gapNote
+	gapDetail string          // the versions, for the version-gap event
+	err       error           // failedOutcome: the handler's error
+	step      retrytopic.Step // failedOutcome: what the failure policy decided
+	stage     int             // parkedOutcome: the retry topic to wait in
 }
 
 // Process implements consumer.Scope.
 func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
+	obs := s.f.Observer()
+	for _, r := range batch {
+		obs.Start(ctx, r)
+	}
+	defer func() {
+		for _, r := range batch {
+			obs.End(r, consumer.OutcomeAborted, nil) // a no-op for the records that ended
+		}
+	}()
 	pending := batch
 	isolate := false
 	fails := map[*consumer.Record]*failure{}
@@ -351,6 +361,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				if err := s.f.Park(ctx, r, res[i].stage); err != nil {
 					return
 				}
+				obs.End(r, consumer.OutcomeParked, nil)
 				done(r)
 			case failedOutcome:
 				fi := fails[r]
@@ -364,6 +375,11 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 					return // ctx done while routing: not done, redelivered
 				}
 				if step.Action != retrytopic.ActionRetry {
+					out := consumer.OutcomeOf(step.Action)
+					if g := res[i].gap; (g == gapDetected || g == gapWaiting) && step.Action == retrytopic.ActionRetryTopic {
+						out = consumer.OutcomeGap
+					}
+					obs.End(r, out, res[i].err)
 					done(r)
 					continue
 				}
@@ -397,6 +413,7 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		for _, r := range recs {
 			if m, ok := s.mark(r); ok && r.Offset < m {
 				s.replaySkipped.Add(1)
+				s.f.Observer().End(r, consumer.OutcomeDuplicate, nil)
 				done(r)
 				continue
 			}
@@ -421,19 +438,31 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		return nil, nil, err
 	}
 	s.transactions.Add(1)
+	obs := s.f.Observer()
 	for i, r := range work {
+		switch res[i].gap {
+		case gapDetected, gapAccepted, gapDead:
+			obs.Event(r, consumer.EventVersionGap, res[i].gapDetail)
+		case gapHealed:
+			obs.Event(r, consumer.EventVersionHeal, "")
+		}
 		switch res[i].out {
 		case applied:
 			s.applied.Add(1)
+			obs.End(r, consumer.OutcomeSuccess, nil)
 			done(r)
 		case skipped:
 			s.skipped.Add(1)
+			obs.End(r, consumer.OutcomeSkipped, nil)
 			done(r)
 		case duplicate:
 			s.duplicates.Add(1)
+			obs.Event(r, consumer.EventDuplicate, "")
+			obs.End(r, consumer.OutcomeDuplicate, nil)
 			done(r)
 		case staleOutcome:
 			s.stale.Add(1)
+			obs.End(r, consumer.OutcomeStale, nil)
 			done(r)
 		case failedOutcome:
 			s.failed.Add(1)
@@ -691,7 +720,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				continue
 			}
 		}
-		hctx := ctx
+		hctx := s.f.Observer().Context(ctx, r)
 		if vers != nil && r.Key != nil {
 			check, err := s.checkVersion(ctx, tx, metas[i].OriginalTopic, r.Key, versions[i])
 			if err != nil {
@@ -712,7 +741,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				if vers.Gaps == sequence.DeadLetter || timedOut || pol.DisableRetryTopics || len(pol.Ladder) == 0 {
 					herr := consumer.Terminal(gap)
 					fail(i, herr, s.f.Decide(ctx, r, herr, attemptOf(r), false))
-					res[i].gap = gapDead
+					res[i].gap, res[i].gapDetail = gapDead, gap.Error()
 					if timedOut {
 						res[i].gap = gapTimedOut
 					}
@@ -727,7 +756,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				step := retrytopic.Step{Action: retrytopic.ActionRetryTopic, Class: consumer.ClassRetryable,
 					Delay: pol.Ladder[stage], Stage: stage, Topic: retrytopic.RetryTopic(s.group, pol.Ladder[stage])}
 				fail(i, consumer.Retryable(gap), step)
-				res[i].gap = gapWaiting
+				res[i].gap, res[i].gapDetail = gapWaiting, gap.Error()
 				if metas[i].ExpectedVersion == 0 {
 					res[i].gap = gapDetected
 				}
@@ -742,7 +771,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			case metas[i].ExpectedVersion > 0:
 				res[i].gap = gapHealed
 			}
-			hctx = sequence.WithResult(ctx, check)
+			hctx = sequence.WithResult(hctx, check)
 		}
 		// saveVersion advances the key's version with the record's effects.
 		saveVersion := func(q interface {

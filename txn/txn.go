@@ -236,6 +236,7 @@ type Runner struct {
 	life lifecycle.State
 	vs   *versionStore // nil without Options.Versions
 
+	statsMu           sync.Mutex // a transaction's counters join the runner's at once
 	c                 counters
 	committed, aborts atomic.Int64
 }
@@ -277,6 +278,8 @@ func (nopScope) Process(context.Context, []*consumer.Record, func(*consumer.Reco
 
 // Stats returns the runner's counters.
 func (r *Runner) Stats() Stats {
+	r.statsMu.Lock()
+	defer r.statsMu.Unlock()
 	return Stats{
 		Records: r.c.records.Load(), Outputs: r.c.outputs.Load(), Committed: r.committed.Load(),
 		Aborted: r.aborts.Load(), DeadLettered: r.c.dead.Load(), Skipped: r.c.skipped.Load(),
@@ -303,10 +306,38 @@ func (e *emitter) Emit(r *kgo.Record) { e.out = append(e.out, r) }
 
 // txnState is one transaction's bookkeeping, shared by the workers.
 type txnState struct {
-	wg  sync.WaitGroup
-	mu  sync.Mutex
-	err error // the first produce or routing failure: the transaction aborts
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	err  error // the first produce or routing failure: the transaction aborts
+	ends []delivery
 	counters
+}
+
+// delivery is an observed delivery that ends when the transaction does.
+type delivery struct {
+	rec *consumer.Record
+	out consumer.Outcome
+	err error
+}
+
+// end notes how rec's delivery ends if the transaction commits.
+func (t *txnState) end(obs *consumer.Observer, rec *consumer.Record, out consumer.Outcome, err error) {
+	if obs.Ended(rec) {
+		return
+	}
+	t.mu.Lock()
+	t.ends = append(t.ends, delivery{rec, out, err})
+	t.mu.Unlock()
+}
+
+// finish ends the transaction's observed deliveries.
+func (t *txnState) finish(obs *consumer.Observer, committed bool) {
+	for _, d := range t.ends {
+		if !committed {
+			d.out = consumer.OutcomeAborted
+		}
+		obs.End(d.rec, d.out, d.err)
+	}
 }
 
 func (t *txnState) fail(err error) {
@@ -525,6 +556,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		if r.vs != nil {
 			r.vs.end(committed)
 		}
+		tx.finish(f.Observer(), committed)
+		r.statsMu.Lock()
 		r.c.held.Add(tx.held.Load())
 		if committed {
 			r.committed.Add(1)
@@ -532,6 +565,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		} else {
 			r.aborts.Add(1)
 		}
+		r.statsMu.Unlock()
 	}
 	r.log.Info("kscope: transactional runner stopped")
 	return nil
@@ -591,40 +625,40 @@ func (r *Runner) handle(ctx context.Context, sess *kgo.GroupTransactSession, f *
 	case r.vs != nil && it.rec.Key != nil:
 		r.handleVersioned(ctx, sess, f, it.tx, it.rec)
 	default:
-		if r.run(ctx, ctx, sess, f, it.tx, it.rec) != outAborted {
+		obs := f.Observer()
+		hctx := obs.Start(ctx, it.rec)
+		out, err := r.run(ctx, hctx, sess, f, it.tx, it.rec)
+		if out != consumer.OutcomeAborted {
 			it.tx.records.Add(1)
 		}
+		it.tx.end(obs, it.rec, out, err)
 	}
 }
 
-type outcome int
-
-const (
-	outApplied outcome = iota // the handler returned nil: outputs produced
-	outSkipped                // a business outcome: skipped
-	outRouted                 // to the DLT or a retry topic
-	outAborted                // the transaction is failing or the runner stopping
-)
-
 // run runs rec's handler with in-place retries, then produces its outputs,
-// or routes it, into the transaction. hctx is the handler's context.
-func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record) outcome {
+// or routes it, into the transaction. hctx is the handler's context. It
+// returns the delivery's outcome (success, skipped, retried, dead_lettered,
+// or aborted when the transaction is failing or the runner stopping) and
+// the last handler error.
+func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record) (consumer.Outcome, error) {
 	var first time.Time
+	obs := f.Observer()
 	for attempt := 1; ; attempt++ {
 		if ctx.Err() != nil || tx.failed() != nil {
-			return outAborted
+			return consumer.OutcomeAborted, nil
 		}
 		em := &emitter{}
 		err := callHandler(hctx, r.h, rec, em)
 		if err == nil {
 			for _, out := range em.out {
 				tx.outputs.Add(1)
+				obs.Inject(hctx, out)
 				tx.produce(ctx, sess, out, fmt.Sprintf("an output of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset))
 			}
-			return outApplied
+			return consumer.OutcomeSuccess, nil
 		}
 		if ctx.Err() != nil {
-			return outAborted
+			return consumer.OutcomeAborted, err
 		}
 		if first.IsZero() {
 			first = time.Now()
@@ -634,25 +668,26 @@ func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, 
 		case retrytopic.ActionRetry:
 			f.Route(ctx, rec, err, step, attempt, first) //nolint:errcheck // logs and counts only
 			if !backoff.Sleep(ctx, step.Delay) {
-				return outAborted
+				return consumer.OutcomeAborted, err
 			}
 			continue
 		case retrytopic.ActionSkip:
 			f.Route(ctx, rec, err, step, attempt, first) //nolint:errcheck // logs and counts only
 			tx.skipped.Add(1)
-			return outSkipped
+			return consumer.OutcomeSkipped, err
 		case retrytopic.ActionRetryTopic:
 			// The retry record joins the transaction: it becomes visible
 			// exactly when the input's offset commits.
 			out := f.RetryTopicRecord(rec, err, step, attempt, first)
-			tx.produce(ctx, sess, out, fmt.Sprintf("the retry record of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset))
+			r.route(ctx, sess, f, tx, rec, out, "retry", step.Class.String())
 			tx.retryTopic.Add(1)
+			obs.Event(rec, consumer.EventRetryTopic, out.Topic)
 			r.log.Warn("kscope: record sent to a retry topic (in the transaction)",
 				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "retry_topic", out.Topic, "delay", step.Delay, "err", err)
-			return outRouted
+			return consumer.OutcomeRetried, err
 		default:
 			r.deadLetter(ctx, sess, f, tx, rec, err, step, attempt, first)
-			return outRouted
+			return consumer.OutcomeDeadLettered, err
 		}
 	}
 }
@@ -661,27 +696,45 @@ func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, 
 // becomes visible exactly when the input's offset commits.
 func (r *Runner) deadLetter(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) {
 	dl := f.DeadLetterRecord(rec, err, step, attempt, first)
-	tx.produce(ctx, sess, dl, fmt.Sprintf("the dead-letter record of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset))
+	r.route(ctx, sess, f, tx, rec, dl, "dlt", step.Class.String())
 	tx.dead.Add(1)
+	f.Observer().Event(rec, consumer.EventDeadLetter, dl.Topic)
 	r.log.Error("kscope: record sent to the dead-letter topic (in the transaction)",
 		"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "class", step.Class.String(), "err", err)
+}
+
+// route adds a retry or dead-letter record to the transaction.
+func (r *Runner) route(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record, out *kgo.Record, kind, class string) {
+	obs := f.Observer()
+	tx.wg.Add(1)
+	sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
+		obs.Route(consumer.Route{Topic: rec.Topic, Kind: kind, Class: class, Target: out.Topic, Err: err})
+		if err != nil {
+			tx.fail(fmt.Errorf("producing the %s record of %s[%d]@%d: %w", kind, rec.Topic, rec.Partition, rec.Offset, err))
+		}
+		tx.wg.Done()
+	})
 }
 
 // handleVersioned checks rec's version against its key's last applied one
 // and applies, skips, parks or dead-letters it.
 func (r *Runner) handleVersioned(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, tx *txnState, rec *consumer.Record) {
 	vers := r.vs.cfg
+	obs := f.Observer()
+	hctx := obs.Start(ctx, rec)
 	now := time.Now()
 	v, err := vers.Version(rec)
 	if err != nil {
 		herr := consumer.DecodeError(err) // poison: the DLT, with the reason
 		r.deadLetter(ctx, sess, f, tx, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
 		tx.records.Add(1)
+		tx.end(obs, rec, consumer.OutcomeDeadLettered, herr)
 		return
 	}
 	pv := r.vs.get(tp{rec.Topic, rec.Partition})
 	if pv == nil {
 		tx.fail(fmt.Errorf("%s[%d] is no longer assigned to this member", rec.Topic, rec.Partition))
+		tx.end(obs, rec, consumer.OutcomeAborted, nil)
 		return
 	}
 	key := string(rec.Key)
@@ -691,13 +744,18 @@ func (r *Runner) handleVersioned(ctx context.Context, sess *kgo.GroupTransactSes
 	case check.Outcome == sequence.Stale:
 		tx.stale.Add(1)
 		tx.records.Add(1)
+		tx.end(obs, rec, consumer.OutcomeStale, nil)
 		return
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.DeadLetter:
-		herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v})
+		gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}
+		obs.Event(rec, consumer.EventVersionGap, gap.Error())
+		herr := consumer.Terminal(gap)
 		r.deadLetter(ctx, sess, f, tx, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
 		tx.records.Add(1)
+		tx.end(obs, rec, consumer.OutcomeDeadLettered, herr)
 		return
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.Wait:
+		obs.Event(rec, consumer.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
 		if pv.parkedAt(key, v) == nil { // a redelivery of a parked record stays parked as it was
 			p := &parkedRec{Version: v, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
 				Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
@@ -711,14 +769,18 @@ func (r *Runner) handleVersioned(ctx context.Context, sess *kgo.GroupTransactSes
 			tx.gapsDetected.Add(1)
 		}
 		tx.records.Add(1)
+		tx.end(obs, rec, consumer.OutcomeGap, nil)
 		return
+	case check.Outcome == sequence.Gap:
+		obs.Event(rec, consumer.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
 	}
-	out := r.run(ctx, sequence.WithResult(ctx, check), sess, f, tx, rec)
-	if out == outAborted {
+	out, herr := r.run(ctx, sequence.WithResult(hctx, check), sess, f, tx, rec)
+	tx.end(obs, rec, out, herr)
+	if out == consumer.OutcomeAborted {
 		return
 	}
 	tx.records.Add(1)
-	if out == outRouted {
+	if out != consumer.OutcomeSuccess && out != consumer.OutcomeSkipped {
 		return // dead-lettered: the key's version stays
 	}
 	if check.Outcome == sequence.Gap {
@@ -744,13 +806,18 @@ func (r *Runner) releaseParked(ctx context.Context, sess *kgo.GroupTransactSessi
 			return
 		}
 		pr := p.record()
+		obs := f.Observer()
+		hctx := obs.Start(ctx, pr)
+		obs.Event(pr, consumer.EventVersionHeal, "")
 		check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
-		out := r.run(ctx, sequence.WithResult(ctx, check), sess, f, tx, pr)
-		if out == outAborted {
+		out, herr := r.run(ctx, sequence.WithResult(hctx, check), sess, f, tx, pr)
+		if out == consumer.OutcomeAborted {
+			tx.end(obs, pr, out, herr)
 			return
 		}
 		r.unpark(ctx, sess, tx, pv, p)
-		if out == outRouted {
+		tx.end(obs, pr, out, herr)
+		if out != consumer.OutcomeSuccess && out != consumer.OutcomeSkipped {
 			return
 		}
 		tx.gapsHealed.Add(1)
@@ -772,11 +839,14 @@ func (r *Runner) expire(ctx context.Context, sess *kgo.GroupTransactSession, f *
 	}
 	last, _ := pv.lastOf(key)
 	rec := p.record()
+	obs := f.Observer()
+	obs.Start(ctx, rec)
 	herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: last + 1, Actual: p.Version})
 	step := f.Decide(ctx, rec, herr, 1, false)
 	r.deadLetter(ctx, sess, f, tx, rec, herr, step, 1, p.Since)
 	r.unpark(ctx, sess, tx, pv, p)
 	tx.timedOut.Add(1)
+	tx.end(obs, rec, consumer.OutcomeDeadLettered, herr)
 }
 
 func (r *Runner) unpark(ctx context.Context, sess *kgo.GroupTransactSession, tx *txnState, pv *partVersions, p *parkedRec) {

@@ -1,0 +1,195 @@
+// Command observability runs an AtLeastOnce pipeline with kscope's
+// Prometheus and OpenTelemetry hooks, serves /metrics while it runs, and
+// prints what a scrape shows once the backlog is drained. alerts.yml holds
+// Prometheus alert rules for kscope's metrics; dashboard.json a Grafana
+// dashboard.
+//
+//	go run ./examples/observability
+//	go run ./examples/observability -listen 127.0.0.1:9464 -hold 1m   # scrape it yourself
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/kscopeotel"
+	"github.com/kscope-dev/kscope/kscopeprom"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+const (
+	topic   = "notifications"
+	group   = "notifier"
+	records = 300
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "address to serve /metrics on")
+	hold := flag.Duration("hold", 0, "keep serving /metrics this long after the backlog is drained")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *listen, *hold, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "observability:", err)
+		os.Exit(1)
+	}
+}
+
+// Result is what one run observed.
+type Result struct {
+	Metrics  *kscopeprom.Metrics
+	Spans    int
+	Handled  int64
+	Scrape   string // the kscope_ lines of the final /metrics scrape
+	Endpoint string
+}
+
+func run(ctx context.Context, listen string, hold time.Duration, out *os.File) error {
+	res, err := Run(ctx, listen, hold)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "served %s; %d records handled, %d spans recorded\n", res.Endpoint, res.Handled, res.Spans)
+	fmt.Fprint(out, res.Scrape)
+	return nil
+}
+
+// Run produces a backlog with some poison and some flaky records, consumes
+// it with both hooks, and scrapes /metrics once every record is done.
+func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error) {
+	kafka, err := testenv.StartKafka(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer kafka.Close()
+	if err := kafka.CreateTopic(ctx, topic, 3); err != nil {
+		return nil, err
+	}
+	var recs []*kgo.Record
+	for i := range records {
+		v := fmt.Sprintf("email-%04d", i)
+		switch {
+		case i%50 == 49:
+			v = "poison"
+		case i%30 == 29:
+			v = "flaky-" + v
+		}
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprintf("user-%02d", i%40)), Value: []byte(v)})
+	}
+	if err := kafka.Produce(ctx, recs...); err != nil {
+		return nil, err
+	}
+
+	metrics, err := kscopeprom.New(kscopeprom.Options{})
+	if err != nil {
+		return nil, err
+	}
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // in-memory
+	tracer := kscopeotel.New(kscopeotel.Options{TracerProvider: tp})
+
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln) //nolint:errcheck // closed below
+	defer srv.Close()
+	endpoint := "http://" + ln.Addr().String() + "/metrics"
+
+	var handled atomic.Int64
+	var tries sync.Map // value -> *atomic.Int32
+	r, err := consumer.New(consumer.Config{
+		Brokers:        kafka.Brokers,
+		Group:          group,
+		Topics:         []string{topic},
+		CommitInterval: 100 * time.Millisecond,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Hooks:          []consumer.Hook{metrics, tracer},
+		Failures:       retrytopic.Policy{Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond},
+	}, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		v := string(rec.Value)
+		if v == "poison" {
+			return consumer.DecodeError(errors.New("not a notification"))
+		}
+		if strings.HasPrefix(v, "flaky-") {
+			n, _ := tries.LoadOrStore(v, new(atomic.Int32))
+			if n.(*atomic.Int32).Add(1) == 1 {
+				return consumer.Retryable(errors.New("mail relay busy"))
+			}
+		}
+		handled.Add(1)
+		return nil
+	}))
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	deadline := time.Now().Add(time.Minute)
+	for !kafka.CaughtUp(ctx, group, topic) && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond) // polling for the example's end, not synchronising workers
+	}
+	// One more commit interval, so that the lag gauges show the drained state.
+	time.Sleep(300 * time.Millisecond)
+	scrape, err := scrapeKscope(ctx, endpoint)
+	if err != nil {
+		cancel()
+		<-done
+		return nil, err
+	}
+	if hold > 0 {
+		fmt.Printf("serving %s for %s\n", endpoint, hold)
+		select {
+		case <-time.After(hold):
+		case <-ctx.Done():
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		return nil, err
+	}
+	return &Result{Metrics: metrics, Spans: len(spans.Ended()), Handled: handled.Load(), Scrape: scrape, Endpoint: endpoint}, nil
+}
+
+func scrapeKscope(ctx context.Context, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, "kscope_") && !strings.Contains(line, "_bucket{") {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String(), sc.Err()
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+var metricName = regexp.MustCompile(`kscope_[a-z_]+`)
+
+// exported returns the metric families the run's registry holds.
+func exported(t *testing.T, res *Result) map[string]bool {
+	t.Helper()
+	mfs, err := res.Metrics.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = true
+	}
+	return out
+}
+
+// known reports whether a name used in PromQL is an exported family, or a
+// histogram's _bucket, _sum or _count series.
+func known(fams map[string]bool, name string) bool {
+	for _, suf := range []string{"", "_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suf); ok && fams[base] {
+			return true
+		}
+	}
+	return false
+}
+
+// The example runs; its scrape shows every record's outcome and the drained
+// lag; the alert rules and the dashboard use only metrics kscopeprom
+// exports, and the alert file is valid rule-file YAML with a for: where the
+// issue asks for a sustained condition.
+func TestExampleAlertsAndDashboard(t *testing.T) {
+	res, err := Run(context.Background(), "127.0.0.1:0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`kscope_records_processed_total{consumer_group="notifier",outcome="success",topic="notifications"} 294`,
+		`kscope_records_processed_total{consumer_group="notifier",outcome="dead_lettered",topic="notifications"} 6`,
+		`kscope_handler_retries_total{consumer_group="notifier",topic="notifications"} 8`,
+	} {
+		if !strings.Contains(res.Scrape, want) {
+			t.Errorf("scrape lacks %s:\n%s", want, res.Scrape)
+		}
+	}
+	if res.Spans != records {
+		t.Errorf("%d spans recorded, want one per delivery (%d)", res.Spans, records)
+	}
+	// The per-partition series went with the partitions when the run
+	// stopped; the scrape, taken while it ran, has them. The run saw no
+	// retry-topic hop, so no lateness.
+	fams := exported(t, res)
+	for _, n := range metricName.FindAllString(res.Scrape, -1) {
+		fams[n] = true
+	}
+	fams["kscope_retry_lateness_seconds"] = true
+
+	raw, err := os.ReadFile("alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Name  string
+			Rules []struct {
+				Alert  string
+				Expr   string
+				For    string
+				Labels map[string]string
+			}
+		}
+	}
+	if err := yaml.Unmarshal(raw, &rules); err != nil {
+		t.Fatalf("alerts.yml: %v", err)
+	}
+	alerts := map[string]string{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" || r.Expr == "" || r.Labels["severity"] == "" {
+				t.Errorf("rule %+v lacks an alert name, an expr or a severity", r)
+			}
+			alerts[r.Alert] = r.For
+			for _, n := range metricName.FindAllString(r.Expr, -1) {
+				if !known(fams, n) {
+					t.Errorf("alert %s uses %s, which kscopeprom does not export", r.Alert, n)
+				}
+			}
+		}
+	}
+	for _, a := range []string{"KscopeConsumerLagHigh", "KscopeDeadLetterOnCriticalPipeline", "KscopeRetryExhaustion", "KscopeOffsetCommitsFailing"} {
+		if _, ok := alerts[a]; !ok {
+			t.Errorf("alerts.yml lacks %s", a)
+		}
+	}
+	if alerts["KscopeConsumerLagHigh"] == "" {
+		t.Error("the lag alert has no for: (it must be sustained)")
+	}
+
+	raw, err = os.ReadFile("dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("dashboard.json: %v", err)
+	}
+	if len(dash.Panels) == 0 {
+		t.Fatal("dashboard.json has no panels")
+	}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, n := range metricName.FindAllString(tg.Expr, -1) {
+				if !known(fams, n) {
+					t.Errorf("panel %q uses %s, which kscopeprom does not export", p.Title, n)
+				}
+			}
+		}
+	}
+}

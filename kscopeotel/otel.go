@@ -1,0 +1,135 @@
+// Package kscopeotel traces kscope deliveries with OpenTelemetry. Put a
+// *Tracer in consumer.Config.Hooks:
+//
+//	cfg.Hooks = append(cfg.Hooks, kscopeotel.New(kscopeotel.Options{}))
+//
+// Every delivery of a record to a scope is a span ("<topic> process", kind
+// consumer) that continues the producer's trace from the record's W3C
+// traceparent header, so the handler's own spans (it gets the span's
+// context) sit under the producer's. Dedupe hits, in-place retries, retry
+// and dead-letter routing and version gaps are span events. Every record
+// kscope produces for a delivery (retry and dead-letter records, Kafka-scope
+// outputs) carries the span's context on, so one trace follows a record
+// through its retry hops.
+//
+// Span attributes name the topic, partition, offset and consumer group;
+// neither the key nor the value is recorded, and error text is cut to
+// MaxErrorLen. For client-level spans (produce, fetch) use franz-go's kotel
+// hooks, which [Tracer.ClientOptions] returns configured alike.
+package kscopeotel
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kscope-dev/kscope/consumer"
+)
+
+// MaxErrorLen bounds the error text recorded on a span.
+const MaxErrorLen = 256
+
+// Options configure the tracer.
+type Options struct {
+	// TracerProvider makes the tracer. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator reads and writes the trace context in record headers.
+	// Default: W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+}
+
+// Tracer is a kscope hook that traces deliveries.
+type Tracer struct {
+	tp     trace.TracerProvider
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+}
+
+// The hooks Tracer implements.
+var (
+	_ consumer.HookRecord      = (*Tracer)(nil)
+	_ consumer.HookRecordEvent = (*Tracer)(nil)
+	_ consumer.HookInject      = (*Tracer)(nil)
+)
+
+// New returns a Tracer.
+func New(o Options) *Tracer {
+	if o.TracerProvider == nil {
+		o.TracerProvider = otel.GetTracerProvider()
+	}
+	if o.Propagator == nil {
+		o.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return &Tracer{tp: o.TracerProvider, tracer: o.TracerProvider.Tracer("github.com/kscope-dev/kscope"), prop: o.Propagator}
+}
+
+// ClientOptions returns franz-go's kotel hooks with the same provider and
+// propagator, for consumer.Config.ClientOptions: client-level spans for
+// produce and fetch.
+func (t *Tracer) ClientOptions() []kgo.Opt {
+	k := kotel.NewKotel(kotel.WithTracer(kotel.NewTracer(kotel.TracerProvider(t.tp), kotel.TracerPropagator(t.prop))))
+	return []kgo.Opt{kgo.WithHooks(k.Hooks()...)}
+}
+
+// OnRecordStart implements consumer.HookRecord: it starts the delivery's
+// span under the trace the record carries.
+func (t *Tracer) OnRecordStart(ctx context.Context, s consumer.RecordStart) context.Context {
+	r := s.Record
+	ctx = t.prop.Extract(ctx, kotel.NewRecordCarrier(r.Record))
+	ctx, _ = t.tracer.Start(ctx, r.Topic+" process",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", r.Topic),
+			attribute.String("messaging.destination.partition.id", strconv.Itoa(int(r.Partition))),
+			attribute.Int64("messaging.kafka.offset", r.Offset),
+			attribute.String("messaging.consumer.group.name", s.Group),
+		))
+	return ctx
+}
+
+// OnRecordEnd implements consumer.HookRecord: it ends the span with the
+// delivery's outcome.
+func (t *Tracer) OnRecordEnd(ctx context.Context, e consumer.RecordEnd) {
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(attribute.String("kscope.outcome", string(e.Outcome)))
+	switch e.Outcome {
+	case consumer.OutcomeDeadLettered, consumer.OutcomeRetried, consumer.OutcomeAborted:
+		msg := string(e.Outcome)
+		if e.Err != nil {
+			msg = truncate(e.Err.Error())
+		}
+		span.SetStatus(codes.Error, msg)
+	}
+	span.End()
+}
+
+// OnRecordEvent implements consumer.HookRecordEvent: a span event.
+func (t *Tracer) OnRecordEvent(ctx context.Context, _ string, _ *consumer.Record, ev consumer.Event, detail string) {
+	var opts []trace.EventOption
+	if detail != "" {
+		opts = append(opts, trace.WithAttributes(attribute.String("kscope.detail", truncate(detail))))
+	}
+	trace.SpanFromContext(ctx).AddEvent(string(ev), opts...)
+}
+
+// InjectRecord implements consumer.HookInject: the produced record carries
+// the delivery's trace context.
+func (t *Tracer) InjectRecord(ctx context.Context, r *kgo.Record) {
+	t.prop.Inject(ctx, kotel.NewRecordCarrier(r))
+}
+
+func truncate(s string) string {
+	if len(s) > MaxErrorLen {
+		return s[:MaxErrorLen]
+	}
+	return s
+}

@@ -1,0 +1,212 @@
+// Package kscopeprom exports a kscope runner's metrics to Prometheus. Put a
+// *Metrics in consumer.Config.Hooks:
+//
+//	m, err := kscopeprom.New(kscopeprom.Options{})
+//	cfg.Hooks = append(cfg.Hooks, m)
+//	http.Handle("/metrics", m.Handler())
+//
+// Every metric is prefixed kscope_ and labeled with consumer_group and
+// topic; the per-partition ones (lag, in flight, paused) with partition
+// too. No label carries a key, an offset or a payload, so cardinality is
+// bounded by the topics and partitions a service consumes.
+//
+//	kscope_records_received_total            records polled
+//	kscope_records_processed_total{outcome}  deliveries by outcome: success, duplicate,
+//	                                         retried, parked, dead_lettered, skipped,
+//	                                         stale, gap
+//	kscope_handler_retries_total             failed attempts retried in place
+//	kscope_handling_duration_seconds         from the start of a delivery to its durable outcome
+//	kscope_in_flight_records                 records polled and not finished, per partition
+//	kscope_consumer_lag_records              high watermark minus the lowest unfinished offset
+//	kscope_consumer_lag_seconds              age of the oldest unfinished record
+//	kscope_partition_paused                  1 while fetching a partition is paused
+//	kscope_offset_commits_total{result}      offset commit requests: ok or error
+//	kscope_route_produces_total{route,class,result}
+//	                                         retry (route="retry") and dead-letter (route="dlt")
+//	                                         produces, by failure class (retryable, unknown,
+//	                                         terminal, decode; parked), ok or error: a dlt
+//	                                         produce of class retryable or unknown is a
+//	                                         record whose retries ran out
+//	kscope_retry_lateness_seconds            how late held retry records were released
+//	kscope_rebalances_total{kind}            assigned, revoked, lost
+//
+// A delivery that did not finish (outcome aborted: a revoked partition, an
+// aborted transaction) is not counted in records_processed: the record is
+// delivered again and counted then.
+package kscopeprom
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kscope-dev/kscope/consumer"
+)
+
+// Options configure the metrics.
+type Options struct {
+	// Registerer receives the metrics. Default: a registry of their own,
+	// served by Metrics.Handler.
+	Registerer prometheus.Registerer
+
+	// DurationBuckets are the handling-duration histogram's buckets, in
+	// seconds. Default: 1ms to 10s.
+	DurationBuckets []float64
+}
+
+// Metrics is a kscope hook that keeps Prometheus metrics.
+type Metrics struct {
+	reg      prometheus.Registerer
+	gatherer prometheus.Gatherer
+
+	received  *prometheus.CounterVec
+	processed *prometheus.CounterVec
+	retries   *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	inFlight  *prometheus.GaugeVec
+	lag       *prometheus.GaugeVec
+	lagAge    *prometheus.GaugeVec
+	paused    *prometheus.GaugeVec
+	commits   *prometheus.CounterVec
+	routes    *prometheus.CounterVec
+	lateness  *prometheus.HistogramVec
+	rebal     *prometheus.CounterVec
+}
+
+// The hooks Metrics implements.
+var (
+	_ consumer.HookRecord        = (*Metrics)(nil)
+	_ consumer.HookRecordEvent   = (*Metrics)(nil)
+	_ consumer.HookFetch         = (*Metrics)(nil)
+	_ consumer.HookRoute         = (*Metrics)(nil)
+	_ consumer.HookCommit        = (*Metrics)(nil)
+	_ consumer.HookLag           = (*Metrics)(nil)
+	_ consumer.HookRebalance     = (*Metrics)(nil)
+	_ consumer.HookRetryLateness = (*Metrics)(nil)
+)
+
+// New creates the metrics and registers them.
+func New(o Options) (*Metrics, error) {
+	m := &Metrics{reg: o.Registerer}
+	if m.reg == nil {
+		r := prometheus.NewRegistry()
+		m.reg, m.gatherer = r, r
+	} else if g, ok := m.reg.(prometheus.Gatherer); ok {
+		m.gatherer = g
+	} else {
+		m.gatherer = prometheus.DefaultGatherer
+	}
+	buckets := o.DurationBuckets
+	if len(buckets) == 0 {
+		buckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+	}
+	gt := []string{"consumer_group", "topic"}
+	gtp := []string{"consumer_group", "topic", "partition"}
+	m.received = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_records_received_total", Help: "Records polled."}, gt)
+	m.processed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_records_processed_total", Help: "Deliveries by durable outcome."}, append(gt, "outcome"))
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_handler_retries_total", Help: "Failed handler attempts retried in place."}, gt)
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kscope_handling_duration_seconds", Help: "From the start of a delivery to its durable outcome.", Buckets: buckets}, gt)
+	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_in_flight_records", Help: "Records polled and not finished."}, gtp)
+	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_records", Help: "High watermark minus the lowest unfinished offset."}, gtp)
+	m.lagAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_seconds", Help: "Age of the oldest unfinished record."}, gtp)
+	m.paused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_partition_paused", Help: "1 while fetching the partition is paused (backpressure or a held retry record)."}, gtp)
+	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_offset_commits_total", Help: "Offset commit requests by result."}, []string{"consumer_group", "result"})
+	m.routes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_route_produces_total", Help: "Retry and dead-letter produces by result."}, append(gt, "route", "class", "result"))
+	m.lateness = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kscope_retry_lateness_seconds", Help: "How late after their due time held retry records were released.",
+		Buckets: []float64{.01, .05, .1, .5, 1, 5, 30}}, gt)
+	m.rebal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_rebalances_total", Help: "Partition assignments, revocations and losses."}, []string{"consumer_group", "kind"})
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal} {
+		if err := m.reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Handler serves the metrics in the Prometheus exposition format: the
+// private registry's, the Registerer's when it is also a Gatherer (a
+// *prometheus.Registry), else prometheus.DefaultGatherer's.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.gatherer, promhttp.HandlerOpts{})
+}
+
+// Gatherer returns what Handler serves.
+func (m *Metrics) Gatherer() prometheus.Gatherer { return m.gatherer }
+
+// OnRecordStart implements consumer.HookRecord.
+func (m *Metrics) OnRecordStart(ctx context.Context, _ consumer.RecordStart) context.Context {
+	return ctx
+}
+
+// OnRecordEnd implements consumer.HookRecord.
+func (m *Metrics) OnRecordEnd(_ context.Context, e consumer.RecordEnd) {
+	if e.Outcome == consumer.OutcomeAborted {
+		return
+	}
+	m.processed.WithLabelValues(e.Group, e.Record.Topic, string(e.Outcome)).Inc()
+	m.duration.WithLabelValues(e.Group, e.Record.Topic).Observe(e.Duration.Seconds())
+}
+
+// OnRecordEvent implements consumer.HookRecordEvent: in-place retries.
+func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *consumer.Record, ev consumer.Event, _ string) {
+	if ev == consumer.EventRetry {
+		m.retries.WithLabelValues(group, r.Topic).Inc()
+	}
+}
+
+// OnFetch implements consumer.HookFetch.
+func (m *Metrics) OnFetch(f consumer.Fetch) {
+	m.received.WithLabelValues(f.Group, f.Topic).Add(float64(f.Records))
+}
+
+// OnRoute implements consumer.HookRoute.
+func (m *Metrics) OnRoute(r consumer.Route) {
+	m.routes.WithLabelValues(r.Group, r.Topic, r.Kind, r.Class, result(r.Err)).Inc()
+}
+
+// OnCommit implements consumer.HookCommit.
+func (m *Metrics) OnCommit(c consumer.Commit) {
+	m.commits.WithLabelValues(c.Group, result(c.Err)).Inc()
+}
+
+// OnLag implements consumer.HookLag.
+func (m *Metrics) OnLag(l consumer.Lag) {
+	p := strconv.Itoa(int(l.Partition))
+	m.lag.WithLabelValues(l.Group, l.Topic, p).Set(float64(l.Offsets))
+	m.lagAge.WithLabelValues(l.Group, l.Topic, p).Set(l.Age.Seconds())
+	m.inFlight.WithLabelValues(l.Group, l.Topic, p).Set(float64(l.InFlight))
+	paused := 0.0
+	if l.Paused {
+		paused = 1
+	}
+	m.paused.WithLabelValues(l.Group, l.Topic, p).Set(paused)
+}
+
+// OnPartitionGone implements consumer.HookLag: the partition's series go.
+func (m *Metrics) OnPartitionGone(group, topic string, partition int32) {
+	p := strconv.Itoa(int(partition))
+	for _, g := range []*prometheus.GaugeVec{m.lag, m.lagAge, m.inFlight, m.paused} {
+		g.DeleteLabelValues(group, topic, p)
+	}
+}
+
+// OnRebalance implements consumer.HookRebalance.
+func (m *Metrics) OnRebalance(r consumer.Rebalance) {
+	m.rebal.WithLabelValues(r.Group, r.Kind).Inc()
+}
+
+// OnRetryLateness implements consumer.HookRetryLateness.
+func (m *Metrics) OnRetryLateness(group, topic string, late time.Duration) {
+	m.lateness.WithLabelValues(group, topic).Observe(late.Seconds())
+}
+
+func result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
