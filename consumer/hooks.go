@@ -356,5 +356,8 @@ func (o *Observer) Lateness(topic string, late time.Duration) {
 	}
 }
 
-func (o *Observer) wantsFetch() bool { return o != nil && len(o.fetch) > 0 }
-func (o *Observer) wantsLag() bool   { return o != nil && len(o.lag) > 0 }
+// WantsFetch reports whether a hook observes fetches.
+func (o *Observer) WantsFetch() bool { return o != nil && len(o.fetch) > 0 }
+
+// WantsLag reports whether a hook observes lag.
+func (o *Observer) WantsLag() bool { return o != nil && len(o.lag) > 0 }

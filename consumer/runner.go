@@ -391,7 +391,7 @@ func (r *Runner) pollLoop(ctx context.Context) {
 			}
 			r.log.Warn("kscope: fetch error; the client retries", "topic", topic, "partition", p, "err", err)
 		})
-		if r.obs.wantsFetch() || r.obs.wantsLag() {
+		if r.obs.WantsFetch() || r.obs.WantsLag() {
 			r.observeFetches(fetches)
 		}
 		var n, bytes int64
@@ -457,7 +457,7 @@ func (r *Runner) dispatch(st *partState, rec *kgo.Record, size int64) {
 // addOffset adds rec to its partition's watermark, with its timestamp when
 // lag hooks want the age of the oldest unfinished record.
 func (r *Runner) addOffset(st *partState, rec *kgo.Record) bool {
-	if r.obs.wantsLag() {
+	if r.obs.WantsLag() {
 		return st.Watermark.AddTimed(rec.Offset, rec.LeaderEpoch, rec.Timestamp.UnixMilli())
 	}
 	return st.Watermark.Add(rec.Offset, rec.LeaderEpoch)
@@ -688,7 +688,7 @@ func (r *Runner) commitLoop(ctx context.Context) {
 			if err := r.committer.Commit(ctx, nil); err != nil && ctx.Err() == nil {
 				r.log.Warn("kscope: offset commit failed; retrying at the next interval", "err", err)
 			}
-			if r.obs.wantsLag() {
+			if r.obs.WantsLag() {
 				r.reportLag()
 			}
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/kscopeprom"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/txn"
 )
 
 func TestMain(m *testing.M) {
@@ -281,5 +282,73 @@ func TestRegistersIntoTheUsersRegistry(t *testing.T) {
 	}
 	if _, err := kscopeprom.New(kscopeprom.Options{Registerer: reg}); err == nil {
 		t.Fatal("registering the metrics twice into one registry did not fail")
+	}
+}
+
+// The Kafka scope reports through the same hooks: deliveries count once
+// their transaction commits, and the lag gauges end at zero.
+func TestKafkaScopeCounts(t *testing.T) {
+	const n, p = 30, 4
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	for _, topic := range []string{"orders", "orders.out"} {
+		if err := k.CreateTopic(ctx, topic, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var recs []*kgo.Record
+	for i := range n + p {
+		v := "ok"
+		if i < p {
+			v = "poison"
+		}
+		recs = append(recs, &kgo.Record{Topic: "orders", Key: []byte(fmt.Sprintf("o-%02d", i)), Value: []byte(v)})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	m, err := kscopeprom.New(kscopeprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := txn.New(consumer.Config{
+		Brokers: k.Brokers, Group: "enricher", Topics: []string{"orders"}, Shards: 4,
+		Hooks: []consumer.Hook{m}, Logger: slog.New(slog.DiscardHandler),
+	}, txn.Options{TransactionalID: "enricher-prom"}, txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
+		if string(r.Value) == "poison" {
+			return consumer.DecodeError(errors.New("unparseable order"))
+		}
+		out.Emit(&kgo.Record{Topic: "orders.out", Key: r.Key, Value: r.Value})
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(rctx) }()
+	g := m.Gatherer()
+	of := map[string]string{"consumer_group": "enricher", "topic": "orders"}
+	outcome := func(o string) float64 {
+		return value(t, g, "kscope_records_processed_total", map[string]string{"consumer_group": "enricher", "outcome": o})
+	}
+	testenv.WaitFor(t, 20*time.Second, "every delivery counted", func() bool {
+		return outcome("success") == n && outcome("dead_lettered") == p
+	})
+	testenv.WaitFor(t, 10*time.Second, "the lag at zero", func() bool {
+		return series(t, g, "kscope_consumer_lag_records") > 0 && value(t, g, "kscope_consumer_lag_records", of) == 0
+	})
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, g, "kscope_records_received_total", of); got != n+p {
+		t.Errorf("received = %v, want %d", got, n+p)
+	}
+	if value(t, g, "kscope_offset_commits_total", map[string]string{"result": "ok"}) == 0 {
+		t.Error("no committed transaction counted")
+	}
+	if got := value(t, g, "kscope_route_produces_total", map[string]string{"route": "dlt", "class": "terminal", "result": "ok"}); got != p {
+		t.Errorf("dlt produces = %v, want %d", got, p)
 	}
 }

@@ -404,13 +404,30 @@ func (r *Runner) Run(ctx context.Context) error {
 		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
 		kgo.FetchMaxWait(min(500*time.Millisecond, r.o.CommitInterval*5)),
 	)
+	obs := consumer.NewObserver(r.cfg.Group, r.cfg.Hooks)
+	gone := func(kind string, ps map[string][]int32) {
+		obs.Rebalance(kind, count(ps))
+		for t, parts := range ps {
+			for _, p := range parts {
+				obs.Gone(t, p)
+			}
+		}
+		if r.vs != nil {
+			r.vs.drop(ps)
+		}
+	}
+	opts = append(opts,
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
+			obs.Rebalance("assigned", count(ps))
+			if r.vs != nil {
+				r.vs.assigned(ps)
+			}
+		}),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { gone("revoked", ps) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { gone("lost", ps) }),
+	)
 	if r.vs != nil {
-		opts = append(opts,
-			kgo.RecordPartitioner(newChangelogPartitioner(r.cfg.Group, r.cfg.Topics)),
-			kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { r.vs.assigned(ps) }),
-			kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { r.vs.drop(ps) }),
-			kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { r.vs.drop(ps) }),
-		)
+		opts = append(opts, kgo.RecordPartitioner(newChangelogPartitioner(r.cfg.Group, r.cfg.Topics)))
 	}
 	if err := r.ensureTopics(ctx, retryTopics); err != nil {
 		if ctx.Err() != nil {
@@ -454,6 +471,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	pool.Start()
 	defer pool.Stop()
 	holds := newHolds(delays)
+	lag := newLagState(obs)
 
 	r.log.Info("kscope: transactional runner started", "topics", r.cfg.Topics, "transactional_id", r.o.TransactionalID,
 		"retry_topics", retryTopics, "versions", r.vs != nil)
@@ -482,6 +500,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			break
 		}
 		r.logFetchErrors(fetches)
+		lag.fetched(obs, fetches)
 		var expired []*parkedRec
 		if r.vs != nil {
 			if err := r.restore(ctx); err != nil {
@@ -531,6 +550,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					tx.fail(err)
 				}
 			}
+			lag.fetched(obs, more)
 			dispatch(more)
 		}
 		tx.wg.Wait()
@@ -556,7 +576,14 @@ func (r *Runner) Run(ctx context.Context) error {
 		if r.vs != nil {
 			r.vs.end(committed)
 		}
-		tx.finish(f.Observer(), committed)
+		tx.finish(obs, committed)
+		if committed {
+			obs.Commit(lag.partitions(), nil)
+			lag.report(obs, cl)
+		} else {
+			obs.Commit(lag.partitions(), errAborted)
+		}
+		lag.reset()
 		r.statsMu.Lock()
 		r.c.held.Add(tx.held.Load())
 		if committed {
@@ -867,4 +894,73 @@ func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter
 		}
 	}()
 	return h.Handle(ctx, r, out)
+}
+
+var errAborted = errors.New("kscope: the transaction aborted; its offsets did not commit")
+
+func count(ps map[string][]int32) int {
+	n := 0
+	for _, p := range ps {
+		n += len(p)
+	}
+	return n
+}
+
+// lagState keeps what the lag hooks need about the partitions of the open
+// transaction: their high watermarks and the timestamp of their last
+// record.
+type lagState struct {
+	on    bool
+	fetch bool
+	hwm   map[tp]int64
+	last  map[tp]time.Time
+}
+
+func newLagState(obs *consumer.Observer) *lagState {
+	return &lagState{on: obs.WantsLag(), fetch: obs.WantsFetch(), hwm: map[tp]int64{}, last: map[tp]time.Time{}}
+}
+
+func (l *lagState) fetched(obs *consumer.Observer, fs kgo.Fetches) {
+	if !l.on && !l.fetch {
+		return
+	}
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		obs.Fetched(p.Topic, p.Partition, len(p.Records))
+		k := tp{p.Topic, p.Partition}
+		l.hwm[k] = p.HighWatermark
+		l.last[k] = p.Records[len(p.Records)-1].Timestamp
+	})
+}
+
+func (l *lagState) partitions() int { return len(l.hwm) }
+
+// report reports, after a commit, each partition of the transaction: the
+// records between its committed offset and its high watermark and, while
+// there are some, the age of its last committed record, an upper bound of
+// the age of the oldest unfinished one.
+func (l *lagState) report(obs *consumer.Observer, cl *kgo.Client) {
+	if !l.on || len(l.hwm) == 0 {
+		return
+	}
+	committed := cl.CommittedOffsets()
+	now := time.Now()
+	for k, hwm := range l.hwm {
+		eo, ok := committed[k.topic][k.partition]
+		if !ok {
+			continue
+		}
+		lg := consumer.Lag{Topic: k.topic, Partition: k.partition, Offsets: max(hwm-eo.Offset, 0)}
+		if lg.Offsets > 0 {
+			lg.Age = max(now.Sub(l.last[k]), 0)
+		}
+		obs.Lag(lg)
+	}
+}
+
+func (l *lagState) reset() {
+	clear(l.hwm)
+	clear(l.last)
 }
