@@ -40,4 +40,14 @@
 // with its failure metadata; see package retrytopic. Nothing is lost: the
 // offset of a failing record is not committed until its route is
 // acknowledged.
+//
+// # Observability
+//
+// Config.Hooks takes observers found by the Hook* interfaces they
+// implement ([Hook]): deliveries and their outcomes, span context for the
+// handler, fetches, routing, commits, lag per partition, rebalances. This
+// package imports no metrics or tracing library; packages kscopeprom
+// (Prometheus) and kscopeotel (OpenTelemetry) are the adapters. Logs go to
+// Config.Logger (log/slog), structured, with keys cut short and payloads
+// never logged.
 package consumer
