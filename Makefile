@@ -3,11 +3,11 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BIN         := $(CURDIR)/bin
-MODULES     := . integration
+MODULES     := . integration bench
 # The race detector multiplies memory and time; the suites are sized for it.
 TESTFLAGS   ?= -race -count=1 -timeout 15m
 
-.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers bench fmt
+.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers bench bench-quick fmt
 
 all: test
 
@@ -36,14 +36,20 @@ test-unit:
 
 test-integration:
 	cd integration && $(GO) test $(TESTFLAGS) ./...
+	cd bench && $(GO) test $(TESTFLAGS) ./...
 
 ## test-containers: the integration suites on real Apache Kafka and PostgreSQL (needs Docker)
 test-containers:
 	cd integration && KSCOPE_TEST_CONTAINERS=1 $(GO) test -count=1 -timeout 30m ./...
 
-## bench: Go micro-benchmarks of the hot paths, with allocation counts
+## bench: the benchmark ratios (writes BENCHMARKS.md and its chart), then the Go micro-benchmarks of the hot paths, with allocation counts
 bench:
+	cd bench && $(GO) run . -mode full
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+## bench-quick: the benchmark ratios with smaller record counts, in under 3 minutes; the last line is a JSON object
+bench-quick:
+	cd bench && $(GO) run . -mode quick
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

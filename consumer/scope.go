@@ -85,6 +85,17 @@ type atLeastOnce struct {
 
 func (s *atLeastOnce) UseFailures(f *Failures) { s.f = f }
 
+// atLeastOnceBatch is how many queued records of one partition an
+// AtLeastOnce worker takes from its key-shard's queue at a time. The handler
+// still sees them one by one, in offset order, and each is done on its own;
+// taking them together spares the queue's lock, the assignment's running
+// count and a worker wake-up per record.
+const atLeastOnceBatch = 64
+
+// BatchLimits implements Batcher: batches form from what is already queued,
+// with no lingering.
+func (s *atLeastOnce) BatchLimits() (int, time.Duration) { return atLeastOnceBatch, 0 }
+
 // UsesRetryTopics: the AtLeastOnce scope has no store to park later records
 // of a key in, so it keeps retries in place (order holds across restarts)
 // unless the policy is Unordered.

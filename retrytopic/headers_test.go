@@ -106,3 +106,51 @@ func FuzzFromRecord(f *testing.F) {
 		}
 	})
 }
+
+// failedOnce is the metadata of a record on its first retry hop.
+func failedOnce() (Metadata, []kgo.RecordHeader) {
+	m, _ := FromRecord(rec("message-id", "pi_1", "traceparent", "00-abc-def-01"), "pi_1")
+	now := time.UnixMilli(1_700_000_100_000)
+	m.Group, m.Attempt, m.FirstFailure, m.LastFailure = "payments", 1, now, now
+	m.Error, m.Class, m.Due, m.Stage = "gateway 503", consumer.ClassRetryable, now.Add(5*time.Second), 0
+	orig := []kgo.RecordHeader{{Key: "message-id", Value: []byte("pi_1")}, {Key: "traceparent", Value: []byte("00-abc-def-01")}}
+	return m, orig
+}
+
+// BenchmarkMetadataHeaders encodes a failed record's metadata into the
+// headers of its retry record (once per failure).
+func BenchmarkMetadataHeaders(b *testing.B) {
+	m, orig := failedOnce()
+	b.ReportAllocs()
+	for b.Loop() {
+		if hs := m.Headers(orig, false); len(hs) == 0 {
+			b.Fatal("no headers")
+		}
+	}
+}
+
+// BenchmarkFromRecordFirstHop decodes the metadata of a record that carries
+// no kscope headers yet (every record the DB scope handles, when ordered).
+func BenchmarkFromRecordFirstHop(b *testing.B) {
+	r := rec("message-id", "pi_1", "traceparent", "00-abc-def-01")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := FromRecord(r, "pi_1"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFromRecordRetryHop decodes the metadata of a record on a retry
+// topic.
+func BenchmarkFromRecordRetryHop(b *testing.B) {
+	m, orig := failedOnce()
+	r := &kgo.Record{Topic: "payments.kscope-retry-5s", Offset: 7, Key: []byte("acct-1"), Headers: m.Headers(orig, false)}
+	b.ReportAllocs()
+	for b.Loop() {
+		got, err := FromRecord(r, "pi_1")
+		if err != nil || got.Attempt != 1 {
+			b.Fatal(got, err)
+		}
+	}
+}

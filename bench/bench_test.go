@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// TestNoopScenario runs r1 on a tiny backlog, end to end: both contenders,
+// the medians, the ratio, the report and the JSON summary.
+func TestNoopScenario(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := testenv.KafkaT(t)
+	b := &bench{k: k, runs: 1, log: slog.New(slog.DiscardHandler), out: io.Discard, topic: "bench.tiny"}
+	if err := b.produceBacklog(ctx, b.topic, 3000); err != nil {
+		t.Fatal(err)
+	}
+	p := plan{mode: "quick", backlog: 3000, noop: 2000}
+	rep := &report{plan: p, runs: 1, kafkaKind: k.Kind, pgKind: "none", started: time.Now()}
+	if err := b.r1(ctx, p, rep); err != nil {
+		t.Fatal(err)
+	}
+	s := rep.scenarios[0]
+	for _, f := range s.figs {
+		if len(f.runs) != 1 || f.median <= 0 || f.runs[0].records != 2000 {
+			t.Fatalf("%s: runs %+v, median %v", f.name, f.runs, f.median)
+		}
+	}
+	if s.ratio <= 0 {
+		t.Fatalf("ratio %v", s.ratio)
+	}
+	dir := t.TempDir()
+	out := filepath.Join(dir, "BENCHMARKS.md")
+	if err := rep.write(out, filepath.Join(dir, "chart.svg")); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "| `r1_noop` |") || !strings.Contains(string(md), "raw franz-go PollFetches loop") {
+		t.Fatalf("report lacks the r1 figures:\n%s", md)
+	}
+	if _, ok := rep.summary()["r1_noop"]; !ok {
+		t.Fatalf("summary %v lacks r1_noop", rep.summary())
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}, {nil, 0}} {
+		if got := median(c.in); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
+
+func TestShardSVG(t *testing.T) {
+	svg := shardSVG([]sweepPoint{{x: 1, rate: 190, ideal: 200}, {x: 2, rate: 380, ideal: 400}, {x: 4, rate: 700, ideal: 800}})
+	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<polyline") != 2 || strings.Contains(svg, "NaN") {
+		t.Fatalf("bad chart:\n%s", svg)
+	}
+}

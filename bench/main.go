@@ -1,0 +1,300 @@
+// Command bench measures kscope against the baselines of its performance
+// targets and writes BENCHMARKS.md (make bench, make bench-quick).
+//
+// Every figure is a ratio of two rates measured in the same run on the same
+// backends: an in-process kfake broker and a throwaway local PostgreSQL by
+// default, or KAFKA_BROKERS and DATABASE_URL. Each rate is the median of
+// several runs, each on a fresh consumer group reading the same topic. The
+// quick mode uses smaller record counts and prints, as its last line, one
+// JSON object with the ratios.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// plan is the size of one benchmark run.
+type plan struct {
+	mode      string
+	backlog   int // records in the benchmark topic
+	noop      int // records per r1 run
+	db        int // records per DB-scope run
+	naive     int // records per naive-loop run
+	ceiling   int // records per ceiling run
+	watermill int // records per Watermill run
+	ioSeconds float64
+	txn       int // records per r5 run
+	rssFor    time.Duration
+	sweeps    bool // shard-count and batch-size sweeps
+	only      map[string]bool
+}
+
+// runs reports whether the plan includes the scenario.
+func (p plan) has(name string) bool { return p.only == nil || p.only[name] }
+
+var plans = map[string]plan{
+	"quick": {mode: "quick", backlog: 1_000_000, noop: 1_000_000, db: 20_000, naive: 1_500, ceiling: 40_000,
+		watermill: 3_000, ioSeconds: 2.5, txn: 100_000, rssFor: 10 * time.Second},
+	"full": {mode: "full", backlog: 1_000_000, noop: 1_000_000, db: 60_000, naive: 5_000, ceiling: 120_000,
+		watermill: 10_000, ioSeconds: 8, txn: 300_000, rssFor: 25 * time.Second, sweeps: true},
+}
+
+func main() {
+	if os.Getenv(roleEnv) == roleRSS {
+		os.Exit(rssChild())
+	}
+	mode := flag.String("mode", "quick", "quick or full")
+	out := flag.String("out", "../BENCHMARKS.md", "where to write the report")
+	svg := flag.String("svg", "../BENCHMARKS-shards.svg", "where the full run writes the shard-count chart")
+	runs := flag.Int("runs", 3, "measured runs per figure (the median is reported)")
+	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r4, r5, rss, sweeps")
+	flag.Parse()
+	if *only != "" {
+		p := plans[*mode]
+		p.only = map[string]bool{}
+		for _, s := range strings.Split(*only, ",") {
+			p.only[strings.TrimSpace(s)] = true
+		}
+		plans[*mode] = p
+	}
+	p, ok := plans[*mode]
+	if !ok || *runs < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -mode is quick or full, -runs at least 1")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := run(ctx, p, *runs, *out, *svg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	line, _ := json.Marshal(rep.summary())
+	fmt.Println(string(line))
+}
+
+func run(ctx context.Context, p plan, runs int, outPath, svgPath string) (*report, error) {
+	started := time.Now()
+	machine0, children0 := machineCPU(), childrenCPU()
+	b := &bench{runs: runs, log: slog.New(slog.DiscardHandler), out: os.Stderr, topic: "bench.records"}
+	k, err := testenv.StartKafka(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer k.Close()
+	b.k = k
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer pg.Close()
+	b.pg = pg
+	dbURL := pg.URL
+	if pg.Kind != "external" {
+		if dbURL, err = pg.NewDatabase(ctx, "bench"); err != nil {
+			return nil, err
+		}
+	}
+	pcfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = 24 // at least the default 16 shards, as the DB scope's docs ask
+	if b.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return nil, err
+	}
+	defer b.pool.Close()
+	if err := b.setupDB(ctx); err != nil {
+		return nil, err
+	}
+	if k.Kind == "external" {
+		b.topic = b.name("bench.records")
+	}
+
+	rep := newReport(p, runs, k.Kind, pg)
+	b.logf("producing the %d-record backlog to %s (%d partitions, %d keys, %d-byte values)", p.backlog, b.topic, partitions, keys, valueSize)
+	t0 := time.Now()
+	if err := b.produceBacklog(ctx, b.topic, p.backlog); err != nil {
+		return nil, err
+	}
+	rep.produceTime = time.Since(t0)
+
+	if err := b.scenarios(ctx, p, rep); err != nil {
+		return nil, err
+	}
+	rep.total = time.Since(started)
+	// What the machine did besides this run: its own process, its children
+	// and the PostgreSQL server (all of whose CPU is counted from its start).
+	ours := selfCPU() + childrenCPU() - children0 + b.pgCPU()
+	rep.otherCores = max(0, (machineCPU()-machine0-ours).Seconds()/rep.total.Seconds())
+	if err := rep.write(outPath, svgPath); err != nil {
+		return nil, err
+	}
+	b.logf("wrote %s in %s", outPath, rep.total.Round(time.Second))
+	return rep, nil
+}
+
+// scenarios runs every scenario of the plan and fills rep.
+func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
+	ideal := func(shards int) float64 { return float64(shards) / ioDelay.Seconds() }
+	ioN := func(shards int) int { return int(ideal(shards) * p.ioSeconds) }
+
+	if p.has("r1") {
+		if err := b.r1(ctx, p, rep); err != nil {
+			return err
+		}
+	}
+	if p.has("r3") {
+		if err := b.r3(ctx, p, rep); err != nil {
+			return err
+		}
+	}
+	if p.has("r4") {
+		if err := b.r4(ctx, rep, ioN(64), ideal(64)); err != nil {
+			return err
+		}
+	}
+	if p.has("r5") {
+		if err := b.r5(ctx, p, rep); err != nil {
+			return err
+		}
+	}
+	if p.has("rss") {
+		if err := b.rss(ctx, p, rep); err != nil {
+			return err
+		}
+	}
+	if p.sweeps && p.has("sweeps") {
+		if err := b.sweeps(ctx, p, rep, ioN, ideal); err != nil {
+			return err
+		}
+	}
+	return b.profileMissed(ctx, rep)
+}
+
+// r1: the runner's own overhead.
+func (b *bench) r1(ctx context.Context, p plan, rep *report) error {
+	figs, err := b.measure(ctx, "r1 no-op",
+		contender{"kscope AtLeastOnce, no-op handler", p.noop, b.kscopeNoop, nil},
+		contender{"raw franz-go PollFetches loop", p.noop, b.rawLoop, nil})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r1_noop", title: "r1: AtLeastOnce overhead (no-op handler)", figs: figs,
+		ratio: figs[0].median / figs[1].median, target: 0.9, atLeast: true, cpu: true, profile: contender{figs[0].name, p.noop, b.kscopeNoop, nil}})
+	return nil
+}
+
+// r3 and the Watermill peer: the DB scope.
+func (b *bench) r3(ctx context.Context, p plan, rep *report) error {
+	db := contender{"kscope DB scope (defaults: 16 shards, batch 64)", p.db, b.kscopeDB(0), b.resetDB}
+	figs, err := b.measure(ctx, "r3 DB scope", db,
+		contender{"naive loop: a transaction and a sync offset commit per record", p.naive, b.naiveDB, b.resetDB},
+		contender{fmt.Sprintf("PostgreSQL ceiling: %d records per transaction, %d connections, no Kafka", ceilingBatch, ceilingConns), p.ceiling, b.ceilingDB, b.resetDB},
+		contender{"Watermill (Sarama) subscriber, a transaction per message", p.watermill, b.watermillDB, b.resetDB})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r3_db_vs_naive", title: "r3: DB scope against the naive loop", figs: figs[:2],
+		ratio: figs[0].median / figs[1].median, target: 10, atLeast: true, profile: db, cpu: true})
+	rep.add(scenario{key: "r3_db_vs_ceiling", title: "r3: DB scope against PostgreSQL's ceiling", figs: []figure{figs[0], figs[2]},
+		ratio: figs[0].median / figs[2].median, target: 0.6, atLeast: true, profile: db, cpu: true})
+	rep.add(scenario{key: "peer_watermill", title: "Peer: DB scope against Watermill", figs: []figure{figs[0], figs[3], figs[2]},
+		ratio: figs[0].median / figs[3].median, target: 10, atLeast: true, profile: db, cpu: true})
+	return nil
+}
+
+// r4: an I/O-bound handler on 64 shards.
+func (b *bench) r4(ctx context.Context, rep *report, n int, ideal float64) error {
+	io := contender{"kscope AtLeastOnce, 5 ms handler, 64 shards", n, b.kscopeIO(64), nil}
+	figs, err := b.measure(ctx, "r4 I/O-bound", io)
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r4_io_efficiency", title: "r4: I/O-bound handler (5 ms), 64 key-shards", figs: figs,
+		ideal: ideal, ratio: figs[0].median / ideal, target: 0.85, atLeast: true, profile: io})
+	return nil
+}
+
+// r5: the Kafka scope against AtLeastOnce producing.
+func (b *bench) r5(ctx context.Context, p plan, rep *report) error {
+	tx := contender{"kscope Kafka scope (txn), one output per input, 100ms commit interval", p.txn, b.txnEmit, nil}
+	figs, err := b.measure(ctx, "r5 Kafka scope", tx,
+		contender{"kscope AtLeastOnce, handler producing synchronously", p.txn, b.aloProduce, nil})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r5_txn_vs_alo", title: "r5: Kafka scope against AtLeastOnce producing", figs: figs,
+		ratio: figs[0].median / figs[1].median, target: 0.7, atLeast: true, cpu: true, profile: tx})
+	return nil
+}
+
+// rss: the peak RSS of a separate consumer process on the backlog.
+func (b *bench) rss(ctx context.Context, p plan, rep *report) error {
+	var peaks []float64
+	for i := range b.runs {
+		r, err := b.measureRSS(ctx, p.rssFor)
+		if err != nil {
+			return fmt.Errorf("peak RSS run %d: %w", i+1, err)
+		}
+		b.logf("peak RSS run %d: %.1f MiB after %s, %d records handled, max in flight %d records / %d bytes",
+			i+1, r.peakMiB, r.for_, r.report.Handled, r.report.MaxInFlight, r.report.MaxInFlightBytes)
+		rep.rss = append(rep.rss, r)
+		peaks = append(peaks, r.peakMiB)
+	}
+	rep.add(scenario{key: "peak_rss_mib", title: "Peak RSS of a consumer on a 1,000,000-record backlog", ratio: median(peaks), target: 256})
+	return nil
+}
+
+// sweeps: throughput against shard count (5 ms handler) and DB-scope
+// throughput against batch size.
+func (b *bench) sweeps(ctx context.Context, p plan, rep *report, ioN func(int) int, ideal func(int) float64) error {
+	for _, shards := range []int{1, 2, 4, 8, 16, 32, 64, 128} {
+		figs, err := b.measure(ctx, fmt.Sprintf("shard sweep %d", shards),
+			contender{fmt.Sprintf("%d shards", shards), ioN(shards), b.kscopeIO(shards), nil})
+		if err != nil {
+			return err
+		}
+		rep.shardSweep = append(rep.shardSweep, sweepPoint{x: shards, rate: figs[0].median, ideal: ideal(shards), handler: figs[0].handlerLatency()})
+	}
+	for _, batch := range []int{1, 4, 16, 64, 256} {
+		figs, err := b.measure(ctx, fmt.Sprintf("batch sweep %d", batch),
+			contender{fmt.Sprintf("batch %d", batch), p.db, b.kscopeDB(batch), b.resetDB})
+		if err != nil {
+			return err
+		}
+		bc, pc := figs[0].cpuPerRecord()
+		rep.batchSweep = append(rep.batchSweep, sweepPoint{x: batch, rate: figs[0].median, benchCPU: bc, pgCPU: pc, perTxn: figs[0].recordsPerTxn()})
+	}
+	return nil
+}
+
+// profileMissed runs kscope's side of every missed target once more, under
+// the CPU profiler.
+func (b *bench) profileMissed(ctx context.Context, rep *report) error {
+	for i := range rep.scenarios {
+		s := &rep.scenarios[i]
+		if s.met() || s.profile.run == nil {
+			continue
+		}
+		b.logf("%s missed its target: profiling one more run", s.key)
+		prof, err := b.profileRun(ctx, s.profile)
+		if err != nil {
+			return fmt.Errorf("profiling %s: %w", s.key, err)
+		}
+		s.profileText = prof
+	}
+	return nil
+}
