@@ -222,7 +222,9 @@ func (e *relRun) waitProgress(n int64) {
 	})
 }
 
-func (e *relRun) logger() *slog.Logger {
+// relLogger discards the runners' logs unless KSCOPE_RELIABILITY_LOG is
+// set: the faults make them noisy on purpose.
+func relLogger() *slog.Logger {
 	if os.Getenv(reliabilityLogEnv) != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
@@ -239,7 +241,7 @@ func (e *relRun) config(name string) consumer.Config {
 		DrainTimeout:     5 * time.Second,
 		RebalanceTimeout: 20 * time.Second,
 		ClientOptions:    append(childClientOptions(), kgo.ClientID(name)),
-		Logger:           e.logger(),
+		Logger:           relLogger(),
 		Failures: retrytopic.Policy{
 			Backoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 			InPlaceAttempts: 2, Ladder: []time.Duration{200 * time.Millisecond},
