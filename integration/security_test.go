@@ -15,13 +15,19 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -29,6 +35,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -281,4 +288,192 @@ func readAllWith(t *testing.T, brokers []string, opts []kgo.Opt, topic string, n
 		out = append(out, fs.Records()...)
 	}
 	return out
+}
+
+// A DB-scope pipeline whose connection string carries a password, fed a
+// poison record, through a PostgreSQL restart (so connection errors are
+// logged): neither the password nor the payload reaches the log or the
+// dead-letter record's headers.
+func TestReliabilitySecretsStayOutOfLogs(t *testing.T) {
+	pg := testenv.SharedPostgres(t)
+	if pg.Kind != "local" {
+		t.Skip("the test restarts PostgreSQL: it needs the throwaway local server")
+	}
+	ctx := context.Background()
+	_, dbURL := dbEnv(t)
+	u, err := url.Parse(strings.TrimPrefix(dbURL, "DATABASE_URL="))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The throwaway server trusts local connections: any password works,
+	// and this one must never be printed.
+	u.User = url.UserPassword(u.User.Username(), secretPassword)
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	k := testenv.KafkaT(t)
+	const topic, group = "secrets", "g-secrets"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	total := k.ProduceKeyed(t, topic, 10, 30)
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("poison"), Value: []byte(secretPayload)}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logCapture{}
+	r, err := dbscope.New(consumer.Config{
+		Brokers: k.Brokers, Group: group, Topics: []string{topic}, Shards: 4,
+		CommitInterval: 50 * time.Millisecond, Logger: logs.logger(),
+		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond},
+	}, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		if string(r.Key) == "poison" {
+			return consumer.DecodeError(errors.New("the payment cannot be decoded"))
+		}
+		if _, seq, _ := testenv.ParseKeyed(r.Value); seq == 5 {
+			// A slow statement, so the restart below catches transactions
+			// in flight.
+			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
+				return err
+			}
+		}
+		key, seq, _ := testenv.ParseKeyed(r.Value)
+		_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, key, seq) VALUES ($1, $2, $3)`, consumer.Identity{}.Of(r), key, seq)
+		return err
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runRunner(t, r.Run)
+	testenv.WaitFor(t, time.Minute, "some records applied", func() bool { return r.DBStats().Applied > 0 })
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return r.DBStats().Applied >= int64(total) })
+	testenv.WaitFor(t, time.Minute, "the poison record dead-lettered", func() bool {
+		ends, err := k.EndOffsets(ctx, retrytopic.DLTopic(group))
+		return err == nil && ends[0]+ends[1] >= 1
+	})
+	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(dlt) != 1 {
+		t.Fatalf("%d dead-letter records, want the poison one", len(dlt))
+	}
+	for _, h := range dlt[0].Headers {
+		mustNotLeak(t, "DLT header "+h.Key, string(h.Value), secretPayload, secretPassword)
+	}
+	mustNotLeak(t, "the runner's log", logs.String(), secretPayload, secretPassword)
+	if !strings.Contains(logs.String(), "level=") {
+		t.Fatal("nothing was logged: the test saw no log to check")
+	}
+}
+
+// PostgreSQL over TLS is pgx's sslmode in the connection string: a
+// throwaway server with ssl=on and a certificate from a test CA serves a
+// DB-scope pipeline over a verified TLS connection (sslmode=verify-full),
+// and refuses a client that trusts another CA.
+func TestReliabilityPostgresTLS(t *testing.T) {
+	if os.Getenv("DATABASE_URL") != "" || os.Getenv("KSCOPE_TEST_CONTAINERS") == "1" {
+		t.Skip("TLS to PostgreSQL is tested on a throwaway local server, which this run does not use")
+	}
+	ca := newTestCA(t)
+	dir, err := os.MkdirTemp("", "kscope-pgtls-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, caFile := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key"), filepath.Join(dir, "ca.crt")
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{{certFile, ca.certPEM}, {keyFile, ca.keyPEM}, {caFile, ca.caPEM}} {
+		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server runs as the postgres user when the tests run as root, and
+	// it reads its key only when the key is its own, mode 0600.
+	if os.Geteuid() == 0 {
+		pgUser, err := user.Lookup("postgres")
+		if err != nil {
+			t.Skipf("no postgres user to run the server as: %v", err)
+		}
+		uid, _ := strconv.Atoi(pgUser.Uid)
+		gid, _ := strconv.Atoi(pgUser.Gid)
+		for _, f := range []string{certFile, keyFile} {
+			if err := os.Chown(f, uid, gid); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx := context.Background()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Settings: map[string]string{
+		"ssl": "on", "ssl_cert_file": certFile, "ssl_key_file": keyFile, "fsync": "off",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Close)
+	secure := strings.Replace(pg.URL, "sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(caFile), 1)
+	pool, err := pgxpool.New(ctx, secure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var ssl bool
+	var version string
+	if err := pool.QueryRow(ctx, `SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).Scan(&ssl, &version); err != nil {
+		t.Fatal(err)
+	}
+	if !ssl {
+		t.Fatal("the connection is not encrypted")
+	}
+	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, effectsDDL); err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.KafkaT(t)
+	if err := k.CreateTopic(ctx, "pgtls", 2); err != nil {
+		t.Fatal(err)
+	}
+	total := k.ProduceKeyed(t, "pgtls", 5, 20)
+	r, err := dbscope.New(consumer.Config{Brokers: k.Brokers, Group: "g-pgtls", Topics: []string{"pgtls"}, Shards: 2, Logger: relLogger()},
+		dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			key, seq, _ := testenv.ParseKeyed(r.Value)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, key, seq) VALUES ($1, $2, $3)`, consumer.Identity{}.Of(r), key, seq)
+			return err
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runRunner(t, r.Run)
+	testenv.WaitFor(t, time.Minute, "every record applied over TLS", func() bool { return r.DBStats().Applied >= int64(total) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if rows, unique := effectCount(t, pool); rows != total || unique != total {
+		t.Fatalf("%d effects (%d unique) for %d records", rows, unique, total)
+	}
+
+	// A client that trusts another CA refuses the server.
+	other := newTestCA(t)
+	otherCA := filepath.Join(dir, "other-ca.crt")
+	if err := os.WriteFile(otherCA, other.caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wrong := strings.Replace(pg.URL, "sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(otherCA), 1)
+	conn, err := pgx.Connect(ctx, wrong)
+	if err == nil {
+		conn.Close(ctx)
+		t.Fatal("a client trusting another CA connected")
+	}
+	t.Logf("TLS %s; another CA: %v", version, err)
 }
