@@ -7,7 +7,7 @@ MODULES     := . integration
 # The race detector multiplies memory and time; the suites are sized for it.
 TESTFLAGS   ?= -race -count=1 -timeout 15m
 
-.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers bench fmt
+.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers reliability bench fmt
 
 all: test
 
@@ -36,6 +36,12 @@ test-unit:
 
 test-integration:
 	cd integration && $(GO) test $(TESTFLAGS) ./...
+
+## reliability: the fault matrix, hostile input, security and soak suites in their long form; writes RELIABILITY.md
+# make test runs their short form with the rest of the integration module.
+reliability:
+	cd integration && KSCOPE_RELIABILITY=long KSCOPE_RELIABILITY_REPORT=$(CURDIR)/RELIABILITY.md \
+		$(GO) test -race -count=1 -timeout 60m -run '^TestReliability'
 
 ## test-containers: the integration suites on real Apache Kafka and PostgreSQL (needs Docker)
 test-containers:
