@@ -61,7 +61,7 @@ func killLoop(e *relRun) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	n := kills()
 	for range n {
-		m := e.startChild(nil)
+		m := e.startChild()
 		e.waitProgress(int64(e.total() / (3 * n)))
 		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // a random moment, not a synchronisation
 		m.child.kill()
@@ -75,7 +75,7 @@ func killLoop(e *relRun) {
 // the check at the end proves nothing was lost or doubled.
 func termLoop(e *relRun) {
 	for range 2 {
-		m := e.startChild(nil)
+		m := e.startChild()
 		e.waitProgress(int64(e.total() / 5))
 		if err := m.child.terminate(e.t); err != nil {
 			e.t.Errorf("SIGTERM: the child exited with %v, want a clean exit", err)
@@ -149,7 +149,7 @@ func removeBroker(e *relRun) {
 func slowDuringRebalance(slow *atomic.Bool) func(e *relRun) {
 	return func(e *relRun) {
 		slow.Store(true)
-		b := e.start("b")
+		e.start("b")
 		e.waitProgress(int64(e.total() / 8))
 		// A handler that ignores its canceled context past the drain
 		// timeout makes Run say so when it returns; its late write must
@@ -158,7 +158,6 @@ func slowDuringRebalance(slow *atomic.Bool) func(e *relRun) {
 			e.t.Errorf("member a: %v", err)
 		}
 		slow.Store(false)
-		_ = b
 	}
 }
 

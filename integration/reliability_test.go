@@ -133,8 +133,9 @@ func reliabilityMarkdown(rows []relRow, line string) string {
 	}
 	var b strings.Builder
 	b.WriteString("# Reliability\n\n")
-	b.WriteString("Produced by `make reliability` (the " + mode + " form of the suite in\n")
-	b.WriteString("`integration/reliability*_test.go`; `make test` runs its short form).\n")
+	b.WriteString("Produced by `make reliability` (the " + mode + " form of the suites in\n")
+	b.WriteString("`integration/reliability*_test.go` and `integration/security_test.go`;\n")
+	b.WriteString("`make test` runs their short form).\n")
 	b.WriteString("Each scenario runs a pipeline on a stream of known keyed records while the\n")
 	b.WriteString("fault is injected, then checks the final state against the reference\n")
 	b.WriteString("computed from the input: records lost, duplicate effects (DB scope: rows\n")
@@ -151,6 +152,14 @@ func reliabilityMarkdown(rows []relRow, line string) string {
 		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %.1fs | %s |\n",
 			r.Scope, r.Fault, r.Records, r.Faults, r.Kills, r.Lost, r.Dups, r.Order, r.Duration.Seconds(), res)
 	}
+	b.WriteString("\nThe same run also checks, each as a test that fails it when broken:\n")
+	b.WriteString("TLS with SASL PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 to Kafka, and a wrong\n")
+	b.WriteString("password ending Run with an error (TestReliabilityTLSAndSASL); PostgreSQL\n")
+	b.WriteString("over verified TLS (TestReliabilityPostgresTLS); no password, connection\n")
+	b.WriteString("string secret or record payload in the logs or dead-letter headers\n")
+	b.WriteString("(TestReliabilityTLSAndSASL, TestReliabilitySecretsStayOutOfLogs). Fuzz\n")
+	b.WriteString("targets for every header decoder and option struct run with `go test -fuzz`\n")
+	b.WriteString("(their seed corpora under `*/testdata/fuzz/` run in `make test`).\n")
 	b.WriteString("\nSummary:\n\n```json\n" + line + "\n```\n")
 	return b.String()
 }
@@ -342,7 +351,7 @@ func (e *relRun) start(name string) *relMember {
 
 // startChild starts a child-process member; it is killed at the end of the
 // test if still running.
-func (e *relRun) startChild(onStats func(string)) *relMember {
+func (e *relRun) startChild() *relMember {
 	e.t.Helper()
 	role := "db"
 	var env []string
@@ -471,7 +480,7 @@ func runScenario(t *testing.T, sc relScenario) {
 		t.Fatal(err)
 	}
 	if sc.children {
-		e.startChild(nil)
+		e.startChild()
 	}
 	testenv.WaitFor(t, 3*time.Minute, "every record done and committed", func() bool {
 		e.check()
