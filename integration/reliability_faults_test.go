@@ -201,23 +201,23 @@ func relScenarios() []relScenario {
 		out = append(out,
 			relScenario{scope: scope, fault: "consumer SIGKILL at random moments", children: true, inject: killLoop},
 			relScenario{scope: scope, fault: "consumer SIGTERM (graceful stop) and restart", children: true, inject: termLoop},
-			relScenario{scope: scope, fault: commitKey.Name() + " errors", inject: func(e *relRun) {
+			relScenario{scope: scope, fault: commitKey.Name() + " errors", broker: true, inject: func(e *relRun) {
 				e.waitProgress(int64(e.total() / 10))
 				brokerFaults(e, kfake.Fault{Keys: []kmsg.Key{commitKey}, Group: e.group, Err: kerr.CoordinatorNotAvailable, Count: 4},
 					kfake.Fault{Keys: []kmsg.Key{commitKey}, Group: e.group, Err: kerr.RequestTimedOut, Count: 2})
 			}},
-			relScenario{scope: scope, fault: "Fetch errors", inject: func(e *relRun) {
+			relScenario{scope: scope, broker: true, fault: "Fetch errors", inject: func(e *relRun) {
 				brokerFaults(e, kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Err: kerr.NotLeaderForPartition, Count: 6},
 					kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Err: kerr.UnknownServerError, Count: 3})
 			}},
-			relScenario{scope: scope, fault: "FindCoordinator errors while coordinators move", inject: func(e *relRun) {
+			relScenario{scope: scope, broker: true, fault: "FindCoordinator errors while coordinators move", inject: func(e *relRun) {
 				e.waitProgress(int64(e.total() / 10))
 				e.k.Cluster.RehashCoordinators()
 				e.faults.Add(1)
 				brokerFaults(e, kfake.Fault{Keys: []kmsg.Key{kmsg.FindCoordinator}, Err: kerr.CoordinatorNotAvailable, Count: 4})
 			}},
-			relScenario{scope: scope, fault: "rebalance storm: Heartbeat/JoinGroup/SyncGroup errors, members join and leave", inject: rebalanceStorm},
-			relScenario{scope: scope, fault: "group coordinator moved", inject: moveCoordinator},
+			relScenario{scope: scope, broker: true, fault: "rebalance storm: Heartbeat/JoinGroup/SyncGroup errors, members join and leave", inject: rebalanceStorm},
+			relScenario{scope: scope, broker: true, fault: "group coordinator moved", inject: moveCoordinator},
 			relScenario{scope: scope, fault: "slow handler beyond the drain timeout during a rebalance",
 				cfg: shortDrain, before: slowHandler(slow), inject: slowDuringRebalance(slow)},
 		)
@@ -230,19 +230,19 @@ func relScenarios() []relScenario {
 		// behind offsets already committed in a transaction. A real broker
 		// answers with the end of that epoch. The DB scope's inbox absorbs
 		// the rewind, so it runs here.
-		relScenario{scope: "DB", fault: "coordinator broker removed and re-added", inject: removeBroker},
-		relScenario{scope: "DB", fault: "Produce errors on the retry and DLT routes", poison: 5, before: flaky, inject: func(e *relRun) {
+		relScenario{scope: "DB", broker: true, fault: "coordinator broker removed and re-added", inject: removeBroker},
+		relScenario{scope: "DB", broker: true, fault: "Produce errors on the retry and DLT routes", poison: 5, before: flaky, inject: func(e *relRun) {
 			brokerFaults(e,
 				kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: retrytopic.DLTopic(e.group), Err: kerr.NotLeaderForPartition, Count: 2},
 				kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: retrytopic.DLTopic(e.group), Err: kerr.UnknownServerError, Count: 2},
 				kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: retrytopic.RetryTopic(e.group, 200*time.Millisecond), Err: kerr.UnknownServerError, Count: 2})
 		}},
-		relScenario{scope: "Kafka", fault: "Produce errors on the outputs and the DLT route", poison: 5, inject: func(e *relRun) {
+		relScenario{scope: "Kafka", broker: true, fault: "Produce errors on the outputs and the DLT route", poison: 5, inject: func(e *relRun) {
 			brokerFaults(e,
 				kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic + ".out", Err: kerr.UnknownServerError, Count: 3},
 				kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: retrytopic.DLTopic(e.group), Err: kerr.UnknownServerError, Count: 2})
 		}},
-		relScenario{scope: "Kafka", fault: "EndTxn errors", inject: func(e *relRun) {
+		relScenario{scope: "Kafka", broker: true, fault: "EndTxn errors", inject: func(e *relRun) {
 			e.waitProgress(int64(e.total() / 10))
 			brokerFaults(e, kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.TransactionAbortable, Count: 3})
 		}},

@@ -170,6 +170,9 @@ type relScenario struct {
 	fault   string // what is injected, as the report shows it
 	poison  int    // poison records added to the stream (they must reach the DLT)
 	brokers int    // kfake brokers; default 3
+	// broker marks a fault injected into the in-process kfake cluster: it
+	// is skipped on external brokers and containers.
+	broker bool
 	// children runs the pipeline as child processes (inject starts and
 	// stops them) instead of one in-process member.
 	children bool
@@ -404,6 +407,9 @@ func runScenario(t *testing.T, sc relScenario) {
 		k:     testenv.KafkaT(t, kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(100*time.Millisecond)),
 		topic: "rel-in", group: "g-rel",
 	}
+	if sc.broker && e.k.Cluster == nil {
+		t.Skipf("broker faults need the in-process kfake cluster, this backend is %s", e.k.Kind)
+	}
 	ctx := context.Background()
 	topics := []string{e.topic}
 	if sc.scope == "Kafka" {
@@ -475,12 +481,12 @@ func runScenario(t *testing.T, sc relScenario) {
 	}
 	sc.inject(e)
 	e.check()
+	if sc.children {
+		e.startChild() // the survivor, which finishes the stream
+	}
 	if err := <-produced; err != nil {
 		e.check()
 		t.Fatal(err)
-	}
-	if sc.children {
-		e.startChild()
 	}
 	testenv.WaitFor(t, 3*time.Minute, "every record done and committed", func() bool {
 		e.check()
