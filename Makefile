@@ -7,7 +7,7 @@ MODULES     := . integration bench
 # The race detector multiplies memory and time; the suites are sized for it.
 TESTFLAGS   ?= -race -count=1 -timeout 15m
 
-.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers bench bench-quick fmt
+.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers reliability bench bench-quick fmt
 
 all: test
 
@@ -37,6 +37,12 @@ test-unit:
 test-integration:
 	cd integration && $(GO) test $(TESTFLAGS) ./...
 	cd bench && $(GO) test $(TESTFLAGS) ./...
+
+## reliability: the fault matrix, hostile input, security and soak suites in their long form; writes RELIABILITY.md
+# make test runs their short form with the rest of the integration module.
+reliability:
+	cd integration && KSCOPE_RELIABILITY=long KSCOPE_RELIABILITY_REPORT=$(CURDIR)/RELIABILITY.md \
+		$(GO) test -race -count=1 -timeout 60m -run '^TestReliability'
 
 ## test-containers: the integration suites on real Apache Kafka and PostgreSQL (needs Docker)
 test-containers:

@@ -41,6 +41,19 @@ func TestBadConfigFailsAtConstruction(t *testing.T) {
 		{"negative rebalance", func(c *consumer.Config) { c.RebalanceTimeout = -1 }, "RebalanceTimeout", "positive duration"},
 		{"negative commit interval", func(c *consumer.Config) { c.CommitInterval = -1 }, "CommitInterval", "positive duration"},
 		{"unknown null-key policy", func(c *consumer.Config) { c.NullKeys = 9 }, "NullKeys", "NullKeyOrdered or NullKeySpread"},
+		{"negative backoff", func(c *consumer.Config) { c.Failures.Backoff = -time.Second }, "Failures.Backoff", "set a positive duration"},
+		{"max backoff below backoff", func(c *consumer.Config) {
+			c.Failures.Backoff, c.Failures.MaxBackoff = time.Minute, time.Second
+		}, "Failures.MaxBackoff", "raise it or lower Backoff"},
+		{"negative retryable budget", func(c *consumer.Config) { c.Failures.RetryableAttempts = -1 }, "Failures.RetryableAttempts", "set it between 1 and 1000"},
+		{"retryable budget past the cap", func(c *consumer.Config) { c.Failures.RetryableAttempts = 5000 }, "Failures.RetryableAttempts", "set it between 1 and 1000"},
+		{"negative unknown budget", func(c *consumer.Config) { c.Failures.UnknownAttempts = -2 }, "Failures.UnknownAttempts", "set it between 1 and 1000"},
+		{"negative in-place attempts", func(c *consumer.Config) { c.Failures.InPlaceAttempts = -1 }, "Failures.InPlaceAttempts", "set it to 1 or more"},
+		{"non-positive ladder delay", func(c *consumer.Config) { c.Failures.Ladder = []time.Duration{0} }, "Failures.Ladder", "every delay must be positive"},
+		{"decreasing ladder", func(c *consumer.Config) {
+			c.Failures.Ladder = []time.Duration{time.Minute, 5 * time.Second}
+		}, "Failures.Ladder", "delays must increase"},
+		{"bad dead-letter topic", func(c *consumer.Config) { c.Failures.DeadLetterTopic = "a/b" }, "Failures.DeadLetterTopic", "use at most 249 of"},
 		{"client option rejected", func(c *consumer.Config) {
 			c.ClientOptions = []kgo.Opt{kgo.RequiredAcks(kgo.LeaderAck())}
 		}, "ClientOptions", "rejected by the Kafka client"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -245,6 +246,11 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 		need = append(need, f.policy.RetryTopics()...)
 	}
 	td, err := adm.ListTopics(ctx, append(append([]string{}, need...), sources...)...)
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		// This is a runner's first request: a broker that hangs up on it
+		// most often refused the client's TLS or SASL setup.
+		return fmt.Errorf("kscope: looking up the failure topics: the broker closed the connection; check the TLS and SASL settings in Config.ClientOptions (mechanism, user, password, CA): %w", err)
+	}
 	if err != nil {
 		return fmt.Errorf("kscope: looking up the failure topics: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/sequence"
 )
 
 // The same message produced twice (one message-id) has one effect; the
@@ -253,12 +255,21 @@ func TestBadOptions(t *testing.T) {
 		{dbscope.Options{Pool: pool, BatchLinger: -time.Second}, "BatchLinger"},
 		{dbscope.Options{Pool: pool, InboxTTL: -time.Hour}, "InboxTTL"},
 		{dbscope.Options{Pool: pool, CleanupBatch: -3}, "CleanupBatch"},
+		{dbscope.Options{Pool: pool, CleanupInterval: -time.Minute}, "CleanupInterval"},
+		{dbscope.Options{Pool: pool, TablePrefix: strings.Repeat("a", 41)}, "TablePrefix"},
+		{dbscope.Options{Pool: pool, Versions: &sequence.Config{Gaps: 9}}, "Versions"},
+		{dbscope.Options{Pool: pool, Versions: &sequence.Config{First: 5}}, "Versions"},
+		{dbscope.Options{Pool: pool, Versions: &sequence.Config{GapTimeout: -time.Second}}, "Versions"},
 	}
+	// Every message says what to change, not only what is wrong.
+	says := regexp.MustCompile(`; (set|use|pass)|must be|use `)
 	for _, tc := range cases {
 		_, err := dbscope.New(cfg, tc.o, h)
 		var ce *consumer.ConfigError
 		if !errors.As(err, &ce) || ce.Field != tc.field || !strings.Contains(err.Error(), "dbscope.Options."+tc.field) {
 			t.Errorf("options %+v: got %v, want an error naming %s", tc.o, err, tc.field)
+		} else if !says.MatchString(err.Error()) {
+			t.Errorf("error %q does not say what to change", err)
 		}
 	}
 	if _, err := dbscope.New(consumer.Config{}, dbscope.Options{}, h); err == nil ||

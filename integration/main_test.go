@@ -6,6 +6,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
@@ -34,5 +35,9 @@ type wrapped struct{ m *testing.M }
 func (w wrapped) Run() int {
 	code := w.m.Run()
 	testenv.StopShared()
+	if err := finishReliability(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
 	return code
 }

@@ -568,6 +568,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		endCtx, cancel := context.WithTimeout(holds.commitContext(context.WithoutCancel(ctx)), r.o.TransactionTimeout)
 		committed, err := sess.End(endCtx, try)
+		if err != nil && r.recovered(endCtx, sess, err) {
+			committed, err = false, nil
+		}
 		cancel()
 		if err != nil {
 			return fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.o.TransactionalID, err)
@@ -596,6 +599,28 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.log.Info("kscope: transactional runner stopped")
 	return nil
+}
+
+// recovered reports whether a transaction whose End failed with err is
+// cleanly aborted and the session rewound to the committed offsets, so the
+// runner can go on. End fails this way when the offset commit inside the
+// transaction gets an error the client does not itself treat as abortable
+// (REQUEST_TIMED_OUT, say): it has already ended the transaction as an
+// abort. A second abort confirms that no transaction is left open; a fenced
+// or unauthorized producer is never recovered.
+func (r *Runner) recovered(ctx context.Context, sess *kgo.GroupTransactSession, err error) bool {
+	switch {
+	case ctx.Err() != nil,
+		errors.Is(err, kerr.ProducerFenced), errors.Is(err, kerr.InvalidProducerEpoch),
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
+		errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
+		return false
+	}
+	if _, aerr := sess.End(ctx, kgo.TryAbort); aerr != nil {
+		return false
+	}
+	r.log.Warn("kscope: the transaction could not commit and was aborted; its records are consumed again", "err", err)
+	return true
 }
 
 func (r *Runner) logFetchErrors(fs kgo.Fetches) {

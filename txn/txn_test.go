@@ -323,3 +323,35 @@ func TestRebalanceAbortsAndRewinds(t *testing.T) {
 		t.Fatalf("members committed %d input records in all, want exactly 3000", total)
 	}
 }
+
+// A TxnOffsetCommit that fails with an error the client does not treat as
+// abortable (REQUEST_TIMED_OUT, a coordinator under load) ends the
+// transaction as an abort: the runner counts it, rewinds and carries on,
+// instead of returning from Run and stopping the pipeline. Outputs stay
+// exactly once.
+func TestOffsetCommitTimeoutAbortsAndRetries(t *testing.T) {
+	k := setup(t)
+	good := produceInputs(t, k, 200, 0)
+	h, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.TxnOffsetCommit}, Err: kerr.RequestTimedOut, Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := txn.New(config(k, "g-txoc"), txn.Options{TransactionalID: "txoc-1", CommitInterval: 20 * time.Millisecond}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.Wait(ctx, 2); err != nil {
+		t.Fatalf("the fault was hit %d of 2 times: %v (Run: %v)", h.Hits(), err, stop())
+	}
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-txoc", "in") })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if st := r.Stats(); st.Aborted == 0 {
+		t.Fatalf("no transaction was aborted: %+v", st)
+	}
+	checkExactlyOnce(t, k, good)
+}

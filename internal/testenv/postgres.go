@@ -169,7 +169,10 @@ func (p *Postgres) Restart(ctx context.Context) error {
 	if p.Kind != "local" {
 		return fmt.Errorf("testenv: restarting needs the local server, this one is %s", p.Kind)
 	}
-	if out, err := p.run(ctx, "pg_ctl", "restart", "-m", "immediate", "-w", "-t", "60", "-D", p.DataDir); err != nil {
+	// The server's output goes to its log file: a server writing to
+	// pg_ctl's pipe would keep it open, and run would wait for it forever.
+	logFile := filepath.Join(filepath.Dir(p.DataDir), "server.log")
+	if out, err := p.run(ctx, "pg_ctl", "restart", "-m", "immediate", "-w", "-t", "60", "-D", p.DataDir, "-l", logFile); err != nil {
 		return fmt.Errorf("testenv: pg_ctl restart: %w\n%s", err, out)
 	}
 	return nil
