@@ -138,6 +138,28 @@ func (b *bench) kscopeDB(batch int) func(ctx context.Context, n int) (result, er
 	}
 }
 
+// kscopeDBQueued is the DB scope with default settings and a queued
+// handler (dbscope.NewQueued) that queues the same one-row insert: the
+// statements of a batch go to PostgreSQL in one round trip.
+func (b *bench) kscopeDBQueued(batch int) func(ctx context.Context, n int) (result, error) {
+	return func(ctx context.Context, n int) (result, error) {
+		m := newMeter(n)
+		r, err := dbscope.NewQueued(b.cfg("dbq", 0), dbscope.Options{Pool: b.pool, BatchSize: batch},
+			dbscope.QueueFunc(func(_ context.Context, q *dbscope.Queue, rec *consumer.Record) error {
+				m.start()
+				q.Exec(sqlEffect, src(rec.Topic, rec.Partition, rec.Offset), rec.Key, rec.Value)
+				return nil
+			}))
+		if err != nil {
+			return result{}, err
+		}
+		err = untilDone(ctx, m, r.Run, func() int64 { return r.Stats().Done })
+		res := m.result()
+		res.txns = r.DBStats().Transactions
+		return res, err
+	}
+}
+
 // naiveDB is r3's first baseline: one transaction per record (inbox row,
 // effect row), then a synchronous offset commit of that record.
 func (b *bench) naiveDB(ctx context.Context, n int) (result, error) {

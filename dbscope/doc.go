@@ -26,6 +26,10 @@
 // commit. Options.StoreOffsets also keeps the consumed position in the same
 // transaction, which removes the duplicate window after a crash entirely.
 //
+// A handler whose effect is statements that need no result can queue them
+// instead ([NewQueued], [QueueHandler]): the statements of a whole batch
+// then reach PostgreSQL in one pipelined round trip.
+//
 // Options.Versions turns on version-gap detection (package sequence): the
 // last applied version per key lives in PostgreSQL and is read with a row
 // lock, checked and advanced in the record's transaction.

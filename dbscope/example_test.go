@@ -41,6 +41,32 @@ func Example() {
 	}
 }
 
+// A handler whose effect needs no result queues its statements: the DB
+// scope sends those of a whole batch in one round trip, in the batch's
+// transaction, with the inbox rows.
+func ExampleNewQueued() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/payments")
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := dbscope.NewQueued(consumer.Config{
+		Brokers: []string{"localhost:9092"},
+		Group:   "ledger",
+		Topics:  []string{"payments.captured"},
+	}, dbscope.Options{Pool: pool}, dbscope.QueueFunc(
+		func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+			q.Exec(`INSERT INTO ledger (account, event) VALUES ($1, $2)`, r.Key, r.Value)
+			return nil // the statement runs, pipelined with its batch's, before COMMIT
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
 // Inbox rows older than the retention are deleted in bounded batches; run it
 // from a job, or set Options.InboxTTL to have the runner do it.
 func ExampleCleanupInbox() {

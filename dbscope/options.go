@@ -37,7 +37,7 @@ func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) 
 
 // Defaults applied to Options fields left at their zero value.
 const (
-	DefaultBatchSize       = 64
+	DefaultBatchSize       = 256
 	DefaultCleanupInterval = time.Minute
 	DefaultCleanupBatch    = 1000
 )
@@ -62,8 +62,12 @@ type Options struct {
 
 	// BatchSize is the most records of one key-shard put into one
 	// transaction, each isolated by a savepoint when a record fails. 1 runs
-	// one transaction per record. Default 64. Batches form from what is
-	// already queued; BatchLinger makes a worker wait for more.
+	// one transaction per record. Default 256. Batches form from what is
+	// already queued, so under light load they are small and add no
+	// latency; under load a bigger batch spreads BEGIN, COMMIT and its WAL
+	// flush over more records (BENCHMARKS.md has throughput against batch
+	// size). A failing record makes its batch run again with a savepoint
+	// per record. BatchLinger makes a worker wait for more.
 	BatchSize int
 
 	// BatchLinger is how long a worker waits to fill a batch. Default 0:

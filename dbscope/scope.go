@@ -91,8 +91,13 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope", Field: "Handler", Reason: "is nil; pass the function that applies each record in its transaction"}
 	}
+	return newRunner(cfg, o, h, nil)
+}
+
+// newRunner builds a DB-scope runner around a Handler or a QueueHandler.
+func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Runner, error) {
 	o = o.withDefaults(cfg)
-	s := &scope{h: h, o: o, useTopics: !cfg.Failures.DisableRetryTopics}
+	s := &scope{h: h, qh: qh, o: o, useTopics: !cfg.Failures.DisableRetryTopics}
 	oerr := o.validate()
 	r, err := consumer.NewRunner(cfg, s)
 	if err = errors.Join(err, oerr); err != nil {
@@ -104,6 +109,7 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 
 type scope struct {
 	h      Handler
+	qh     QueueHandler // instead of h: the handler queues its statements
 	o      Options
 	log    *slog.Logger
 	shards int
@@ -290,8 +296,9 @@ const (
 // run again with a savepoint per record, and record i takes err without
 // being called again (its writes were rolled back with the transaction).
 type isolateError struct {
-	i   int
-	err error
+	i    int
+	err  error
+	stmt bool // err is a queued statement's: the record wrote nothing
 }
 
 func (e *isolateError) Error() string {
@@ -551,25 +558,22 @@ func (s *scope) ordered() bool {
 	return !p.Unordered && !p.DisableRetryTopics && len(p.Ladder) > 0
 }
 
-// loadParking reads the parked rows of the keys of work.
-func (s *scope) loadParking(ctx context.Context, tx pgx.Tx, work []*consumer.Record, metas []retrytopic.Metadata) (parking, error) {
-	var topics []string
-	var keys [][]byte
+// parkedKeys returns the (original topic, key) pairs of the keyed records of
+// work, whose parked rows the transaction reads.
+func parkedKeys(work []*consumer.Record, metas []retrytopic.Metadata) (topics []string, keys [][]byte) {
 	for i, r := range work {
 		if r.Key != nil {
 			topics = append(topics, metas[i].OriginalTopic)
 			keys = append(keys, r.Key)
 		}
 	}
-	p := parking{}
-	if len(keys) == 0 {
-		return p, nil
-	}
-	rows, err := tx.Query(ctx, s.sqlLoadParked, s.o.Consumer, topics, keys)
-	if err != nil {
-		return nil, err
-	}
+	return topics, keys
+}
+
+// scanParking reads the rows of sqlLoadParked.
+func scanParking(rows pgx.Rows) (parking, error) {
 	defer rows.Close()
+	p := parking{}
 	for rows.Next() {
 		var topic string
 		var key []byte
@@ -583,6 +587,52 @@ func (s *scope) loadParking(ctx context.Context, tx pgx.Tx, work []*consumer.Rec
 	return p, rows.Err()
 }
 
+// begin inserts the inbox rows of ids and, when the pipeline is ordered,
+// reads the parked rows of the records' keys, both in one round trip. It
+// returns the ids whose rows are new.
+func (s *scope) begin(ctx context.Context, tx pgx.Tx, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (fresh map[string]bool, park parking, err error) {
+	b := &pgx.Batch{}
+	b.Queue(s.sqlInbox, s.o.Consumer, ids)
+	var keys [][]byte
+	if ordered {
+		var topics []string
+		topics, keys = parkedKeys(work, metas)
+		if len(keys) > 0 {
+			b.Queue(s.sqlLoadParked, s.o.Consumer, topics, keys)
+		}
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	fresh = make(map[string]bool, len(ids))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		fresh[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	park = parking{}
+	if len(keys) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, nil, err
+		}
+		if park, err = scanParking(rows); err != nil {
+			return nil, nil, err
+		}
+	}
+	return fresh, park, br.Close()
+}
+
 func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool, fails map[*consumer.Record]*failure, known *isolateError) (res []result, err error) {
 	tx, err := s.o.Pool.Begin(ctx)
 	if err != nil {
@@ -590,24 +640,20 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	res = make([]result, len(work))
-	fresh := make(map[string]bool, len(ids))
-	rows, err := tx.Query(ctx, s.sqlInbox, s.o.Consumer, ids)
+	ordered := s.ordered()
+	vers := s.o.Versions
+	var metas []retrytopic.Metadata
+	if ordered || vers != nil {
+		metas = make([]retrytopic.Metadata, len(work))
+		for i, r := range work {
+			metas[i] = s.f.Metadata(r)
+		}
+	}
+	fresh, park, err := s.begin(ctx, tx, ids, work, metas, ordered)
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		fresh[id] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	res = make([]result, len(work))
 	for i, id := range ids {
 		if fresh[id] {
 			res[i].out = toApply
@@ -616,22 +662,9 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			res[i].out = duplicate
 		}
 	}
-
-	ordered := s.ordered()
-	vers := s.o.Versions
-	var metas []retrytopic.Metadata
-	var park parking
-	if ordered || vers != nil {
-		metas = make([]retrytopic.Metadata, len(work))
-		for i, r := range work {
-			metas[i] = s.f.Metadata(r)
-		}
-	}
-	if ordered {
-		if park, err = s.loadParking(ctx, tx, work, metas); err != nil {
-			return nil, err
-		}
-	}
+	// q holds the statements sent, pipelined, before COMMIT: a queued
+	// handler's on the fast path, and the scope's own closing ones.
+	q := newQueue()
 	// versions[i] is record i's version when versions are checked.
 	var versions []int64
 	if vers != nil {
@@ -784,7 +817,13 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			return err
 		}
 		if !isolate {
-			if err := s.call(hctx, tx, r); err != nil {
+			var err error
+			if s.qh != nil {
+				err = s.queue(hctx, q, i, r)
+			} else {
+				err = s.call(hctx, tx, r)
+			}
+			if err != nil {
 				if IsTransient(err) || tx.Conn().IsClosed() {
 					return nil, err
 				}
@@ -805,20 +844,33 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		}
 		var herr error
 		var sp pgx.Tx
+		stmtFailed := false // a queued statement failed: the record wrote nothing
 		if known != nil && known.i == i {
 			// Failed on the fast path already: not called twice for
 			// one attempt.
-			herr = known.err
+			herr, stmtFailed = known.err, known.stmt
 		} else {
 			if sp, err = tx.Begin(ctx); err != nil {
 				return nil, err
 			}
-			herr = s.call(hctx, sp, r)
+			if s.qh != nil {
+				herr = s.queue(hctx, q, i, r)
+				if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
+					// A business skip keeps what it queued, as it keeps
+					// what a Handler wrote.
+					if serr := q.send(ctx, sp); serr != nil {
+						herr, stmtFailed = unwrapStmt(serr), true
+					}
+				}
+				q.reset()
+			} else {
+				herr = s.call(hctx, sp, r)
+			}
 			if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
 				return nil, herr
 			}
 		}
-		if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
+		if herr == nil || (s.f.Class(herr) == consumer.ClassSkip && !stmtFailed) {
 			// Success, or a business outcome: what the handler wrote stays.
 			if err := saveVersion(sp); err != nil {
 				return nil, err
@@ -871,9 +923,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		}
 	}
 	if len(undo) > 0 {
-		if _, err := tx.Exec(ctx, s.sqlForget, s.o.Consumer, undo); err != nil {
-			return nil, err
-		}
+		q.Exec(s.sqlForget, s.o.Consumer, undo)
 	}
 	if s.o.StoreOffsets {
 		k := 0
@@ -882,10 +932,17 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		}
 		if k > 0 {
 			r := work[k-1]
-			if _, err := tx.Exec(ctx, s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1); err != nil {
-				return nil, err
-			}
+			q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1)
 		}
+	}
+	if err := q.send(ctx, tx); err != nil {
+		var se *stmtError
+		if errors.As(err, &se) && se.owner >= 0 && !IsTransient(se.err) && !tx.Conn().IsClosed() {
+			// A queued statement of record se.owner failed: the batch
+			// runs again with a savepoint per record.
+			return nil, &isolateError{i: se.owner, err: se.err, stmt: true}
+		}
+		return nil, unwrapStmt(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, err

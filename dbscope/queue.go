@@ -1,0 +1,139 @@
+package dbscope
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kscope-dev/kscope/consumer"
+)
+
+// QueueHandler is the pipelined form of [Handler], for effects that are
+// statements needing no result: an INSERT of a ledger row, an UPDATE of a
+// balance. Instead of running its statements, the handler queues them on q;
+// the DB scope sends the statements of every record of a batch to
+// PostgreSQL in one round trip (pgx's pipelining, [pgx.Batch]) inside the
+// batch's transaction, with the inbox rows, and commits them together. A
+// handler that runs one statement per record through a [Handler] pays one
+// round trip per statement instead; with a QueueHandler a batch of 64
+// records costs four round trips in all (BEGIN; the inbox rows; the queued
+// statements; COMMIT).
+//
+// A nil error means the queued statements may run. A statement that fails
+// fails its record exactly as a [Handler] error would: the batch is run
+// again with a savepoint per record, that record's statements are rolled
+// back and it goes to the failure policy with the statement's error, and
+// the others commit. A handler that needs to read (a SELECT, a RETURNING
+// value, a row lock) before it writes is a [Handler].
+//
+// The handler may be called more than once for one delivery (when its
+// batch runs again after any record of it failed, or after a transient
+// error); only the statements of the call whose transaction commits take
+// effect. It must not keep q after it returns.
+type QueueHandler interface {
+	Queue(ctx context.Context, q *Queue, r *consumer.Record) error
+}
+
+// QueueFunc adapts a function to [QueueHandler].
+type QueueFunc func(ctx context.Context, q *Queue, r *consumer.Record) error
+
+// Queue calls f(ctx, q, r).
+func (f QueueFunc) Queue(ctx context.Context, q *Queue, r *consumer.Record) error {
+	return f(ctx, q, r)
+}
+
+// Queue collects the statements of the record a [QueueHandler] is called
+// for. They run in the record's transaction, in the order queued, after the
+// handler returns.
+type Queue struct {
+	b      *pgx.Batch
+	owners []int // owners[j] is the index of the record that queued statement j; -1 for the scope's own
+	owner  int
+}
+
+// Exec queues a statement and its arguments, as [pgx.Tx.Exec] would run
+// them. The arguments are encoded when the batch is sent: slices of the
+// record (its Key, its Value) may be passed as they are.
+func (q *Queue) Exec(sql string, args ...any) {
+	q.b.Queue(sql, args...)
+	q.owners = append(q.owners, q.owner)
+}
+
+// Len returns how many statements are queued.
+func (q *Queue) Len() int { return q.b.Len() }
+
+func newQueue() *Queue { return &Queue{b: &pgx.Batch{}, owner: -1} }
+
+// NewQueued returns a runner in the DB scope whose handler queues its
+// statements (see [QueueHandler]) instead of running them one round trip
+// at a time. Everything [New] says holds: one inbox row per record in the
+// same transaction as its statements, the offset committed only after that
+// transaction, a failing record rolled back alone and routed by the
+// failure policy.
+func NewQueued(cfg consumer.Config, o Options, h QueueHandler) (*Runner, error) {
+	if h == nil {
+		return nil, &consumer.ConfigError{Struct: "dbscope", Field: "Handler", Reason: "is nil; pass the function that queues each record's statements"}
+	}
+	return newRunner(cfg, o, nil, h)
+}
+
+// queue runs the queued handler for record i, its statements going to q.
+// It turns a panic into an error.
+func (s *scope) queue(ctx context.Context, q *Queue, i int, r *consumer.Record) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	q.owner = i
+	defer func() { q.owner = -1 }()
+	return s.qh.Queue(ctx, q, r)
+}
+
+// stmtError is a queued statement that failed, with the record it belongs
+// to (-1: one of the scope's own statements).
+type stmtError struct {
+	owner int
+	err   error
+}
+
+func (e *stmtError) Error() string { return e.err.Error() }
+func (e *stmtError) Unwrap() error { return e.err }
+
+// send runs the statements of q in tx, pipelined, and empties q. A failing
+// statement is reported as a *stmtError naming its record.
+func (q *Queue) send(ctx context.Context, tx pgx.Tx) error {
+	if q.b.Len() == 0 {
+		return nil
+	}
+	br := tx.SendBatch(ctx, q.b)
+	var failed error
+	for j := range q.b.Len() {
+		if _, err := br.Exec(); err != nil {
+			failed = &stmtError{owner: q.owners[j], err: err}
+			break
+		}
+	}
+	cerr := br.Close()
+	q.reset()
+	if failed != nil {
+		return failed
+	}
+	return cerr
+}
+
+// reset empties q without sending it.
+func (q *Queue) reset() {
+	q.b = &pgx.Batch{}
+	q.owners = q.owners[:0]
+}
+
+// unwrapStmt returns the statement error inside a *stmtError, or err.
+func unwrapStmt(err error) error {
+	if se, ok := err.(*stmtError); ok {
+		return se.err
+	}
+	return err
+}
