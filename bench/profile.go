@@ -5,6 +5,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -39,6 +41,13 @@ func (b *bench) profileRun(ctx context.Context, c contender) (string, error) {
 	pprof.StopCPUProfile()
 	if err != nil {
 		return "", err
+	}
+	if dir := os.Getenv("KSCOPE_BENCH_PROFILE_DIR"); dir != "" {
+		// The raw profile, for go tool pprof.
+		name := filepath.Join(dir, strings.NewReplacer(" ", "_", "/", "_", ",", "", ":", "").Replace(c.name)+".pprof")
+		if err := os.WriteFile(name, buf.Bytes(), 0o644); err != nil {
+			return "", err
+		}
 	}
 	p, err := profile.Parse(&buf)
 	if err != nil {

@@ -1,6 +1,7 @@
 package commit
 
 import (
+	"slices"
 	"sort"
 	"sync"
 )
@@ -70,6 +71,43 @@ func (p *Partition) AddTimed(offset int64, epoch int32, ts int64) bool {
 	return true
 }
 
+// AddAll adds n offsets under one lock, as n calls of AddTimed would:
+// at(i) returns the i-th offset, its leader epoch and its timestamp (0 when
+// not kept), in increasing offset order. Offsets at or below the last added
+// one are ignored; being increasing, they are a prefix. AddAll returns the
+// index of the first offset it added: n when it added none (every offset
+// was old, or the assignment ended).
+func (p *Partition) AddAll(n int, at func(i int) (offset int64, epoch int32, ts int64)) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.detached {
+		return n
+	}
+	if p.head > 0 && p.head == len(p.entries) {
+		p.entries = p.entries[:0]
+		p.head = 0
+	} else if p.head > 1024 && p.head*2 > len(p.entries) {
+		k := copy(p.entries, p.entries[p.head:])
+		p.entries = p.entries[:k]
+		p.head = 0
+	}
+	first := n
+	for i := range n {
+		off, epoch, ts := at(i)
+		if off <= p.lastAdd {
+			continue
+		}
+		if first == n {
+			first = i
+			p.entries = slices.Grow(p.entries, n-i)
+		}
+		p.lastAdd = off
+		p.entries = append(p.entries, entry{offset: off, epoch: epoch, ts: ts})
+		p.pending++
+	}
+	return first
+}
+
 // Done records that offset's effect is durable and advances the watermark
 // over every finished offset at the head. It reports whether the offset was
 // outstanding in this assignment; a completion for an unknown offset, a
@@ -78,22 +116,60 @@ func (p *Partition) AddTimed(offset int64, epoch int32, ts int64) bool {
 func (p *Partition) Done(offset int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.detached {
+	if p.detached || !p.markLocked(offset) {
 		return false
 	}
+	p.advanceLocked()
+	return true
+}
+
+// DoneAll is Done for several offsets under one lock. It returns how many
+// of them were outstanding.
+func (p *Partition) DoneAll(offsets []int64) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.detached {
+		return 0
+	}
+	n := 0
+	for _, o := range offsets {
+		if p.markLocked(o) {
+			n++
+		}
+	}
+	if n > 0 {
+		p.advanceLocked()
+	}
+	return n
+}
+
+// markLocked marks offset finished and reports whether it was outstanding.
+func (p *Partition) markLocked(offset int64) bool {
 	live := p.entries[p.head:]
-	i := sort.Search(len(live), func(i int) bool { return live[i].offset >= offset })
+	if len(live) == 0 {
+		return false
+	}
+	// Offsets are usually consecutive: try the offset's distance from the
+	// head first, then search.
+	i := int(min(max(offset-live[0].offset, 0), int64(len(live))))
+	if i == len(live) || live[i].offset != offset {
+		i = sort.Search(len(live), func(i int) bool { return live[i].offset >= offset })
+	}
 	if i == len(live) || live[i].offset != offset || live[i].done {
 		return false
 	}
 	live[i].done = true
 	p.pending--
+	return true
+}
+
+// advanceLocked moves the head over the finished offsets.
+func (p *Partition) advanceLocked() {
 	for p.head < len(p.entries) && p.entries[p.head].done {
 		e := p.entries[p.head]
 		p.commit = Offset{Epoch: e.epoch, Offset: e.offset + 1}
 		p.head++
 	}
-	return true
 }
 
 // Committable returns the offset that is safe to commit: one past the last

@@ -65,19 +65,53 @@ func TestWatermarkIgnoresRepeatsUnknownAndDetached(t *testing.T) {
 // checkWatermark finishes the offsets of p in a random order and checks after
 // every step that the committable offset is exactly one past the finished
 // prefix: never beyond an unfinished offset, never behind a finished prefix.
-func checkWatermark(t *testing.T, rng *rand.Rand, n int) {
+//
+// With batched, offsets are added with AddAll in chunks (each chunk starting
+// with a few offsets added before, which AddAll must skip) and finished with
+// DoneAll in chunks, as the runner does.
+func checkWatermark(t *testing.T, rng *rand.Rand, n int, batched bool) {
 	p := NewPartition("t", 0)
 	offsets := make([]int64, n)
 	var o int64
 	for i := range offsets {
 		o += 1 + int64(rng.IntN(3))
 		offsets[i] = o
-		p.Add(o, 0)
+		if !batched {
+			p.Add(o, 0)
+		}
+	}
+	for lo := 0; batched && lo < n; {
+		hi := min(n, lo+1+rng.IntN(300))
+		from := max(0, lo-rng.IntN(4)) // a repeat of already added offsets
+		chunk := offsets[from:hi]
+		if first := p.AddAll(len(chunk), func(i int) (int64, int32, int64) { return chunk[i], 0, 0 }); first != lo-from {
+			t.Fatalf("AddAll of offsets[%d:%d] added from index %d, want %d", from, hi, first, lo-from)
+		}
+		lo = hi
+	}
+	if p.Pending() != n {
+		t.Fatalf("pending %d after adding %d offsets", p.Pending(), n)
 	}
 	done := make([]bool, n)
-	for _, i := range rng.Perm(n) {
-		p.Done(offsets[i])
-		done[i] = true
+	perm := rng.Perm(n)
+	for len(perm) > 0 {
+		k := 1
+		if batched {
+			k = min(len(perm), 1+rng.IntN(64))
+		}
+		var chunk []int64
+		for _, i := range perm[:k] {
+			chunk = append(chunk, offsets[i])
+			done[i] = true
+		}
+		perm = perm[k:]
+		if batched {
+			if got := p.DoneAll(append(chunk, chunk[0])); got != k { // a repeat is not counted
+				t.Fatalf("DoneAll counted %d of %d new offsets", got, k)
+			}
+		} else {
+			p.Done(chunk[0])
+		}
 		prefix := 0
 		for prefix < n && done[prefix] {
 			prefix++
@@ -98,7 +132,7 @@ func checkWatermark(t *testing.T, rng *rand.Rand, n int) {
 func TestWatermarkProperty(t *testing.T) {
 	for seed := range uint64(300) {
 		rng := rand.New(rand.NewPCG(seed, seed*7+1))
-		checkWatermark(t, rng, 1+rng.IntN(3000))
+		checkWatermark(t, rng, 1+rng.IntN(3000), seed%2 == 1)
 	}
 }
 
@@ -106,7 +140,7 @@ func FuzzWatermark(f *testing.F) {
 	f.Add(uint64(1), uint16(10))
 	f.Add(uint64(42), uint16(2000))
 	f.Fuzz(func(t *testing.T, seed uint64, n uint16) {
-		checkWatermark(t, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), 1+int(n%5000))
+		checkWatermark(t, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), 1+int(n%5000), seed%2 == 1)
 	})
 }
 
@@ -152,4 +186,24 @@ func BenchmarkWatermarkAddDone(b *testing.B) {
 			p.Done(j&^3 + scramble[j&3])
 		}
 	}
+}
+
+// BenchmarkWatermarkAddAllDoneAll is the runner's path: a poll's records of
+// a partition added under one lock, a worker's batch finished under one.
+func BenchmarkWatermarkAddAllDoneAll(b *testing.B) {
+	p := NewPartition("t", 0)
+	const chunk = 64
+	offs := make([]int64, chunk)
+	b.ReportAllocs()
+	var next int64
+	for b.Loop() {
+		base := next
+		p.AddAll(chunk, func(i int) (int64, int32, int64) { return base + int64(i), 0, 0 })
+		for i := range offs {
+			offs[i] = base + int64(chunk-1-i) // finished out of order
+		}
+		p.DoneAll(offs)
+		next += chunk
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*chunk), "ns/record")
 }

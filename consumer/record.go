@@ -30,8 +30,9 @@ type Record struct {
 func (r *Record) Shard() int { return r.shard }
 
 const (
-	recPending uint8 = iota
-	recDone
+	recPending  uint8 = iota
+	recFinished       // done by the scope; its in-flight room not yet given back
+	recDone           // given back: nothing more to do for it
 )
 
 // Header returns the value of the last header named key, and whether there

@@ -92,8 +92,10 @@ type Runner struct {
 	hardCtx    context.Context
 	hardCancel context.CancelFunc
 
-	room    chan struct{}
-	waiting atomic.Bool
+	room     chan struct{}
+	waiting  atomic.Bool
+	shardBuf [][]*Record // the poll loop's per-shard batches, reused
+	doneBufs []*doneBuf  // per shard
 	avgSize atomic.Int64 // running average record size; 0 until one is seen
 	pauseMu sync.Mutex
 
@@ -239,6 +241,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer r.hardCancel()
 
 	r.tracker = commit.NewTracker()
+	r.doneBufs = make([]*doneBuf, r.cfg.Shards)
+	for i := range r.doneBufs {
+		d := &doneBuf{r: r}
+		d.fn = d.done
+		r.doneBufs[i] = d
+	}
 	r.pool = partition.NewPool(partition.PoolConfig[*Record]{
 		Shards:   r.cfg.Shards,
 		BatchMax: r.maxBatch,
@@ -356,7 +364,7 @@ func (r *Runner) fatalErr() error {
 }
 
 func (r *Runner) pollLoop(ctx context.Context) {
-	var last *partState
+	r.shardBuf = make([][]*Record, r.cfg.Shards)
 	for ctx.Err() == nil {
 		room, capacity := r.roomNow()
 		if room <= 0 {
@@ -395,16 +403,14 @@ func (r *Runner) pollLoop(ctx context.Context) {
 			r.observeFetches(fetches)
 		}
 		var n, bytes int64
-		fetches.EachRecord(func(rec *kgo.Record) {
-			size := recordSize(rec)
-			n++
-			bytes += size
-			if last == nil || last.Topic != rec.Topic || last.Partition != rec.Partition || last.Revoked() {
-				last = r.state(rec.Topic, rec.Partition)
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
 			}
-			r.dispatch(last, rec, size)
+			pn, pb := r.dispatchAll(p.Topic, p.Partition, p.Records)
+			n += pn
+			bytes += pb
 		})
-		last = nil
 		if n > 0 {
 			if avg := r.avgSize.Load(); avg == 0 {
 				r.avgSize.Store(max(bytes/n, 1))
@@ -435,32 +441,70 @@ func (r *Runner) state(topic string, p int32) *partState {
 	return r.parts[tp{topic, p}]
 }
 
-func (r *Runner) dispatch(st *partState, rec *kgo.Record, size int64) {
+// dispatchAll hands one poll's records of one partition, in offset order, to
+// their key-shards. The per-record work is kept to the routing itself: the
+// records join the partition's watermark under one lock, are allocated in
+// one block, and reach each shard's queue under one lock per shard. It
+// returns how many records and bytes the poll held (dispatched or not).
+func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, bytes int64) {
+	n = int64(len(recs))
+	st := r.state(topic, part)
 	if st == nil || st.Revoked() {
-		// Not ours (any more): the owner consumes it.
-		return
+		// Not ours (any more): the owner consumes them.
+		for _, rec := range recs {
+			bytes += recordSize(rec)
+		}
+		return n, bytes
 	}
-	if !r.addOffset(st, rec) {
-		return
-	}
-	storeMax(&r.maxInflight, r.inflight.Add(1))
-	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(size))
-	r.polled.Add(1)
-	shard := partitionShard(rec, r.cfg.Shards, r.cfg.NullKeys)
-	kr := &Record{Record: rec, part: st, size: size, shard: shard}
-	if r.delays != nil && r.hold(st, kr) {
-		return
-	}
-	r.pool.Dispatch(shard, st.Assignment, kr)
-}
-
-// addOffset adds rec to its partition's watermark, with its timestamp when
-// lag hooks want the age of the oldest unfinished record.
-func (r *Runner) addOffset(st *partState, rec *kgo.Record) bool {
+	var first int
 	if r.obs.WantsLag() {
-		return st.Watermark.AddTimed(rec.Offset, rec.LeaderEpoch, rec.Timestamp.UnixMilli())
+		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+			return recs[i].Offset, recs[i].LeaderEpoch, recs[i].Timestamp.UnixMilli()
+		})
+	} else {
+		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+			return recs[i].Offset, recs[i].LeaderEpoch, 0
+		})
 	}
-	return st.Watermark.Add(rec.Offset, rec.LeaderEpoch)
+	for _, rec := range recs[:first] {
+		bytes += recordSize(rec)
+	}
+	recs = recs[first:]
+	if len(recs) == 0 {
+		return n, bytes
+	}
+	// One block for the poll's records of this partition: one allocation
+	// instead of one per record.
+	block := make([]Record, len(recs))
+	_, delayed := r.delays[topic]
+	th := partition.HashTopic(topic)
+	var added int64
+	for i, rec := range recs {
+		kr := &block[i]
+		size := recordSize(rec)
+		added += size
+		*kr = Record{Record: rec, part: st, size: size, shard: th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys)}
+	}
+	bytes += added
+	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
+	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(added))
+	r.polled.Add(int64(len(recs)))
+	for i := range block {
+		kr := &block[i]
+		if delayed && r.hold(st, kr) {
+			continue
+		}
+		r.shardBuf[kr.shard] = append(r.shardBuf[kr.shard], kr)
+	}
+	for shard, q := range r.shardBuf {
+		if len(q) == 0 {
+			continue
+		}
+		r.pool.DispatchAll(shard, st.Assignment, q)
+		clear(q)
+		r.shardBuf[shard] = q[:0]
+	}
+	return n, bytes
 }
 
 // observeFetches reports a poll's records per partition and keeps each
@@ -512,10 +556,6 @@ func (r *Runner) reportLag() {
 	}
 }
 
-func partitionShard(rec *kgo.Record, shards int, nk NullKeyPolicy) int {
-	return partition.Shard(rec.Topic, rec.Partition, rec.Offset, rec.Key, shards, nk)
-}
-
 func storeMax(m *atomic.Int64, v int64) {
 	for {
 		cur := m.Load()
@@ -525,35 +565,91 @@ func storeMax(m *atomic.Int64, v int64) {
 	}
 }
 
-// process is the pool's ProcessFunc: it runs the scope over one batch.
-func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*Record) {
-	r.scope.Process(ctx, batch, r.finish)
-	for _, rec := range batch {
-		if rec.state != recPending {
-			continue
-		}
-		// Left undone: the partition went away, or the runner stopped.
-		r.release(rec)
-		if ctx.Err() == nil && !rec.Revoked() {
-			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.scope, rec.Topic, rec.Partition, rec.Offset))
-		}
-	}
+// doneBuf coalesces the done reports of one key-shard's batches, to hand
+// them to the partition's watermark under one lock: when it holds a
+// worker batch's worth, when the batch returns, when the scope asks
+// (done(nil), before it waits), and before every offset commit, so that a
+// commit never misses a record a scope reported done.
+type doneBuf struct {
+	r       *Runner
+	fn      func(*Record) // d.done, bound once
+	mu      sync.Mutex    // the worker and the commit loop; rarely both
+	recs    []*Record
+	offsets []int64
 }
 
-// finish is the done callback scopes call once a record's effect is durable.
-func (r *Runner) finish(rec *Record) {
+// done is the callback scopes call once a record's effect is durable.
+// done(nil) hands over the reports kept so far at once.
+func (d *doneBuf) done(rec *Record) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rec == nil {
+		d.flushLocked()
+		return
+	}
 	if rec.state != recPending {
 		return
 	}
-	rec.state = recDone
-	st := rec.part
-	if st.Watermark.Done(rec.Offset) {
-		r.done.Add(1)
+	rec.state = recFinished
+	d.recs = append(d.recs, rec)
+	if len(d.recs) >= atLeastOnceBatch {
+		d.flushLocked()
 	}
-	r.release(rec)
+}
+
+func (d *doneBuf) flush() {
+	d.mu.Lock()
+	d.flushLocked()
+	d.mu.Unlock()
+}
+
+// flushLocked marks the kept records done in their partition's watermark.
+func (d *doneBuf) flushLocked() {
+	if len(d.recs) == 0 {
+		return
+	}
+	// A batch's records are all of one partition assignment.
+	st := d.recs[0].part
+	for _, rec := range d.recs {
+		d.offsets = append(d.offsets, rec.Offset)
+	}
+	if n := st.Watermark.DoneAll(d.offsets); n > 0 {
+		d.r.done.Add(int64(n))
+	}
+	clear(d.recs)
+	d.recs, d.offsets = d.recs[:0], d.offsets[:0]
 	if st.paused.Load() && int64(st.Watermark.Pending()) <= st.resumeAt.Load() {
-		r.resume(st)
+		d.r.resume(st)
 	}
+}
+
+// flushDone hands every shard's kept done reports to the watermarks; the
+// committer calls it before it reads them.
+func (r *Runner) flushDone() {
+	for _, d := range r.doneBufs {
+		d.flush()
+	}
+}
+
+// process is the pool's ProcessFunc: it runs the scope over one batch, then
+// gives the batch's in-flight room back at once.
+func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*Record) {
+	if len(batch) == 0 {
+		return
+	}
+	d := r.doneBufs[batch[0].shard]
+	r.scope.Process(ctx, batch, d.fn)
+	d.flush()
+	var bytes int64
+	for _, rec := range batch {
+		bytes += rec.size
+		if rec.state == recPending && ctx.Err() == nil && !rec.Revoked() {
+			// Left undone while the partition is still ours.
+			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.scope, rec.Topic, rec.Partition, rec.Offset))
+		}
+		rec.state = recDone
+	}
+	r.releaseN(int64(len(batch)), bytes)
 }
 
 // drop is the pool's DropFunc for records that will never run here.
@@ -565,8 +661,14 @@ func (r *Runner) drop(_ *partition.Assignment, rec *Record) {
 
 func (r *Runner) release(rec *Record) {
 	rec.state = recDone
-	r.inflight.Add(-1)
-	r.inflightBytes.Add(-rec.size)
+	r.releaseN(1, rec.size)
+}
+
+// releaseN gives back the in-flight room of n records of the given bytes,
+// and wakes the poll loop if it waits for room.
+func (r *Runner) releaseN(n, bytes int64) {
+	r.inflight.Add(-n)
+	r.inflightBytes.Add(-bytes)
 	if r.waiting.Load() {
 		select {
 		case r.room <- struct{}{}:
@@ -685,6 +787,7 @@ func (r *Runner) commitLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			r.flushDone()
 			if err := r.committer.Commit(ctx, nil); err != nil && ctx.Err() == nil {
 				r.log.Warn("kscope: offset commit failed; retrying at the next interval", "err", err)
 			}
@@ -771,6 +874,7 @@ func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string]
 		return
 	}
 	r.drain(sts)
+	r.flushDone()
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
 	if err := r.committer.Commit(ctx, revoked); err != nil {
 		r.log.Warn("kscope: committing revoked partitions failed; their next owner will see the uncommitted records again", "err", err)
@@ -845,6 +949,7 @@ func (r *Runner) shutdown(cl *kgo.Client) error {
 		err = errors.New("kscope: a handler ignored its canceled context for DrainTimeout; Run returns with its goroutine still running")
 	}
 
+	r.flushDone()
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
 	if cerr := r.committer.Commit(ctx, all); cerr != nil {
 		r.log.Warn("kscope: final offset commit failed; the records since the last commit will be handled again", "err", cerr)

@@ -143,3 +143,48 @@ func TestBackpressureBoundsInFlightBytes(t *testing.T) {
 		t.Fatalf("in-flight bytes peaked at %d: the backlog never pushed against the bound of %d", st.MaxInFlightBytes, cfg.MaxInFlightBytes)
 	}
 }
+
+// A record finished just before a handler that blocks is committed while
+// that handler still runs: the runner may gather done reports, but never
+// holds one back from an offset commit.
+func TestDoneRecordCommitsWhileTheNextBlocks(t *testing.T) {
+	k := testenv.KafkaT(t)
+	ctx := context.Background()
+	const topic, group = "slow-next", "g-slow-next"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 5 {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte(strconv.Itoa(i))})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Shards = 1
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		if string(rec.Value) == "3" {
+			select { // blocks until the test has seen offsets 0-2 committed
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, 30*time.Second, "offsets 0-2 committed while offset 3 blocks", func() bool {
+		com, err := k.CommittedOffsets(ctx, group, topic)
+		return err == nil && com[0] == 3
+	})
+	close(release)
+	testenv.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -31,11 +31,16 @@ func (f HandlerFunc) Handle(ctx context.Context, r *Record) error { return f(ctx
 //
 // Process receives records of one partition assignment, in offset order, and
 // is never called concurrently for one shard. It calls done(r) once each
-// record's effect is durable; the runner commits a partition's offset only up
-// to the lowest record not yet done. Process must not return while a record
-// of a live assignment is not done, unless ctx is canceled (the assignment
-// was lost, its drain timeout passed, or the runner stopped); records left
-// undone are redelivered to the partition's next owner.
+// record's effect is durable, from its own goroutine and before it returns;
+// the runner commits a partition's offset only up to the lowest record not
+// yet done. The runner may keep done reports to hand them to the
+// watermark together (never past an offset commit); done(nil) hands over
+// those kept so far at once, and a scope calls it before it waits (a
+// backoff, a slow call). Process must not
+// return while a record of a live assignment is not done, unless ctx is
+// canceled (the assignment was lost, its drain timeout passed, or the
+// runner stopped); records left undone are redelivered to the partition's
+// next owner.
 type Scope interface {
 	Process(ctx context.Context, batch []*Record, done func(*Record))
 }
@@ -141,6 +146,7 @@ func (s *atLeastOnce) deliver(ctx context.Context, obs *Observer, r *Record, don
 			done(r)
 			return true
 		}
+		done(nil) // the records before this one may commit while it waits
 		if !backoff.Sleep(ctx, step.Delay) {
 			return false
 		}

@@ -349,6 +349,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			d := backoff.Delay(attempt, retryBase, retryCap)
 			s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", len(pending),
 				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
+			done(nil) // what is durable may commit while the batch waits
 			if !backoff.Sleep(ctx, d) {
 				return
 			}
@@ -404,6 +405,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		// What is left goes again, in order, each record in a savepoint of
 		// its own.
 		pending, isolate = kept, true
+		done(nil) // what is durable may commit while the rest waits
 		if wait > 0 && !backoff.Sleep(ctx, wait) {
 			return
 		}

@@ -21,7 +21,11 @@ type Assignment struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	// revoked is read for every record a worker starts: it has a cache
+	// line of its own, away from mu, which changes with every batch.
+	_       [64]byte
 	revoked atomic.Bool
+	_       [63]byte
 
 	mu      sync.Mutex
 	running int

@@ -63,6 +63,13 @@ func newTestAssignment(p int32) *Assignment {
 }
 
 func TestPoolSerialPerShardInOrder(t *testing.T) {
+	t.Run("Dispatch", func(t *testing.T) { testPoolSerialPerShardInOrder(t, false) })
+	t.Run("DispatchAll", func(t *testing.T) { testPoolSerialPerShardInOrder(t, true) })
+}
+
+// testPoolSerialPerShardInOrder dispatches 2000 values over 4 shards one by
+// one, or in per-shard runs as the runner does with a poll's records.
+func testPoolSerialPerShardInOrder(t *testing.T, all bool) {
 	var mu sync.Mutex
 	got := map[int][]int{}
 	var active [4]atomic.Int32
@@ -87,9 +94,21 @@ func TestPoolSerialPerShardInOrder(t *testing.T) {
 	})
 	p.Start()
 	a := newTestAssignment(0)
-	for v := 0; v < 2000; v++ {
-		wg.Add(1)
-		p.Dispatch(v%4, a, v)
+	wg.Add(2000)
+	if all {
+		for lo := 0; lo < 2000; lo += 100 {
+			var runs [4][]int
+			for v := lo; v < lo+100; v++ {
+				runs[v%4] = append(runs[v%4], v)
+			}
+			for s, run := range runs {
+				p.DispatchAll(s, a, run)
+			}
+		}
+	} else {
+		for v := 0; v < 2000; v++ {
+			p.Dispatch(v%4, a, v)
+		}
 	}
 	wg.Wait()
 	p.Stop()

@@ -94,6 +94,35 @@ func (p *Pool[T]) Dispatch(i int, a *Assignment, v T) {
 	}
 }
 
+// DispatchAll queues vs, records of assignment a in offset order, on shard
+// i, as many calls of Dispatch would, under one lock and with one wake-up.
+func (p *Pool[T]) DispatchAll(i int, a *Assignment, vs []T) {
+	s := p.shards[i]
+	s.mu.Lock()
+	if s.closed || a.Revoked() {
+		s.mu.Unlock()
+		if p.cfg.Drop != nil {
+			for _, v := range vs {
+				p.cfg.Drop(a, v)
+			}
+		}
+		return
+	}
+	if s.head > 64 && s.head*2 >= len(s.q) {
+		n := copy(s.q, s.q[s.head:])
+		clear(s.q[n:])
+		s.q, s.head = s.q[:n], 0
+	}
+	for _, v := range vs {
+		s.q = append(s.q, item[T]{a, v})
+	}
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
 // Purge removes every queued record of assignment a (which should be revoked
 // first, so that none is queued again) and reports each to the pool's
 // DropFunc. Records of a that a worker already took are not affected.

@@ -36,11 +36,27 @@ const (
 // shard, whatever the partition (a key that moves partitions after a
 // repartition stays on one worker). shards must be positive.
 func Shard(topic string, partition int32, offset int64, key []byte, shards int, nullKeys NullKeyPolicy) int {
+	return HashTopic(topic).Shard(partition, offset, key, shards, nullKeys)
+}
+
+// TopicHash is the part of a record's shard hash that depends on its topic
+// alone: computed once, it routes every record of a poll of that topic.
+type TopicHash uint64
+
+// HashTopic returns the TopicHash of topic.
+func HashTopic(topic string) TopicHash {
 	h := uint64(fnvOffset)
 	for i := 0; i < len(topic); i++ {
 		h ^= uint64(topic[i])
 		h *= fnvPrime
 	}
+	return TopicHash(h)
+}
+
+// Shard returns what [Shard] returns for a record of the topic th was
+// computed from.
+func (th TopicHash) Shard(partition int32, offset int64, key []byte, shards int, nullKeys NullKeyPolicy) int {
+	h := uint64(th)
 	if key == nil {
 		// A separator that no key byte sequence can produce in the keyed
 		// branch, since that branch always mixes in a 0x01 first.
