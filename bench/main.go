@@ -273,14 +273,17 @@ func (b *bench) sweeps(ctx context.Context, p plan, rep *report, ioN func(int) i
 		}
 		rep.shardSweep = append(rep.shardSweep, sweepPoint{x: shards, rate: figs[0].median, ideal: ideal(shards), handler: figs[0].handlerLatency()})
 	}
-	for _, batch := range []int{1, 4, 16, 64, 256} {
+	for _, batch := range []int{1, 4, 16, 64, 256, 1024} {
 		figs, err := b.measure(ctx, fmt.Sprintf("batch sweep %d", batch),
-			contender{fmt.Sprintf("batch %d", batch), p.db, b.kscopeDB(batch), b.resetDB})
+			contender{fmt.Sprintf("batch %d, queued handler", batch), p.db, b.kscopeDBQueued(batch), b.resetDB},
+			contender{fmt.Sprintf("batch %d, Exec handler", batch), p.db, b.kscopeDB(batch), b.resetDB})
 		if err != nil {
 			return err
 		}
-		bc, pc := figs[0].cpuPerRecord()
-		rep.batchSweep = append(rep.batchSweep, sweepPoint{x: batch, rate: figs[0].median, benchCPU: bc, pgCPU: pc, perTxn: figs[0].recordsPerTxn()})
+		for i, to := range []*[]sweepPoint{&rep.batchSweepQueued, &rep.batchSweep} {
+			bc, pc := figs[i].cpuPerRecord()
+			*to = append(*to, sweepPoint{x: batch, rate: figs[i].median, benchCPU: bc, pgCPU: pc, perTxn: figs[i].recordsPerTxn()})
+		}
 	}
 	return nil
 }
