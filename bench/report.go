@@ -341,7 +341,7 @@ func writeFigs(b *strings.Builder, figs []figure, cpu bool) {
 
 func (r *report) writeRSS(b *strings.Builder, s scenario) {
 	fmt.Fprintf(b, "The consumer runs as a child process (this program re-executed), so the broker's copy of the backlog "+
-		"is not in its memory. It uses the default configuration (16 shards, MaxInFlightRecords 10,000, MaxInFlightBytes 64 MiB) "+
+		"is not in its memory. It uses the default configuration (16 shards, MaxInFlightRecords 50,000, MaxInFlightBytes 64 MiB) "+
 		"and a handler that waits %s, so the backlog is far larger than what is in flight: backpressure bounds memory. "+
 		"Each run consumes for %s, then gets SIGTERM; its peak RSS is the child's `VmHWM` (the high-water mark of its resident set, "+
 		"from /proc/self/status, read as it stops).\n\n"+

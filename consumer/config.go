@@ -28,7 +28,7 @@ const (
 // Defaults applied by [Config] to fields left at their zero value.
 const (
 	DefaultShards             = 16
-	DefaultMaxInFlightRecords = 10_000
+	DefaultMaxInFlightRecords = 50_000
 	DefaultMaxInFlightBytes   = 64 << 20
 	DefaultDrainTimeout       = 15 * time.Second
 	DefaultRebalanceTimeout   = 60 * time.Second
@@ -70,9 +70,13 @@ type Config struct {
 	Shards int
 
 	// MaxInFlightRecords bounds the records that are polled and not yet
-	// finished (queued or running). At the bound the runner stops polling
-	// and pauses fetching for the partitions that hold the most unfinished
-	// records; nothing is dropped. Default 10,000.
+	// finished (queued or running). At the bound the runner stops polling;
+	// if it stays there for more than 100ms it also pauses fetching for the
+	// partitions that hold the most unfinished records. Nothing is dropped.
+	// Default 50,000: enough slack that fast handlers do not wait on the
+	// poll loop (BENCHMARKS.md, r1); MaxInFlightBytes bounds the memory.
+	// Queued records of a revoked partition are dropped, not drained, so
+	// the bound does not lengthen a rebalance.
 	// Java equivalent (roughly): max.poll.records.
 	MaxInFlightRecords int
 

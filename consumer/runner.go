@@ -368,21 +368,7 @@ func (r *Runner) pollLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		room, capacity := r.roomNow()
 		if room <= 0 {
-			// At the bound: pause the busiest partitions, then wait until a
-			// quarter of the capacity is free again (workers signal as they
-			// finish), so that polls are not one record at a time.
-			r.pauseBusiest(capacity)
-			r.waiting.Store(true)
-			for ctx.Err() == nil {
-				if room, capacity = r.roomNow(); room >= max(capacity/4, 1) {
-					break
-				}
-				select {
-				case <-ctx.Done():
-				case <-r.room:
-				}
-			}
-			r.waiting.Store(false)
+			r.waitForRoom(ctx, capacity)
 			continue
 		}
 		fetches := r.cl.PollRecords(ctx, int(room))
@@ -419,6 +405,38 @@ func (r *Runner) pollLoop(ctx context.Context) {
 			}
 		}
 		r.cl.AllowRebalance()
+	}
+}
+
+// pauseAfter is how long the poll loop waits at the in-flight bound before
+// it pauses the busiest partitions. Not polling already stops the client
+// from fetching more than the one response per broker it buffers; pausing
+// also makes the client drop what it buffered for the paused partitions
+// (they are fetched again on resume), so it is kept for a bound that holds
+// for longer than a burst.
+const pauseAfter = 100 * time.Millisecond
+
+// waitForRoom waits at the in-flight bound until a quarter of the capacity
+// is free again (workers signal as they finish), so that polls are not one
+// record at a time. If that takes longer than pauseAfter, it pauses the
+// busiest partitions, so that the room that frees up goes to the others.
+func (r *Runner) waitForRoom(ctx context.Context, capacity int64) {
+	r.waiting.Store(true)
+	defer r.waiting.Store(false)
+	pause := time.NewTimer(pauseAfter)
+	defer pause.Stop()
+	for ctx.Err() == nil {
+		room, c := r.roomNow()
+		if room >= max(c/4, 1) {
+			return
+		}
+		capacity = c
+		select {
+		case <-ctx.Done():
+		case <-r.room:
+		case <-pause.C:
+			r.pauseBusiest(capacity)
+		}
 	}
 }
 

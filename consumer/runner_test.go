@@ -72,7 +72,15 @@ func TestBackpressureBoundsInFlight(t *testing.T) {
 	cfg.Shards = 4
 	cfg.MaxInFlightRecords = 64
 	cfg.MaxInFlightBytes = 1 << 30
+	// The handlers are held at first, so that the bound holds for longer
+	// than a burst: the runner then pauses the busiest partitions.
+	gate := make(chan struct{})
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		time.Sleep(100 * time.Microsecond)
 		obs.Record(rec.Value)
 		return nil
@@ -81,6 +89,11 @@ func TestBackpressureBoundsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "partitions paused at the held bound", func() bool {
+		st := r.Stats()
+		return st.PausedPartitions > 0 && st.InFlight == int64(cfg.MaxInFlightRecords)
+	})
+	close(gate)
 	testenv.WaitFor(t, 2*time.Minute, "the backlog drained", func() bool { return obs.Handled() >= int64(total) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
