@@ -273,6 +273,16 @@ func (b *bench) sweeps(ctx context.Context, p plan, rep *report, ioN func(int) i
 		}
 		rep.shardSweep = append(rep.shardSweep, sweepPoint{x: shards, rate: figs[0].median, ideal: ideal(shards), handler: figs[0].handlerLatency()})
 	}
+	for _, bound := range []int{10_000, 50_000, 200_000} {
+		figs, err := b.measure(ctx, fmt.Sprintf("in-flight sweep %d", bound),
+			contender{fmt.Sprintf("kscope, MaxInFlightRecords %d", bound), p.noop, b.kscopeNoopBound(bound), nil},
+			contender{"raw franz-go PollFetches loop", p.noop, b.rawLoop, nil})
+		if err != nil {
+			return err
+		}
+		bc, _ := figs[0].cpuPerRecord()
+		rep.boundSweep = append(rep.boundSweep, sweepPoint{x: bound, rate: figs[0].median, ideal: figs[1].median, benchCPU: bc})
+	}
 	for _, batch := range []int{1, 4, 16, 64, 256, 1024} {
 		figs, err := b.measure(ctx, fmt.Sprintf("batch sweep %d", batch),
 			contender{fmt.Sprintf("batch %d, queued handler", batch), p.db, b.kscopeDBQueued(batch), b.resetDB},

@@ -77,8 +77,20 @@ func (b *bench) rawLoop(ctx context.Context, n int) (result, error) {
 
 // kscopeNoop is r1's numerator: the AtLeastOnce runner, a no-op handler.
 func (b *bench) kscopeNoop(ctx context.Context, n int) (result, error) {
+	return b.kscopeNoopBound(0)(ctx, n)
+}
+
+// kscopeNoopBound is kscopeNoop with the given MaxInFlightRecords (0: the
+// default).
+func (b *bench) kscopeNoopBound(bound int) func(ctx context.Context, n int) (result, error) {
+	return func(ctx context.Context, n int) (result, error) { return b.noop(ctx, n, bound) }
+}
+
+func (b *bench) noop(ctx context.Context, n, bound int) (result, error) {
 	m := newMeter(n)
-	r, err := consumer.New(b.cfg("noop", 0), consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+	cfg := b.cfg("noop", 0)
+	cfg.MaxInFlightRecords = bound
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
 		m.start()
 		return nil
 	}))

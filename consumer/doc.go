@@ -17,9 +17,10 @@
 //     partitions, lets running records finish (bounded by
 //     Config.DrainTimeout), commits what is durable, then lets the
 //     rebalance go on. On a lost partition it commits nothing.
-//   - Bounded memory: past Config.MaxInFlightRecords or
-//     Config.MaxInFlightBytes the runner pauses fetching for the busiest
-//     partitions; nothing is dropped.
+//   - Bounded memory: at Config.MaxInFlightRecords or
+//     Config.MaxInFlightBytes the runner stops polling, and when the bound
+//     holds past a burst it pauses fetching for the busiest partitions;
+//     nothing is dropped.
 //   - Clean shutdown: Run returns after its context is canceled with every
 //     goroutine it started gone and every durable offset committed.
 //

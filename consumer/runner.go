@@ -366,9 +366,9 @@ func (r *Runner) fatalErr() error {
 func (r *Runner) pollLoop(ctx context.Context) {
 	r.shardBuf = make([][]*Record, r.cfg.Shards)
 	for ctx.Err() == nil {
-		room, capacity := r.roomNow()
+		room, _ := r.roomNow()
 		if room <= 0 {
-			r.waitForRoom(ctx, capacity)
+			r.waitForRoom(ctx)
 			continue
 		}
 		fetches := r.cl.PollRecords(ctx, int(room))
@@ -420,17 +420,16 @@ const pauseAfter = 100 * time.Millisecond
 // is free again (workers signal as they finish), so that polls are not one
 // record at a time. If that takes longer than pauseAfter, it pauses the
 // busiest partitions, so that the room that frees up goes to the others.
-func (r *Runner) waitForRoom(ctx context.Context, capacity int64) {
+func (r *Runner) waitForRoom(ctx context.Context) {
 	r.waiting.Store(true)
 	defer r.waiting.Store(false)
 	pause := time.NewTimer(pauseAfter)
 	defer pause.Stop()
 	for ctx.Err() == nil {
-		room, c := r.roomNow()
-		if room >= max(c/4, 1) {
+		room, capacity := r.roomNow()
+		if room >= max(capacity/4, 1) {
 			return
 		}
-		capacity = c
 		select {
 		case <-ctx.Done():
 		case <-r.room:
