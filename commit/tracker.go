@@ -58,14 +58,7 @@ func (p *Partition) AddTimed(offset int64, epoch int32, ts int64) bool {
 		return false
 	}
 	p.lastAdd = offset
-	if p.head > 0 && p.head == len(p.entries) {
-		p.entries = p.entries[:0]
-		p.head = 0
-	} else if p.head > 1024 && p.head*2 > len(p.entries) {
-		n := copy(p.entries, p.entries[p.head:])
-		p.entries = p.entries[:n]
-		p.head = 0
-	}
+	p.compactLocked()
 	p.entries = append(p.entries, entry{offset: offset, epoch: epoch, ts: ts})
 	p.pending++
 	return true
@@ -83,14 +76,7 @@ func (p *Partition) AddAll(n int, at func(i int) (offset int64, epoch int32, ts 
 	if p.detached {
 		return n
 	}
-	if p.head > 0 && p.head == len(p.entries) {
-		p.entries = p.entries[:0]
-		p.head = 0
-	} else if p.head > 1024 && p.head*2 > len(p.entries) {
-		k := copy(p.entries, p.entries[p.head:])
-		p.entries = p.entries[:k]
-		p.head = 0
-	}
+	p.compactLocked()
 	first := n
 	for i := range n {
 		off, epoch, ts := at(i)
@@ -106,6 +92,19 @@ func (p *Partition) AddAll(n int, at func(i int) (offset int64, epoch int32, ts 
 		p.pending++
 	}
 	return first
+}
+
+// compactLocked drops the finished entries before head once they are most
+// of the slice, so that it does not grow with the partition's life.
+func (p *Partition) compactLocked() {
+	if p.head > 0 && p.head == len(p.entries) {
+		p.entries = p.entries[:0]
+		p.head = 0
+	} else if p.head > 1024 && p.head*2 > len(p.entries) {
+		n := copy(p.entries, p.entries[p.head:])
+		p.entries = p.entries[:n]
+		p.head = 0
+	}
 }
 
 // Done records that offset's effect is durable and advances the watermark

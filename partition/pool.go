@@ -72,26 +72,7 @@ func (p *Pool[T]) Start() {
 // Dispatch queues v, a record of assignment a, on shard i. It never blocks.
 // A record dispatched after Stop, or for a revoked assignment, is dropped.
 func (p *Pool[T]) Dispatch(i int, a *Assignment, v T) {
-	s := p.shards[i]
-	s.mu.Lock()
-	if s.closed || a.Revoked() {
-		s.mu.Unlock()
-		if p.cfg.Drop != nil {
-			p.cfg.Drop(a, v)
-		}
-		return
-	}
-	if s.head > 64 && s.head*2 >= len(s.q) {
-		n := copy(s.q, s.q[s.head:])
-		clear(s.q[n:])
-		s.q, s.head = s.q[:n], 0
-	}
-	s.q = append(s.q, item[T]{a, v})
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	p.DispatchAll(i, a, []T{v})
 }
 
 // DispatchAll queues vs, records of assignment a in offset order, on shard
