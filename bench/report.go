@@ -256,7 +256,7 @@ func (r *report) write(path, svgPath string) error {
 		b.WriteString("The no-op AtLeastOnce runner of r1 with `Config.MaxInFlightRecords` set, against the raw loop measured beside it " +
 			"(interleaved, as in r1). With a small bound the poll loop waits for room while the workers drain, and the workers wait while " +
 			"it polls and dispatches; more slack lets both run at once, and the client fetches the next response while the workers run the last. " +
-			"The default is 50,000: each in-flight record holds about 350 bytes of bookkeeping besides its key, value and headers, " +
+			"The default is 50,000: each in-flight record holds about 300 bytes of bookkeeping besides its key, value and headers, " +
 			"so a larger bound is a trade of memory for the last part of a very fast handler's throughput, left to the user.\n\n")
 		b.WriteString("| MaxInFlightRecords | kscope records/s (median) | raw loop records/s (median) | ratio | kscope bench CPU µs/record |\n| ---: | ---: | ---: | ---: | ---: |\n")
 		for _, pt := range r.boundSweep {

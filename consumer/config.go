@@ -76,7 +76,7 @@ type Config struct {
 	// Default 50,000: about a fetch response's worth beyond the one being
 	// handled, so that the client fetches the next while the workers run
 	// the last. A larger bound buys a little more for very fast handlers,
-	// at about 350 bytes of bookkeeping per record on top of its key,
+	// at about 300 bytes of bookkeeping per record on top of its key,
 	// value and headers (BENCHMARKS.md, "r1 against the in-flight bound":
 	// 200,000 gains about 10% on a no-op handler and doubles the peak RSS).
 	// Queued records of a revoked partition are dropped, not drained, so

@@ -17,7 +17,9 @@ func (r *Runner) hold(st *partState, rec *Record) bool {
 	// The due time is read once, when the record arrives, and clamped
 	// then: a forged far-future time waits at most maxDelay.
 	now := time.Now()
-	rec.due, _ = DueOf(rec, now, maxDelay)
+	if due, ok := DueOf(rec, now, maxDelay); ok {
+		rec.due = due.UnixNano()
+	}
 	st.holdMu.Lock()
 	defer st.holdMu.Unlock()
 	if len(st.held) > 0 {
@@ -25,7 +27,10 @@ func (r *Runner) hold(st *partState, rec *Record) bool {
 		r.held.Add(1)
 		return true
 	}
-	due := rec.due
+	if rec.due == 0 {
+		return false
+	}
+	due := time.Unix(0, rec.due)
 	if !due.After(now) {
 		return false
 	}
@@ -49,15 +54,16 @@ func (r *Runner) releaseHeld(st *partState) {
 	i := 0
 	for ; i < len(st.held); i++ {
 		rec := st.held[i]
-		if rec.due.After(now) {
-			st.holdTimer = time.AfterFunc(rec.due.Sub(now), func() { r.releaseHeld(st) })
-			break
+		if rec.due != 0 {
+			due := time.Unix(0, rec.due)
+			if due.After(now) {
+				st.holdTimer = time.AfterFunc(due.Sub(now), func() { r.releaseHeld(st) })
+				break
+			}
+			r.lateness.observe(now.Sub(due))
+			r.obs.Lateness(rec.Topic, now.Sub(due))
 		}
-		if !rec.due.IsZero() {
-			r.lateness.observe(now.Sub(rec.due))
-			r.obs.Lateness(rec.Topic, now.Sub(rec.due))
-		}
-		r.pool.Dispatch(rec.shard, st.Assignment, rec)
+		r.pool.Dispatch(int(rec.shard), st.Assignment, rec)
 		st.held[i] = nil
 		r.held.Add(-1)
 	}

@@ -225,20 +225,23 @@ func (o *Observer) Start(ctx context.Context, r *Record) context.Context {
 	if o == nil || len(o.record) == 0 {
 		return ctx
 	}
-	r.obsStart = time.Now()
+	if r.obs == nil {
+		r.obs = new(recordObs)
+	}
+	r.obs.start = time.Now()
 	for _, h := range o.record {
 		ctx = h.OnRecordStart(ctx, RecordStart{Group: o.group, Record: r})
 	}
-	r.obsCtx = ctx
-	r.obsEnded = false
+	r.obs.ctx = ctx
+	r.obs.ended = false
 	return ctx
 }
 
 // Context returns the delivery context Start kept on r, or ctx when there
 // is none.
 func (o *Observer) Context(ctx context.Context, r *Record) context.Context {
-	if r.obsCtx != nil {
-		return r.obsCtx
+	if r.obs != nil && r.obs.ctx != nil {
+		return r.obs.ctx
 	}
 	return ctx
 }
@@ -246,19 +249,19 @@ func (o *Observer) Context(ctx context.Context, r *Record) context.Context {
 // End ends r's delivery with outcome out (once: later calls for the same
 // delivery are ignored). err is the last handler error, if any.
 func (o *Observer) End(r *Record, out Outcome, err error) {
-	if o == nil || len(o.record) == 0 || r.obsCtx == nil || r.obsEnded {
+	if o.Ended(r) {
 		return
 	}
-	r.obsEnded = true
-	e := RecordEnd{Group: o.group, Record: r, Outcome: out, Duration: time.Since(r.obsStart), Err: err}
+	r.obs.ended = true
+	e := RecordEnd{Group: o.group, Record: r, Outcome: out, Duration: time.Since(r.obs.start), Err: err}
 	for _, h := range o.record {
-		h.OnRecordEnd(r.obsCtx, e)
+		h.OnRecordEnd(r.obs.ctx, e)
 	}
 }
 
 // Ended reports whether r's delivery was ended (or never started).
 func (o *Observer) Ended(r *Record) bool {
-	return o == nil || len(o.record) == 0 || r.obsCtx == nil || r.obsEnded
+	return o == nil || len(o.record) == 0 || r.obs == nil || r.obs.ctx == nil || r.obs.ended
 }
 
 // Event reports a step of r's delivery.

@@ -16,18 +16,24 @@ type Record struct {
 
 	part  *partState
 	size  int64
-	shard int
+	shard int32
 	state uint8
-	due   time.Time // on a delay topic: when it may run; zero otherwise
+	due   int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
 
 	// The delivery's observation (Observer.Start), when hooks observe it.
-	obsCtx   context.Context
-	obsStart time.Time
-	obsEnded bool
+	obs *recordObs
+}
+
+// recordObs is a delivery's observation: kept apart from Record so that a
+// runner without hooks does not carry (and clear) it for every record.
+type recordObs struct {
+	ctx   context.Context
+	start time.Time
+	ended bool
 }
 
 // Shard returns the key-shard the record was routed to.
-func (r *Record) Shard() int { return r.shard }
+func (r *Record) Shard() int { return int(r.shard) }
 
 const (
 	recPending  uint8 = iota

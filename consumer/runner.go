@@ -500,7 +500,7 @@ func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, b
 		kr := &block[i]
 		size := recordSize(rec)
 		added += size
-		*kr = Record{Record: rec, part: st, size: size, shard: th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys)}
+		*kr = Record{Record: rec, part: st, size: size, shard: int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))}
 	}
 	bytes += added
 	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
