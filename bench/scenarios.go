@@ -141,13 +141,18 @@ func (b *bench) kscopeDB(batch int) func(ctx context.Context, n int) (result, er
 		if err != nil {
 			return result{}, err
 		}
-		err = untilDone(ctx, m, r.Run, func() int64 { return r.Stats().Done })
-		res := m.result()
-		// Transactions over the whole run: a close estimate of the
-		// measured window's, which holds nearly all of them.
-		res.txns = r.DBStats().Transactions
-		return res, err
+		return runDB(ctx, m, r)
 	}
+}
+
+// runDB runs a DB-scope runner until the meter's records are done.
+func runDB(ctx context.Context, m *meter, r *dbscope.Runner) (result, error) {
+	err := untilDone(ctx, m, r.Run, func() int64 { return r.Stats().Done })
+	res := m.result()
+	// Transactions over the whole run: a close estimate of the measured
+	// window's, which holds nearly all of them.
+	res.txns = r.DBStats().Transactions
+	return res, err
 }
 
 // kscopeDBQueued is the DB scope with default settings and a queued
@@ -165,10 +170,7 @@ func (b *bench) kscopeDBQueued(batch int) func(ctx context.Context, n int) (resu
 		if err != nil {
 			return result{}, err
 		}
-		err = untilDone(ctx, m, r.Run, func() int64 { return r.Stats().Done })
-		res := m.result()
-		res.txns = r.DBStats().Transactions
-		return res, err
+		return runDB(ctx, m, r)
 	}
 }
 

@@ -51,12 +51,7 @@ func TestDuplicateDeliveryHasOneEffect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, r)
-	testenv.WaitFor(t, time.Minute, "all deliveries done", func() bool { return r.Stats().Done >= 12 })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-dup", topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	runToEnd(t, r, k, "g-dup", topic, "all deliveries done", time.Minute, func() bool { return r.Stats().Done >= 12 })
 	if c := countEffects(t, pool); c.rows != 10 || c.unique != 10 {
 		t.Fatalf("effects %+v, want 10 rows for 10 unique messages", c)
 	}

@@ -57,24 +57,9 @@ func TestDBPoisonAndSkip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, r)
-	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == int64(len(vals)) })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	st := r.DBStats()
-	if st.Applied != 4 || st.Skipped != 1 || r.Stats().Failures.DeadLettered != 1 {
-		t.Fatalf("stats %+v, failures %+v: want 4 applied, 1 skipped, 1 dead-lettered", st, r.Stats().Failures)
-	}
-	var keys []string
-	rows, _ := pool.Query(ctx, `SELECT key FROM effects ORDER BY n`)
-	for rows.Next() {
-		var k string
-		rows.Scan(&k)
-		keys = append(keys, k)
-	}
-	rows.Close()
+	runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
+	wantOutcomes(t, r, 4, 1, 1)
+	keys := effectKeys(t, pool)
 	for _, k := range keys {
 		if k == "poison" {
 			t.Fatal("the poison record's write survived")

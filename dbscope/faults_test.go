@@ -54,12 +54,7 @@ func TestConnectionLossMidBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, r)
-	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return r.DBStats().Applied == int64(total) })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.DBStats().Applied == int64(total) })
 	if killed.Load() == 0 {
 		t.Fatal("no backend was terminated: the test did not test anything")
 	}

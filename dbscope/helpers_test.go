@@ -116,10 +116,44 @@ func run(t testing.TB, r interface{ Run(context.Context) error }) (stop func() e
 	return stop
 }
 
+// runToEnd runs r until done reports true and the group's offsets cover
+// topic, then stops it and fails the test if Run returned an error.
+func runToEnd(t testing.TB, r interface{ Run(context.Context) error }, k *testenv.Kafka, group, topic string, what string, within time.Duration, done func() bool) {
+	t.Helper()
+	stop := run(t, r)
+	testenv.WaitFor(t, within, what, done)
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantOutcomes fails the test unless r applied, skipped and dead-lettered
+// the given numbers of records.
+func wantOutcomes(t testing.TB, r *dbscope.Runner, applied, skipped, deadLettered int64) {
+	t.Helper()
+	st, f := r.DBStats(), r.Stats().Failures
+	if st.Applied != applied || st.Skipped != skipped || f.DeadLettered != deadLettered {
+		t.Fatalf("stats %+v, failures %+v: want %d applied, %d skipped, %d dead-lettered", st, f, applied, skipped, deadLettered)
+	}
+}
+
 // effectOrder returns the effects as "key/seq", in the order applied.
 func effectOrder(t testing.TB, pool *pgxpool.Pool) []string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT key || '/' || seq FROM effects ORDER BY n`)
+	return effectColumn(t, pool, `key || '/' || seq`)
+}
+
+// effectKeys returns the effects' keys, in the order applied.
+func effectKeys(t testing.TB, pool *pgxpool.Pool) []string {
+	t.Helper()
+	return effectColumn(t, pool, `key`)
+}
+
+// effectColumn returns expr of every effect row, in the order applied.
+func effectColumn(t testing.TB, pool *pgxpool.Pool, expr string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT `+expr+` FROM effects ORDER BY n`)
 	if err != nil {
 		t.Fatal(err)
 	}

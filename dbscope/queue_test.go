@@ -60,12 +60,7 @@ func TestQueuedHandlerAppliesEachRecordOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, r)
-	testenv.WaitFor(t, time.Minute, "every delivery done", func() bool { return r.Stats().Done == total+2 })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	runToEnd(t, r, k, group, topic, "every delivery done", time.Minute, func() bool { return r.Stats().Done == total+2 })
 	if c := countEffects(t, pool); c.rows != total || c.unique != total {
 		t.Fatalf("effects %+v, want %d rows for %d messages", c, total, total)
 	}
@@ -139,29 +134,9 @@ func TestQueuedStatementFailureIsolatesItsRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, r)
-	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == int64(len(vals)) })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	st := r.DBStats()
-	if st.Applied != 5 || st.Skipped != 1 || r.Stats().Failures.DeadLettered != 2 {
-		t.Fatalf("stats %+v, failures %+v: want 5 applied, 1 skipped, 2 dead-lettered", st, r.Stats().Failures)
-	}
-	var keys []string
-	rows, err := pool.Query(ctx, `SELECT key FROM effects ORDER BY n`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var key string
-		if err := rows.Scan(&key); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, key)
-	}
-	rows.Close()
+	runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
+	wantOutcomes(t, r, 5, 1, 2)
+	keys := effectKeys(t, pool)
 	if got := strings.Join(keys, ","); got != "a,b,c,declined,d,negative" {
 		t.Fatalf("effects %s: want a,b,c,declined,d,negative (the failing records' statements rolled back, the skip's kept)", got)
 	}
@@ -224,12 +199,7 @@ func TestQueuedBatchSurvivesConnectionLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := run(t, r)
-	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return r.DBStats().Applied == int64(total) })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.DBStats().Applied == int64(total) })
 	if killed.Load() == 0 || r.DBStats().TxRetries == 0 {
 		t.Fatalf("no connection was killed (%d) or no transaction retried (%+v)", killed.Load(), r.DBStats())
 	}
