@@ -2,7 +2,9 @@ package dbscope_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -204,5 +206,115 @@ func TestStoredOffsetsResumeAheadOfKafka(t *testing.T) {
 	}
 	if c := countEffects(t, pool); c.rows != total+1 {
 		t.Fatalf("%d effects, want %d", c.rows, total+1)
+	}
+}
+
+// Records of one batch hit a statement timeout one after another, each
+// the first time its statement runs: every timeout rolls the transaction
+// back, and the records before the one that timed out commit on their own
+// before it runs again, so the batch makes progress record by record
+// instead of restarting from its first record with a growing backoff.
+// Each record is applied once.
+func TestStatementTimeoutsOneByOne(t *testing.T) {
+	for _, queued := range []bool{false, true} {
+		name := "Handler"
+		if queued {
+			name = "QueueHandler"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			k := testenv.KafkaT(t)
+			pool := newPool(t)
+			topic, group := "stmt-timeout-"+name, "g-stmt-timeout-"+name
+			if err := k.CreateTopic(ctx, topic, 1); err != nil {
+				t.Fatal(err)
+			}
+			total := k.ProduceKeyed(t, topic, 20, 10)
+			slow := func(r *consumer.Record) bool { return r.Offset%20 == 7 }
+			// A slow record's statement sleeps past the statement timeout
+			// the first time it runs: a sequence, which a rollback does
+			// not undo, counts its runs.
+			for off := 7; off < total; off += 20 {
+				if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE SEQUENCE slow_%d`, off)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			stmts := func(r *consumer.Record) []string {
+				return []string{
+					`SET LOCAL statement_timeout = '50ms'`,
+					fmt.Sprintf(`SELECT CASE WHEN nextval('slow_%d') = 1 THEN pg_sleep(2) END`, r.Offset),
+					`SET LOCAL statement_timeout = 0`,
+				}
+			}
+			var mu sync.Mutex
+			checked := map[int64]bool{}
+			var behind []string
+			// check runs at each call of a slow record: once its statement
+			// has timed out, every record before it must be durable.
+			check := func(r *consumer.Record) {
+				var fired bool
+				if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT is_called FROM slow_%d`, r.Offset)).Scan(&fired); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if !fired || checked[r.Offset] {
+					return
+				}
+				checked[r.Offset] = true
+				var durable int64
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&durable); err != nil {
+					t.Error(err)
+				}
+				if durable != r.Offset {
+					behind = append(behind, fmt.Sprintf("offset %d ran again with %d earlier records durable", r.Offset, durable))
+				}
+			}
+			cfg := baseConfig(k, group, topic)
+			cfg.Shards = 1
+			var r *dbscope.Runner
+			var err error
+			if queued {
+				r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, dbscope.QueueFunc(
+					func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+						if slow(r) {
+							check(r)
+							for _, s := range stmts(r) {
+								q.Exec(s)
+							}
+						}
+						return queueEffect(ctx, q, r)
+					}))
+			} else {
+				r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+					func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+						if slow(r) {
+							check(r)
+							for _, s := range stmts(r) {
+								if _, err := tx.Exec(ctx, s); err != nil {
+									return err
+								}
+							}
+						}
+						return insertEffect(ctx, tx, r)
+					}))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.DBStats().Applied == int64(total) })
+			if c := countEffects(t, pool); c.rows != total || c.unique != total {
+				t.Fatalf("effects %+v, want %d", c, total)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(behind) > 0 {
+				t.Fatalf("a timed-out record ran again before the records ahead of it were durable: %v", behind)
+			}
+			if got, want := r.DBStats().TxRetries, int64(total/20); got != want || len(checked) != total/20 {
+				t.Fatalf("%d transaction retries and %d slow records seen timed out, want %d of each", got, len(checked), want)
+			}
+		})
 	}
 }

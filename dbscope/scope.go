@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,7 +82,10 @@ func (r *Runner) DBStats() Stats {
 // later records of the same key wait behind it, other keys go on. A
 // business skip (consumer.Skip) commits what the handler wrote and
 // acknowledges the record. A transient PostgreSQL error (see [IsTransient])
-// retries the whole batch. The offset is never committed past a record
+// rolls back the transaction and retries after a backoff: when a record's
+// handler or statement raised it, the records before that one go first in
+// a transaction of their own, so that a batch makes progress while its
+// records fail transiently one by one (a statement timeout, say). The offset is never committed past a record
 // whose transaction did not commit or whose dead-letter produce was not
 // acknowledged.
 //
@@ -305,6 +309,17 @@ func (e *isolateError) Error() string {
 	return "dbscope: a handler failed; rerun the batch with a savepoint per record: " + e.err.Error()
 }
 
+// transientError is a transient error raised by the handler or a queued
+// statement of record rec: the transaction is rolled back and retried, and
+// the records before rec, which succeeded in it, are retried on their own.
+type transientError struct {
+	rec *consumer.Record
+	err error
+}
+
+func (e *transientError) Error() string { return e.err.Error() }
+func (e *transientError) Unwrap() error { return e.err }
+
 // failure is what is known of one record's failures in this Process call.
 type failure struct {
 	attempts int
@@ -333,21 +348,28 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		}
 	}()
 	pending := batch
+	limit := len(pending) // the next transaction takes pending[:limit]
 	isolate := false
 	fails := map[*consumer.Record]*failure{}
 	for attempt := 0; len(pending) > 0; {
 		if ctx.Err() != nil || pending[0].Revoked() {
 			return
 		}
-		work, res, err := s.apply(ctx, pending, done, isolate, fails)
+		work, res, err := s.apply(ctx, pending[:limit], done, isolate, fails)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
+			var te *transientError
+			if errors.As(err, &te) {
+				if cut := slices.Index(pending[:limit], te.rec); cut > 0 {
+					limit = cut
+				}
+			}
 			attempt++
 			s.txRetries.Add(1)
 			d := backoff.Delay(attempt, retryBase, retryCap)
-			s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", len(pending),
+			s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", limit,
 				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
 			done(nil) // what is durable may commit while the batch waits
 			if !backoff.Sleep(ctx, d) {
@@ -356,6 +378,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			continue
 		}
 		attempt = 0
+		rest := pending[limit:] // after a transient failure: not tried yet
 		// The transaction committed. Carry out what it decided for the
 		// records that did not apply: a parked record goes to the retry
 		// topic of its key's head; a failed one is retried in place, sent
@@ -399,12 +422,15 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				kept = append(kept, r)
 			}
 		}
-		if len(kept) == 0 {
+		if len(kept) == 0 && len(rest) == 0 {
 			return
 		}
-		// What is left goes again, in order, each record in a savepoint of
-		// its own.
-		pending, isolate = kept, true
+		// What is left goes again, in order: the records kept for a retry
+		// in place each in a savepoint of its own, with the rest of the
+		// batch behind them.
+		isolate = len(kept) > 0
+		pending = append(kept, rest...)
+		limit = len(pending)
 		done(nil) // what is durable may commit while the rest waits
 		if wait > 0 && !backoff.Sleep(ctx, wait) {
 			return
@@ -827,7 +853,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			}
 			if err != nil {
 				if IsTransient(err) || tx.Conn().IsClosed() {
-					return nil, err
+					return nil, &transientError{rec: r, err: err}
 				}
 				if s.f.Class(err) != consumer.ClassSkip {
 					return nil, &isolateError{i: i, err: err}
@@ -869,7 +895,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				herr = s.call(hctx, sp, r)
 			}
 			if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
-				return nil, herr
+				return nil, &transientError{rec: r, err: herr}
 			}
 		}
 		if herr == nil || (s.f.Class(herr) == consumer.ClassSkip && !stmtFailed) {
@@ -939,7 +965,10 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 	if err := q.send(ctx, tx); err != nil {
 		var se *stmtError
-		if errors.As(err, &se) && se.owner >= 0 && !IsTransient(se.err) && !tx.Conn().IsClosed() {
+		if errors.As(err, &se) && se.owner >= 0 {
+			if IsTransient(se.err) || tx.Conn().IsClosed() {
+				return nil, &transientError{rec: work[se.owner], err: se.err}
+			}
 			// A queued statement of record se.owner failed: the batch
 			// runs again with a savepoint per record.
 			return nil, &isolateError{i: se.owner, err: se.err, stmt: true}
