@@ -101,6 +101,47 @@ func (b *bench) noop(ctx context.Context, n, bound int) (result, error) {
 	return m.result(), err
 }
 
+// timerCeiling is r4's reference, measured beside kscope: 64 goroutines,
+// no Kafka, each sleeping ioDelay per record in a loop, their starts spread
+// over one ioDelay as busy key-shards' are. It is what the 5 ms handler
+// allows on this machine with no consumer at all: the timer's overshoot
+// on each sleep is in it, the runner's cost is not.
+func timerCeiling(shards int) func(ctx context.Context, n int) (result, error) {
+	return func(ctx context.Context, n int) (result, error) {
+		m := newMeter(n)
+		var slept, calls atomic.Int64
+		var wg sync.WaitGroup
+		for i := range shards {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i) * ioDelay / time.Duration(shards))
+				m.start()
+				for {
+					select {
+					case <-m.done:
+						return
+					case <-ctx.Done():
+						return
+					default:
+					}
+					t0 := time.Now()
+					time.Sleep(ioDelay)
+					slept.Add(int64(time.Since(t0)))
+					calls.Add(1)
+					m.add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		res := m.result()
+		if c := calls.Load(); c > 0 {
+			res.handler = time.Duration(slept.Load() / c)
+		}
+		return res, ctx.Err()
+	}
+}
+
 // kscopeIO is r4's numerator: the AtLeastOnce runner with a handler that
 // waits ioDelay, on the given number of key-shards.
 func (b *bench) kscopeIO(shards int) func(ctx context.Context, n int) (result, error) {
