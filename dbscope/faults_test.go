@@ -214,7 +214,7 @@ func TestStoredOffsetsResumeAheadOfKafka(t *testing.T) {
 // back, and the records before the one that timed out commit on their own
 // before it runs again, so the batch makes progress record by record
 // instead of restarting from its first record with a growing backoff.
-// Each record is applied once.
+// Each record is applied once, each key's records in order.
 func TestStatementTimeoutsOneByOne(t *testing.T) {
 	for _, queued := range []bool{false, true} {
 		name := "Handler"
@@ -307,6 +307,7 @@ func TestStatementTimeoutsOneByOne(t *testing.T) {
 			if c := countEffects(t, pool); c.rows != total || c.unique != total {
 				t.Fatalf("effects %+v, want %d", c, total)
 			}
+			wantKeyOrder(t, pool)
 			mu.Lock()
 			defer mu.Unlock()
 			if len(behind) > 0 {

@@ -144,6 +144,23 @@ func effectOrder(t testing.TB, pool *pgxpool.Pool) []string {
 	return effectColumn(t, pool, `key || '/' || seq`)
 }
 
+// wantKeyOrder fails the test unless each key's effects were applied in
+// sequence order (the per-key order invariant).
+func wantKeyOrder(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	last := map[string]int{}
+	for _, e := range effectOrder(t, pool) {
+		key, seq, ok := testenv.ParseKeyed([]byte(e))
+		if !ok {
+			t.Fatalf("effect %q is not key/seq", e)
+		}
+		if prev, seen := last[key]; seen && seq <= prev {
+			t.Fatalf("key %s applied %d after %d", key, seq, prev)
+		}
+		last[key] = seq
+	}
+}
+
 // effectKeys returns the effects' keys, in the order applied.
 func effectKeys(t testing.TB, pool *pgxpool.Pool) []string {
 	t.Helper()

@@ -71,15 +71,7 @@ func TestQueuedHandlerAppliesEachRecordOnce(t *testing.T) {
 	if st.Transactions >= total/2 {
 		t.Fatalf("%d transactions for %d records: the records were not batched", st.Transactions, total)
 	}
-	// Per-key order: each key's effects in sequence order.
-	last := map[string]string{}
-	for _, e := range effectOrder(t, pool) {
-		key, seq, _ := strings.Cut(e, "/")
-		if prev, ok := last[key]; ok && len(seq) <= len(prev) && seq <= prev {
-			t.Fatalf("key %s applied %s after %s", key, seq, prev)
-		}
-		last[key] = seq
-	}
+	wantKeyOrder(t, pool)
 }
 
 // A queued statement that fails (here a CHECK constraint) fails its record

@@ -85,9 +85,9 @@ func (r *Runner) DBStats() Stats {
 // rolls back the transaction and retries after a backoff: when a record's
 // handler or statement raised it, the records before that one go first in
 // a transaction of their own, so that a batch makes progress while its
-// records fail transiently one by one (a statement timeout, say). The offset is never committed past a record
-// whose transaction did not commit or whose dead-letter produce was not
-// acknowledged.
+// records fail transiently one by one (a statement timeout, say). The
+// offset is never committed past a record whose transaction did not commit
+// or whose dead-letter produce was not acknowledged.
 //
 // Run [Migrate] first. What the DB scope does not cover: anything the
 // handler does outside tx.
