@@ -91,10 +91,16 @@ func (r *Runner) dropHeld(st *partState) {
 	st.held = nil
 }
 
-// DueOf reads the due time a delay-topic record carries (HeaderDue),
-// clamped to now+maxDelay so that a forged or corrupt far-future time
-// cannot block its partition. ok is false when the record has no due time
-// or an unreadable one: it is due now.
+// DueOf reads the due time a delay-topic record carries (HeaderDue). ok is
+// false when the record has no due time or an unreadable one: it is due
+// now. A due time up to twice maxDelay ahead is clamped to now+maxDelay (a
+// producer whose clock runs somewhat ahead); one further out cannot have
+// been written by a runner whose clock agrees with this one within the
+// delay, so it is treated as due now. The result depends only on the
+// header while the header's time comes nearer, so a record whose due time
+// is read again after a rewind (the Kafka scope) is never held longer than
+// its clamped time: a forged or corrupt far-future time cannot block its
+// partition.
 func DueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
 	v, ok := rec.Header(HeaderDue)
 	if !ok {
@@ -105,8 +111,11 @@ func DueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool)
 		return time.Time{}, false
 	}
 	due := time.UnixMilli(ms)
-	if limit := now.Add(maxDelay); due.After(limit) {
-		due = limit
+	switch {
+	case due.After(now.Add(2 * maxDelay)):
+		return now, true
+	case due.After(now.Add(maxDelay)):
+		return now.Add(maxDelay), true
 	}
 	return due, true
 }

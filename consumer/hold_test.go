@@ -126,3 +126,34 @@ func TestDelayTopicHoldsRecordsUntilDue(t *testing.T) {
 		t.Fatalf("lateness %+v: want the held releases counted, none a second late", st.RetryLateness)
 	}
 }
+
+// DueOf: a due time a little beyond the delay is clamped, one far beyond it
+// is due now, and a clamped time is reached as the header's time comes
+// nearer, so reading it again later never holds a record longer.
+func TestDueOfClampsFarFutureTimes(t *testing.T) {
+	const maxDelay = 10 * time.Second
+	now := time.UnixMilli(time.Now().UnixMilli())
+	rec := func(due time.Time) *consumer.Record {
+		return &consumer.Record{Record: &kgo.Record{Headers: dueHeader(due)}}
+	}
+	cases := []struct {
+		name string
+		due  time.Time
+		want time.Time
+	}{
+		{"within the delay", now.Add(3 * time.Second), now.Add(3 * time.Second)},
+		{"a clock somewhat ahead", now.Add(15 * time.Second), now.Add(maxDelay)},
+		{"far future", now.Add(24 * time.Hour), now},
+		{"year 9999", time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), now},
+	}
+	for _, c := range cases {
+		got, ok := consumer.DueOf(rec(c.due), now, maxDelay)
+		if !ok || !got.Equal(c.want) {
+			t.Errorf("%s: DueOf = %v, %v; want %v", c.name, got, ok, c.want)
+		}
+	}
+	// Read again after 9s (a rewind): the 15s header is 6s ahead now.
+	if got, _ := consumer.DueOf(rec(now.Add(15*time.Second)), now.Add(9*time.Second), maxDelay); !got.Equal(now.Add(15 * time.Second)) {
+		t.Errorf("read again: DueOf = %v, want the header's own time", got)
+	}
+}
