@@ -7,8 +7,10 @@
 // A handler returns a plain error or marks it: [Skip] for a business
 // rejection (acknowledged, counted, logged, not a failure), [Terminal] or
 // [DecodeError] for poison (dead-lettered at once), [Retryable] for a
-// transient failure (the full budget, default 6 attempts); anything else is
-// unknown (default 3 attempts). Policy.Classify overrides.
+// transient failure (the full budget: by default one pass through every
+// rung of the ladder, 12 attempts, or 6 in place where the retry topics are
+// not used); anything else is unknown (default 3 attempts, in place only).
+// Policy.Classify overrides.
 //
 // # Retries
 //

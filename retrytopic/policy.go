@@ -12,6 +12,10 @@ import (
 const (
 	DefaultBackoff           = time.Second
 	DefaultMaxBackoff        = 5 * time.Minute
+	// DefaultRetryableAttempts is the retryable budget of a record that
+	// cannot use the retry topics (they are disabled, or the scope keeps
+	// the record's retries in place). A record that can use them gets one
+	// pass through every rung instead: see Policy.RetryableAttempts.
 	DefaultRetryableAttempts = 6
 	DefaultUnknownAttempts   = 3
 	DefaultInPlaceAttempts   = 3
@@ -35,10 +39,20 @@ type Policy struct {
 	MaxBackoff time.Duration
 
 	// RetryableAttempts is how many attempts a retryable failure gets in
-	// all before the DLT (default 6); UnknownAttempts the same for an
-	// unclassified error (default 3). Attempts made on earlier hops count.
+	// all before the DLT; attempts made on earlier hops count. Default:
+	// enough to pass through every rung of the Ladder once —
+	// InPlaceAttempts × (rungs + 1), 12 with the default ladder (3 in
+	// place, 5s, 3 in place, 1m, 3 in place, 10m, 3 in place, DLT) — for a
+	// record that may use the retry topics, and DefaultRetryableAttempts
+	// (6, in place) for one that may not.
 	RetryableAttempts int
-	UnknownAttempts   int
+
+	// UnknownAttempts is how many attempts an unclassified error gets in
+	// all before the DLT. Default 3: with the default InPlaceAttempts an
+	// unknown error is retried in place only and never reaches a retry
+	// topic. Mark a transient failure [Retryable] to send it through the
+	// ladder, or raise this budget.
+	UnknownAttempts int
 
 	// InPlaceAttempts is how many attempts a record gets inside its
 	// key-shard's worker, on each hop, before it moves to the next retry
@@ -100,9 +114,6 @@ func (p Policy) WithDefaults(group string) Policy {
 	if p.MaxBackoff == 0 {
 		p.MaxBackoff = DefaultMaxBackoff
 	}
-	if p.RetryableAttempts == 0 {
-		p.RetryableAttempts = DefaultRetryableAttempts
-	}
 	if p.UnknownAttempts == 0 {
 		p.UnknownAttempts = DefaultUnknownAttempts
 	}
@@ -150,7 +161,7 @@ func (p Policy) Problems() []Problem {
 		bad("MaxBackoff", "is %s, below Backoff (%s); raise it or lower Backoff", p.MaxBackoff, p.Backoff)
 	}
 	if p.RetryableAttempts < 0 || p.RetryableAttempts > MaxAttempt {
-		bad("RetryableAttempts", "is %d; set it between 1 and %d (0 selects %d)", p.RetryableAttempts, MaxAttempt, DefaultRetryableAttempts)
+		bad("RetryableAttempts", "is %d; set it between 1 and %d (0 selects one pass through every rung of the ladder)", p.RetryableAttempts, MaxAttempt)
 	}
 	if p.UnknownAttempts < 0 || p.UnknownAttempts > MaxAttempt {
 		bad("UnknownAttempts", "is %d; set it between 1 and %d (0 selects %d)", p.UnknownAttempts, MaxAttempt, DefaultUnknownAttempts)
@@ -186,6 +197,19 @@ func (p Policy) ClassOf(err error) Class {
 		}
 	}
 	return ClassOf(err)
+}
+
+// RetryBudget returns the attempts a retryable failure gets in all:
+// RetryableAttempts when set, else its default for a record that may use
+// the retry topics (topics) or may not.
+func (p Policy) RetryBudget(topics bool) int {
+	switch {
+	case p.RetryableAttempts > 0:
+		return p.RetryableAttempts
+	case topics && !p.DisableRetryTopics && len(p.Ladder) > 0:
+		return min(max(p.InPlaceAttempts, 1)*(len(p.Ladder)+1), MaxAttempt)
+	}
+	return DefaultRetryableAttempts
 }
 
 // Action is what to do with a record after a failed attempt.
@@ -233,18 +257,19 @@ type Step struct {
 // topics says whether the caller may use the retry topics for this record.
 func (p Policy) Next(c Class, attempt, inPlace, stage int, topics bool) Step {
 	budget := p.UnknownAttempts
+	topics = topics && !p.DisableRetryTopics && len(p.Ladder) > 0
 	switch c {
 	case ClassSkip:
 		return Step{Action: ActionSkip, Class: c}
 	case ClassTerminal:
 		return Step{Action: ActionDeadLetter, Class: c}
 	case ClassRetryable:
-		budget = p.RetryableAttempts
+		budget = p.RetryBudget(topics)
 	}
 	if attempt >= budget {
 		return Step{Action: ActionDeadLetter, Class: c}
 	}
-	if topics && !p.DisableRetryTopics && len(p.Ladder) > 0 && inPlace >= p.InPlaceAttempts {
+	if topics && inPlace >= p.InPlaceAttempts {
 		next := min(stage+1, len(p.Ladder)-1)
 		return Step{Action: ActionRetryTopic, Class: c, Delay: p.Ladder[next], Stage: next, Topic: RetryTopic(p.group, p.Ladder[next])}
 	}

@@ -126,3 +126,47 @@ func TestLadderMustIncrease(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+// The default policy walks a retryable failure through every rung the
+// documentation lists (in place, 5s, in place, 1m, in place, 10m, in place,
+// DLT), and an unknown one through its in-place attempts to the DLT.
+func TestDefaultPolicyReachesEveryRung(t *testing.T) {
+	p := Policy{}.WithDefaults("g")
+	if got := p.Ladder; len(got) != 3 || got[0] != 5*time.Second || got[1] != time.Minute || got[2] != 10*time.Minute {
+		t.Fatalf("default ladder %v, want 5s, 1m, 10m", got)
+	}
+	walk := func(c Class) []string {
+		var path []string
+		stage, attempt := -1, 0
+		for hop := 0; hop < 20; hop++ {
+			for inPlace := 1; ; inPlace++ {
+				attempt++
+				s := p.Next(c, attempt, inPlace, stage, true)
+				switch s.Action {
+				case ActionRetry:
+					path = append(path, "retry")
+					continue
+				case ActionRetryTopic:
+					path = append(path, s.Topic)
+					stage = s.Stage
+				default:
+					return append(path, s.Action.String())
+				}
+				break
+			}
+		}
+		t.Fatalf("%s: no end after 20 hops: %v", c, path)
+		return nil
+	}
+	want := "retry retry g.kscope-retry-5s retry retry g.kscope-retry-1m retry retry g.kscope-retry-10m retry retry dead_letter"
+	if got := strings.Join(walk(ClassRetryable), " "); got != want {
+		t.Errorf("retryable path:\n got %s\nwant %s", got, want)
+	}
+	if got := strings.Join(walk(ClassUnknown), " "); got != "retry retry dead_letter" {
+		t.Errorf("unknown path: %s", got)
+	}
+	// Without retry topics the budget stays in place: 6 attempts.
+	if b := p.RetryBudget(false); b != DefaultRetryableAttempts {
+		t.Errorf("in-place budget %d, want %d", b, DefaultRetryableAttempts)
+	}
+}
