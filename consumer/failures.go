@@ -181,7 +181,7 @@ func EnsureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) erro
 		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
 	}
 	defer adm.Close()
-	f := &Failures{policy: cfg.Failures, group: cfg.Group, cl: adm, topics: retryTopics}
+	f := &Failures{policy: cfg.Failures, group: cfg.Group, cl: adm, topics: retryTopics, log: cfg.Logger}
 	return f.ensureTopics(ctx, cfg.Topics)
 }
 
@@ -267,7 +267,7 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 		if f.policy.DoNotCreateTopics {
 			return fmt.Errorf("kscope: the failure topic %s does not exist and Config.Failures.DoNotCreateTopics is set; create it, or unset DoNotCreateTopics", t)
 		}
-		resp, err := adm.CreateTopic(ctx, partitions, -1, nil, t)
+		resp, err := adm.CreateTopic(ctx, partitions, -1, f.policy.TopicConfigs(t), t)
 		if err == nil {
 			err = resp.Err
 		}
@@ -275,7 +275,31 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 			return fmt.Errorf("kscope: the failure topic %s does not exist and creating it failed (%w); create it yourself, or grant this client CREATE on the cluster", t, err)
 		}
 	}
+	if d, ok := td[f.policy.DeadLetterTopic]; ok && d.Err == nil && f.log != nil {
+		f.warnLimitedRetention(ctx, adm)
+	}
 	return nil
+}
+
+// warnLimitedRetention logs a warning when the dead-letter topic, which
+// existed before, expires its records while the policy asks for unlimited
+// retention: unresolved dead letters would vanish silently.
+func (f *Failures) warnLimitedRetention(ctx context.Context, adm *kadm.Client) {
+	if f.policy.DeadLetterRetention > 0 {
+		return
+	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, f.policy.DeadLetterTopic)
+	if err != nil {
+		return // the check is advisory
+	}
+	for _, rc := range rcs {
+		for _, c := range rc.Configs {
+			if c.Key == "retention.ms" && c.Value != nil && *c.Value != "-1" {
+				f.log.Warn("kscope: the dead-letter topic expires its records; unresolved dead letters will be lost. Set retention.ms=-1 on it, or set Config.Failures.DeadLetterRetention to accept the limit",
+					"dlt", f.policy.DeadLetterTopic, "retention_ms", *c.Value)
+			}
+		}
+	}
 }
 
 // FailureStats are the failure policy's counters.

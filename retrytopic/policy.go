@@ -3,6 +3,7 @@ package retrytopic
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/kscope-dev/kscope/internal/backoff"
@@ -86,6 +87,16 @@ type Policy struct {
 	DeadLetterTopic   string
 	DoNotCreateTopics bool
 
+	// DeadLetterRetention is the retention the dead-letter topic is created
+	// with. Default 0: unlimited (retention.ms=-1), so that a dead letter
+	// nobody has looked at yet never expires; a positive duration sets it.
+	// The retry topics are created with a retention of at least 7 days and
+	// four times their delay, so a record waiting in one never expires
+	// first. Topics that exist already keep their settings (a runner logs
+	// a warning when the dead-letter topic's retention is limited).
+	// Java (Spring Kafka): the DLT's retention.ms.
+	DeadLetterRetention time.Duration
+
 	// SpringHeaders adds Spring Kafka's kafka_dlt-* headers to dead-letter
 	// records, so tools built for Spring read kscope's DLT.
 	SpringHeaders bool
@@ -166,6 +177,9 @@ func (p Policy) Problems() []Problem {
 	if p.UnknownAttempts < 0 || p.UnknownAttempts > MaxAttempt {
 		bad("UnknownAttempts", "is %d; set it between 1 and %d (0 selects %d)", p.UnknownAttempts, MaxAttempt, DefaultUnknownAttempts)
 	}
+	if p.DeadLetterRetention < 0 {
+		bad("DeadLetterRetention", "is %s; set a positive duration, or 0 for unlimited retention", p.DeadLetterRetention)
+	}
 	if p.InPlaceAttempts < 0 {
 		bad("InPlaceAttempts", "is %d; set it to 1 or more (0 selects %d)", p.InPlaceAttempts, DefaultInPlaceAttempts)
 	}
@@ -197,6 +211,32 @@ func (p Policy) ClassOf(err error) Class {
 		}
 	}
 	return ClassOf(err)
+}
+
+// TopicConfigs returns the topic configuration the policy creates topic
+// with: unlimited (or DeadLetterRetention) retention for the dead-letter
+// topic, and a retention of at least 7 days and four times the delay for a
+// retry topic of the ladder. Other topics get none.
+func (p Policy) TopicConfigs(topic string) map[string]*string {
+	ms := func(d time.Duration) map[string]*string {
+		v := strconv.FormatInt(d.Milliseconds(), 10)
+		if d < 0 {
+			v = "-1"
+		}
+		return map[string]*string{"retention.ms": &v}
+	}
+	if topic == p.DeadLetterTopic {
+		if p.DeadLetterRetention > 0 {
+			return ms(p.DeadLetterRetention)
+		}
+		return ms(-1)
+	}
+	for _, d := range p.Ladder {
+		if RetryTopic(p.group, d) == topic {
+			return ms(max(7*24*time.Hour, 4*d))
+		}
+	}
+	return nil
 }
 
 // RetryBudget returns the attempts a retryable failure gets in all:

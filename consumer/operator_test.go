@@ -1,0 +1,113 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// logBuffer collects a runner's log lines for a test to read.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// topicConfig returns a topic's configuration value (its effective value,
+// broker defaults included).
+func topicConfig(t *testing.T, k *testenv.Kafka, topic, key string) string {
+	t.Helper()
+	rcs, err := k.Admin().DescribeTopicConfigs(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			t.Fatalf("describing %s: %v", topic, rc.Err)
+		}
+		for _, c := range rc.Configs {
+			if c.Key == key && c.Value != nil {
+				return *c.Value
+			}
+		}
+	}
+	return ""
+}
+
+// The failure topics a runner creates keep what they hold: the dead-letter
+// topic never expires its records, a retry topic outlives its delay many
+// times; an existing dead-letter topic that expires records is reported.
+func TestFailureTopicsRetention(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "ret-src", "g-retention"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	ladder := []time.Duration{time.Second, 12 * 24 * time.Hour}
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures = retrytopic.Policy{Unordered: true, Ladder: ladder}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the partition assigned", func() bool { return r.Stats().Assigned > 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if v := topicConfig(t, k, retrytopic.DLTopic(group), "retention.ms"); v != "-1" {
+		t.Errorf("the DLT's retention.ms is %q, want -1 (unlimited)", v)
+	}
+	if v := topicConfig(t, k, retrytopic.RetryTopic(group, ladder[0]), "retention.ms"); v != "604800000" {
+		t.Errorf("the 1s retry topic's retention.ms is %q, want 7 days", v)
+	}
+	if v := topicConfig(t, k, retrytopic.RetryTopic(group, ladder[1]), "retention.ms"); v != "4147200000" {
+		t.Errorf("the 12-day retry topic's retention.ms is %q, want four times its delay", v)
+	}
+
+	// An operator's DLT that expires its records after an hour.
+	const group2 = "g-retention-limited"
+	one := "3600000"
+	if _, err := k.Admin().CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &one}, retrytopic.DLTopic(group2)); err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	cfg = baseConfig(t, k, group2, topic)
+	cfg.Logger = logs.logger()
+	r, err = consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the partition assigned", func() bool { return r.Stats().Assigned > 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if out := logs.String(); !strings.Contains(out, "the dead-letter topic expires its records") || !strings.Contains(out, "retention_ms=3600000") {
+		t.Errorf("no warning about the DLT's limited retention in:\n%s", out)
+	}
+}
