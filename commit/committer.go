@@ -80,11 +80,13 @@ func (t *Tracker) Each(fn func(*Partition)) {
 }
 
 // dirty returns the committable offsets that moved past what was last
-// committed, limited to only when only is non-nil.
-func (t *Tracker) dirty(only map[string][]int32) map[string]map[int32]kgo.EpochOffset {
+// committed, limited to only when only is non-nil, and the assignment each
+// was read from.
+func (t *Tracker) dirty(only map[string][]int32) (map[string]map[int32]kgo.EpochOffset, map[tp]*Partition) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make(map[string]map[int32]kgo.EpochOffset)
+	from := make(map[tp]*Partition)
 	add := func(k tp, p *Partition) {
 		o, ok := p.Committable()
 		if !ok {
@@ -97,12 +99,13 @@ func (t *Tracker) dirty(only map[string][]int32) map[string]map[int32]kgo.EpochO
 			out[k.topic] = make(map[int32]kgo.EpochOffset)
 		}
 		out[k.topic][k.partition] = kgo.EpochOffset{Epoch: o.Epoch, Offset: o.Offset}
+		from[k] = p
 	}
 	if only == nil {
 		for k, p := range t.parts {
 			add(k, p)
 		}
-		return out
+		return out, from
 	}
 	for topic, parts := range only {
 		for _, part := range parts {
@@ -112,7 +115,18 @@ func (t *Tracker) dirty(only map[string][]int32) map[string]map[int32]kgo.EpochO
 			}
 		}
 	}
-	return out
+	return out, from
+}
+
+// owned reports whether p is still the live assignment of its partition.
+// An offset read from an assignment that ended since (revoked, or lost and
+// assigned again) must not be committed: the partition's new owner, or this
+// member's new assignment of it, commits its own.
+func (t *Tracker) owned(k tp, p *Partition) bool {
+	t.mu.Lock()
+	cur := t.parts[k]
+	t.mu.Unlock()
+	return p != nil && cur == p && !p.Detached()
 }
 
 func (t *Tracker) markCommitted(topic string, partition int32, offset int64) {
@@ -149,16 +163,42 @@ func NewCommitter(cl *kgo.Client, t *Tracker, onDone func(Result)) *Committer {
 	return &Committer{cl: cl, tracker: t, onDone: onDone}
 }
 
+// dropEnded removes from req the partitions whose assignment in from is no
+// longer the live one.
+func (c *Committer) dropEnded(req *kmsg.OffsetCommitRequest, from map[tp]*Partition) {
+	topics := req.Topics[:0]
+	for _, t := range req.Topics {
+		parts := t.Partitions[:0]
+		for _, p := range t.Partitions {
+			if c.tracker.owned(tp{t.Topic, p.Partition}, from[tp{t.Topic, p.Partition}]) {
+				parts = append(parts, p)
+			}
+		}
+		if t.Partitions = parts; len(parts) > 0 {
+			topics = append(topics, t)
+		}
+	}
+	req.Topics = topics
+}
+
 // Commit commits the watermark of every tracked partition that advanced since
 // its last commit; when only is not nil, just those partitions. It waits for
 // the broker's answer and returns the first error.
 func (c *Committer) Commit(ctx context.Context, only map[string][]int32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	offsets := c.tracker.dirty(only)
+	offsets, from := c.tracker.dirty(only)
 	if len(offsets) == 0 {
 		return nil
 	}
+	// The request is sent once any earlier commit is answered, possibly
+	// after a rebalance: drop the partitions whose assignment ended since
+	// their offsets were read, so that a late commit cannot rewind their
+	// next owner.
+	ctx = kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		c.dropEnded(req, from)
+		return nil
+	})
 	var errs []error
 	c.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {

@@ -18,6 +18,7 @@ type State struct {
 	used     atomic.Bool
 	mu       sync.Mutex
 	stop     context.CancelFunc
+	closed   bool // Close was called: a Run that is still starting stops at once
 	finished chan struct{}
 	once     sync.Once
 }
@@ -35,6 +36,9 @@ func (s *State) Begin(ctx context.Context) (context.Context, func(), error) {
 	ctx, stop := context.WithCancel(ctx)
 	s.mu.Lock()
 	s.stop = stop
+	if s.closed {
+		stop() // Close came between the check above and here
+	}
 	s.mu.Unlock()
 	return ctx, func() { stop(); close(s.finished) }, nil
 }
@@ -57,7 +61,13 @@ func (s *State) Close() error {
 		close(s.finished)
 		return nil
 	}
-	s.Stop()
+	s.mu.Lock()
+	s.closed = true
+	stop := s.stop
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 	<-s.finished
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestRunOnceCloseStopsAndWaits(t *testing.T) {
@@ -41,5 +42,31 @@ func TestCloseBeforeBegin(t *testing.T) {
 	s.Close()
 	if _, _, err := s.Begin(context.Background()); !errors.Is(err, ErrUsed) {
 		t.Fatalf("Begin after Close: %v", err)
+	}
+}
+
+// Close racing the start of Run stops it: it never waits for the Run's own
+// context to end.
+func TestCloseRacingBegin(t *testing.T) {
+	for range 2000 {
+		var s State
+		started := make(chan struct{})
+		go func() {
+			ctx, end, err := s.Begin(context.Background()) // a context that never ends
+			close(started)
+			if err != nil {
+				return
+			}
+			<-ctx.Done()
+			end()
+		}()
+		closed := make(chan struct{})
+		go func() { s.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close racing Begin waited for the run's own context")
+		}
+		<-started
 	}
 }
