@@ -3,11 +3,15 @@ package consumer_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
@@ -109,5 +113,43 @@ func TestFailureTopicsRetention(t *testing.T) {
 	}
 	if out := logs.String(); !strings.Contains(out, "the dead-letter topic expires its records") || !strings.Contains(out, "retention_ms=3600000") {
 		t.Errorf("no warning about the DLT's limited retention in:\n%s", out)
+	}
+}
+
+// A record waiting in a retry backoff does not hold a revoke or a shutdown
+// for DrainTimeout: the backoff ends when its partition is revoked, and the
+// record is left to the partition's next owner.
+func TestRevokeEndsRetryBackoff(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "backoff-src", "g-backoff-revoke"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(t, k, group, topic)
+	cfg.DrainTimeout = 20 * time.Second
+	cfg.Failures = retrytopic.Policy{Backoff: time.Hour, MaxBackoff: time.Hour}
+	var calls atomic.Int64
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		calls.Add(1)
+		return consumer.Retryable(errors.New("dependency down"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the first attempt", func() bool { return calls.Load() == 1 })
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("shutdown took %s while a record slept in its backoff (DrainTimeout %s)", el, cfg.DrainTimeout)
+	}
+	if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] > 0 {
+		t.Fatalf("committed %d past the record left in its backoff", com[0])
 	}
 }

@@ -59,6 +59,17 @@ func (r *Record) Revoked() bool {
 	return r.part != nil && r.part.Revoked()
 }
 
+// RevokedCh returns a channel that is closed when the record's partition is
+// revoked from (or lost by) this member, for a scope that waits between
+// attempts of the record: a revoke or a shutdown then does not wait for
+// the backoff. A record not consumed by a runner has none (nil).
+func (r *Record) RevokedCh() <-chan struct{} {
+	if r.part == nil {
+		return nil
+	}
+	return r.part.RevokedCh()
+}
+
 func recordSize(r *kgo.Record) int64 {
 	n := len(r.Key) + len(r.Value)
 	for _, h := range r.Headers {

@@ -147,8 +147,8 @@ func (s *atLeastOnce) deliver(ctx context.Context, obs *Observer, r *Record, don
 			return true
 		}
 		done(nil) // the records before this one may commit while it waits
-		if !backoff.Sleep(ctx, step.Delay) {
-			return false
+		if !backoff.SleepOr(ctx, step.Delay, r.RevokedCh()) {
+			return false // stopped, or revoked: the next owner handles it
 		}
 	}
 }

@@ -27,6 +27,8 @@ type Assignment struct {
 	revoked atomic.Bool
 	_       [63]byte
 
+	revokedCh chan struct{} // closed by Revoke
+
 	mu      sync.Mutex
 	running int
 	idle    chan struct{}
@@ -43,6 +45,7 @@ func NewAssignment(parent context.Context, wm *commit.Partition) *Assignment {
 		Watermark: wm,
 		ctx:       ctx,
 		cancel:    cancel,
+		revokedCh: make(chan struct{}),
 	}
 }
 
@@ -56,7 +59,16 @@ func (a *Assignment) Cancel() { a.cancel() }
 // Revoke marks the assignment as ended: no queued record of it starts after
 // Revoke returns. Records already running are not interrupted; see
 // [Assignment.WaitIdle].
-func (a *Assignment) Revoke() { a.revoked.Store(true) }
+func (a *Assignment) Revoke() {
+	if a.revoked.CompareAndSwap(false, true) {
+		close(a.revokedCh)
+	}
+}
+
+// RevokedCh returns a channel that is closed by [Assignment.Revoke]: a
+// worker waiting between attempts of a record (a retry backoff) selects on
+// it, so that a revoke or a shutdown does not wait for the backoff.
+func (a *Assignment) RevokedCh() <-chan struct{} { return a.revokedCh }
 
 // Revoked reports whether [Assignment.Revoke] was called.
 func (a *Assignment) Revoked() bool { return a.revoked.Load() }

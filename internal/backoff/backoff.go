@@ -22,12 +22,20 @@ func Delay(attempt int, base, limit time.Duration) time.Duration {
 
 // Sleep waits for d or for ctx to be done, and reports whether d passed.
 func Sleep(ctx context.Context, d time.Duration) bool {
+	return SleepOr(ctx, d, nil)
+}
+
+// SleepOr is Sleep that also ends when stop is closed (a nil stop never
+// is): a worker's backoff ends at its partition's revoke.
+func SleepOr(ctx context.Context, d time.Duration, stop <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-stop:
 		return false
 	}
 }
