@@ -81,6 +81,9 @@ type Config struct {
 	// 200,000 gains about 10% on a no-op handler and doubles the peak RSS).
 	// Queued records of a revoked partition are dropped, not drained, so
 	// the bound does not lengthen a rebalance.
+	// Retry-topic records held until their due time do not count: their
+	// partition is paused, so at most a fetch's worth of each is held, and
+	// a retry backlog never stops the source topics.
 	// Java equivalent (roughly): max.poll.records.
 	MaxInFlightRecords int
 

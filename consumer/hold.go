@@ -24,7 +24,7 @@ func (r *Runner) hold(st *partState, rec *Record) bool {
 	defer st.holdMu.Unlock()
 	if len(st.held) > 0 {
 		st.held = append(st.held, rec) // behind a held record: partition order
-		r.held.Add(1)
+		r.keepHeld(rec)
 		return true
 	}
 	if rec.due == 0 {
@@ -35,7 +35,7 @@ func (r *Runner) hold(st *partState, rec *Record) bool {
 		return false
 	}
 	st.held = append(st.held, rec)
-	r.held.Add(1)
+	r.keepHeld(rec)
 	r.setHoldPaused(st, true)
 	st.holdTimer = time.AfterFunc(due.Sub(now), func() { r.releaseHeld(st) })
 	return true
@@ -63,9 +63,9 @@ func (r *Runner) releaseHeld(st *partState) {
 			r.lateness.observe(now.Sub(due))
 			r.obs.Lateness(rec.Topic, now.Sub(due))
 		}
+		r.unkeepHeld(rec)
 		r.pool.Dispatch(int(rec.shard), st.Assignment, rec)
 		st.held[i] = nil
-		r.held.Add(-1)
 	}
 	st.held = st.held[i:]
 	if len(st.held) == 0 {
@@ -86,9 +86,25 @@ func (r *Runner) dropHeld(st *partState) {
 	}
 	for _, rec := range st.held {
 		r.held.Add(-1)
-		r.release(rec)
+		rec.state = recDone // its in-flight room was given back when it was kept
 	}
 	st.held = nil
+}
+
+// keepHeld counts rec as held. A held record does not count against the
+// in-flight bound: its partition is paused, so what is held is at most one
+// fetch's worth per delay-topic partition, and a backlog of retry records
+// waiting for a distant due time must not stop the source topics.
+func (r *Runner) keepHeld(rec *Record) {
+	r.held.Add(1)
+	r.releaseN(1, rec.size)
+}
+
+// unkeepHeld takes rec's in-flight room back as it goes to its key-shard.
+func (r *Runner) unkeepHeld(rec *Record) {
+	r.held.Add(-1)
+	r.inflight.Add(1)
+	r.inflightBytes.Add(rec.size)
 }
 
 // DueOf reads the due time a delay-topic record carries (HeaderDue). ok is

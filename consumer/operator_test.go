@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -152,4 +153,51 @@ func TestRevokeEndsRetryBackoff(t *testing.T) {
 	if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] > 0 {
 		t.Fatalf("committed %d past the record left in its backoff", com[0])
 	}
+}
+
+// Retry records waiting for their due time do not count against
+// MaxInFlightRecords: a backlog of them after an outage must not stop
+// source records, of any key, until the backlog comes due.
+func TestWaitingRetryRecordsDoNotStarveTheSource(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const src, delay = "starve-src", "g-starve.kscope-retry-10m"
+	if err := k.CreateTopic(ctx, src, 1); err != nil {
+		t.Fatal(err)
+	}
+	// A backlog in every partition of the retry topic: more partitions
+	// than the bound, each with its head not due for ten minutes.
+	if err := k.CreateTopic(ctx, delay, 8); err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(10 * time.Minute)
+	var backlog []*kgo.Record
+	for i := range 40 {
+		backlog = append(backlog, &kgo.Record{Topic: delay, Partition: int32(i % 8), Key: []byte(fmt.Sprint("r", i)), Value: []byte(fmt.Sprint("retry-", i)), Headers: dueHeader(due)})
+	}
+	pcl, err := k.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
+	if err := pcl.ProduceSync(ctx, backlog...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	s := &delayScope{topic: delay, maxDelay: 10 * time.Minute, handled: map[string]time.Time{}}
+	cfg := baseConfig(t, k, "g-starve", src)
+	cfg.MaxInFlightRecords = 4
+	r, err := consumer.NewRunner(cfg, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	testenv.WaitFor(t, 20*time.Second, "every retry partition's head fetched and held", func() bool { return r.Stats().Held >= 8 })
+	var fresh []*kgo.Record
+	for i := range 20 {
+		fresh = append(fresh, &kgo.Record{Topic: src, Key: []byte(fmt.Sprint("s", i)), Value: []byte(fmt.Sprint("source-", i))})
+	}
+	if err := k.Produce(ctx, fresh...); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the source records handled beside the held backlog", func() bool { return s.count() == 20 })
 }

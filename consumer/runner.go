@@ -46,7 +46,7 @@ type partState struct {
 // Stats are a runner's own counters, for tests and health checks. Metrics
 // for dashboards come from the observability hooks.
 type Stats struct {
-	InFlight         int64    // records polled and not yet finished
+	InFlight         int64    // records polled and not yet finished, less those Held
 	InFlightBytes    int64    // their key, value and header bytes
 	MaxInFlight      int64    // the highest InFlight seen
 	MaxInFlightBytes int64    // the highest InFlightBytes seen
