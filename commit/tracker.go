@@ -14,11 +14,25 @@ type Offset struct {
 	Offset int64
 }
 
+// entry is one outstanding offset, or a run of finished ones: a finished
+// entry covers offset..ts (the offsets of every record finished between
+// them, and any gap), with the epoch of the last. An unfinished entry's ts
+// is its record's timestamp, Unix milliseconds (0 if not given); a
+// finished one needs no timestamp, so the field holds the run's last
+// offset instead.
 type entry struct {
 	offset int64
-	ts     int64 // the record's timestamp, Unix milliseconds (0 if not given)
+	ts     int64
 	epoch  int32
 	done   bool
+}
+
+// last returns the last offset e covers.
+func (e *entry) last() int64 {
+	if e.done {
+		return e.ts
+	}
+	return e.offset
 }
 
 // Partition is the watermark of one assignment of one topic partition. Its
@@ -95,7 +109,11 @@ func (p *Partition) AddAll(n int, at func(i int) (offset int64, epoch int32, ts 
 }
 
 // compactLocked drops the finished entries before head once they are most
-// of the slice, so that it does not grow with the partition's life.
+// of the slice, so that it does not grow with the partition's life, and
+// merges the finished entries behind an unfinished one into runs once they
+// are most of what is outstanding, so that a record stuck at the head
+// costs memory for the unfinished records only, not for every record
+// finished behind it.
 func (p *Partition) compactLocked() {
 	if p.head > 0 && p.head == len(p.entries) {
 		p.entries = p.entries[:0]
@@ -105,6 +123,24 @@ func (p *Partition) compactLocked() {
 		p.entries = p.entries[:n]
 		p.head = 0
 	}
+	if live := len(p.entries) - p.head; live > 1024 && live > 4*p.pending {
+		p.mergeRunsLocked()
+	}
+}
+
+// mergeRunsLocked merges each run of adjacent finished entries into one;
+// afterwards at most 2*pending+1 entries are outstanding.
+func (p *Partition) mergeRunsLocked() {
+	out := p.entries[:p.head]
+	for _, e := range p.entries[p.head:] {
+		if n := len(out); e.done && n > p.head && out[n-1].done {
+			out[n-1].ts, out[n-1].epoch = e.ts, e.epoch
+			continue
+		}
+		out = append(out, e)
+	}
+	clear(p.entries[len(out):])
+	p.entries = out
 }
 
 // Done records that offset's effect is durable and advances the watermark
@@ -149,15 +185,15 @@ func (p *Partition) markLocked(offset int64) bool {
 		return false
 	}
 	// Offsets are usually consecutive: try the offset's distance from the
-	// head first, then search.
+	// head first, then search (finished runs cover several offsets).
 	i := int(min(max(offset-live[0].offset, 0), int64(len(live))))
 	if i == len(live) || live[i].offset != offset {
-		i = sort.Search(len(live), func(i int) bool { return live[i].offset >= offset })
+		i = sort.Search(len(live), func(i int) bool { return live[i].last() >= offset })
 	}
 	if i == len(live) || live[i].offset != offset || live[i].done {
 		return false
 	}
-	live[i].done = true
+	live[i].done, live[i].ts = true, offset
 	p.pending--
 	return true
 }
@@ -166,7 +202,7 @@ func (p *Partition) markLocked(offset int64) bool {
 func (p *Partition) advanceLocked() {
 	for p.head < len(p.entries) && p.entries[p.head].done {
 		e := p.entries[p.head]
-		p.commit = Offset{Epoch: e.epoch, Offset: e.offset + 1}
+		p.commit = Offset{Epoch: e.epoch, Offset: e.ts + 1}
 		p.head++
 	}
 }

@@ -207,3 +207,55 @@ func BenchmarkWatermarkAddAllDoneAll(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*chunk), "ns/record")
 }
+
+// One record stuck at the head while millions behind it finish: the
+// watermark keeps memory for the unfinished records, not for every
+// finished one, and still commits exactly up to the stuck record, then
+// past everything once it finishes.
+func TestWatermarkMemoryBoundedWhileHeadStuck(t *testing.T) {
+	p := NewPartition("t", 0)
+	p.AddAll(1, func(int) (int64, int32, int64) { return 0, 1, 0 }) // stuck
+	const chunk, total = 512, 2_000_000
+	offs := make([]int64, chunk)
+	var open []int64
+	next := int64(1)
+	for next < total {
+		base := next
+		p.AddAll(chunk, func(i int) (int64, int32, int64) { return base + int64(i), 2, 0 })
+		// finish the chunk out of order, leaving every 10,000th record
+		// of it open until the next chunk
+		n := 0
+		for i := chunk - 1; i >= 0; i-- {
+			if o := base + int64(i); o%10_000 == 0 {
+				open = append(open, o)
+			} else {
+				offs[n] = o
+				n++
+			}
+		}
+		p.DoneAll(offs[:n])
+		if len(open) > 0 && base > open[0]+chunk {
+			p.Done(open[0])
+			open = open[1:]
+		}
+		next += chunk
+		if o, _ := p.Committable(); o.Offset > 0 {
+			t.Fatalf("committable %d passes the stuck offset 0", o.Offset)
+		}
+	}
+	p.mu.Lock()
+	size := cap(p.entries)
+	p.mu.Unlock()
+	if size > 16_384 {
+		t.Fatalf("%d entries kept for %d outstanding records behind a stuck head", size, p.Pending())
+	}
+	for _, o := range open {
+		p.Done(o)
+	}
+	if p.Done(5) || p.Done(0) == false {
+		t.Fatal("a finished offset inside a run was accepted again, or the stuck one refused")
+	}
+	if o, ok := p.Committable(); !ok || o.Offset != next || o.Epoch != 2 || p.Pending() != 0 {
+		t.Fatalf("after the head finished: committable %+v (pending %d), want %d epoch 2", o, p.Pending(), next)
+	}
+}
