@@ -176,7 +176,11 @@ func (f *Failures) Observer() *Observer { return f.obs }
 // retryTopics is set, its retry topics) exist, creating them unless the
 // policy says not to. cfg must have its defaults (Runner.Config).
 func EnsureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) error {
-	adm, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
+	// The runner's first requests: they give up within 20s (unless the
+	// options say otherwise), so that a broker that cannot be reached or
+	// spoken to stops Run with an error instead of a silent wait.
+	opts := append([]kgo.Opt{kgo.RetryTimeout(20 * time.Second)}, cfg.ClientOptions...)
+	adm, err := kgo.NewClient(append(opts, kgo.SeedBrokers(cfg.Brokers...))...)
 	if err != nil {
 		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
 	}
@@ -251,6 +255,11 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 		// most often refused the client's TLS or SASL setup.
 		return fmt.Errorf("kscope: looking up the failure topics: the broker closed the connection; check the TLS and SASL settings in Config.ClientOptions (mechanism, user, password, CA): %w", err)
 	}
+	if err != nil && ctx.Err() == nil && f.cl.OptValue(kgo.DialTLSConfig) != nil {
+		// A TLS client whose handshake gets no answer: most often the
+		// listener speaks plaintext.
+		return fmt.Errorf("kscope: looking up the failure topics: no TLS connection to the brokers %v could be made; check that their listener speaks TLS (or remove kgo.DialTLSConfig from Config.ClientOptions for a plaintext listener): %w", f.cl.OptValue(kgo.SeedBrokers), err)
+	}
 	if err != nil {
 		return fmt.Errorf("kscope: looking up the failure topics: %w", err)
 	}
@@ -258,6 +267,8 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 	for _, s := range sources {
 		if d, ok := td[s]; ok && d.Err == nil {
 			partitions = max(partitions, int32(len(d.Partitions)))
+		} else if f.log != nil {
+			f.log.Warn("kscope: an input topic does not exist; the runner consumes it once it is created. Create it, or check Config.Topics for a typo", "topic", s)
 		}
 	}
 	for _, t := range need {

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -200,4 +201,63 @@ func TestWaitingRetryRecordsDoNotStarveTheSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "the source records handled beside the held backlog", func() bool { return s.count() == 20 })
+}
+
+// TLS configured against a broker that speaks plaintext: Run stops with an
+// error that names the TLS settings, instead of waiting silently until its
+// context ends.
+func TestTLSAgainstPlaintextBrokerFailsRun(t *testing.T) {
+	k := testenv.KafkaT(t)
+	const topic = "tls-mismatch"
+	if err := k.CreateTopic(context.Background(), topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(t, k, "g-tls-mismatch", topic)
+	cfg.ClientOptions = []kgo.Opt{kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Run waited until its context ended (returned %v)", err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "TLS") {
+		t.Fatalf("Run returned %v, want an error naming the TLS settings", err)
+	}
+}
+
+// An input topic that does not exist is reported once, by name, and
+// consumed once it is created.
+func TestMissingInputTopicIsReported(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic = "not-yet-created"
+	var logs logBuffer
+	cfg := baseConfig(t, k, "g-missing-input", topic)
+	cfg.Logger = logs.logger()
+	var handled atomic.Int64
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		handled.Add(1)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	testenv.WaitFor(t, 20*time.Second, "a warning naming the missing topic", func() bool {
+		return strings.Contains(logs.String(), "an input topic does not exist") && strings.Contains(logs.String(), "topic="+topic)
+	})
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the record of the created topic handled", func() bool { return handled.Load() == 1 })
+	if n := strings.Count(logs.String(), "an input topic does not exist"); n != 1 {
+		t.Fatalf("the missing topic was reported %d times, want once", n)
+	}
 }
