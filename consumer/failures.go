@@ -189,6 +189,72 @@ func EnsureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) erro
 	return f.ensureTopics(ctx, cfg.Topics)
 }
 
+// LeftoverRetryTopics returns the retry topics of cfg's group that its
+// failure policy no longer uses (a rung removed from the Ladder, or
+// DisableRetryTopics set; all of them when retryTopics is false) and that
+// still hold records the group has not consumed, with their delays. A
+// runner keeps consuming them, holding each record until its due time, so
+// that what waits in them (and, in the DB scope, the records of its key
+// parked behind it) is not stranded.
+func LeftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map[string]time.Duration, error) {
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	used := map[string]bool{}
+	if retryTopics {
+		for _, t := range cfg.Failures.RetryTopics() {
+			used[t] = true
+		}
+	}
+	all, err := adm.ListTopics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: listing topics to find retry topics left by an earlier failure policy: %w", err)
+	}
+	cand := map[string]time.Duration{}
+	var names []string
+	for t := range all {
+		if d, ok := retrytopic.RetryTopicDelay(cfg.Group, t); ok && !used[t] {
+			cand[t] = d
+			names = append(names, t)
+		}
+	}
+	if len(cand) == 0 {
+		return nil, nil
+	}
+	committed, err := adm.FetchOffsetsForTopics(ctx, cfg.Group, names...)
+	if err == nil {
+		err = committed.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kscope: reading the group's offsets of retry topics left by an earlier failure policy: %w", err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: reading the start of retry topics left by an earlier failure policy: %w", err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: reading the end of retry topics left by an earlier failure policy: %w", err)
+	}
+	left := map[string]time.Duration{}
+	ends.Each(func(e kadm.ListedOffset) {
+		from := int64(0)
+		if s, ok := starts.Lookup(e.Topic, e.Partition); ok {
+			from = s.Offset
+		}
+		if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
+			from = max(from, c.At)
+		}
+		if e.Err == nil && e.Offset > from {
+			left[e.Topic] = cand[e.Topic]
+		}
+	})
+	return left, nil
+}
+
 // Metadata returns the failure metadata rec carries (or, for a record on
 // its first hop, its own coordinates and identity).
 func (f *Failures) Metadata(rec *Record) retrytopic.Metadata {

@@ -261,3 +261,63 @@ func TestMissingInputTopicIsReported(t *testing.T) {
 		t.Fatalf("the missing topic was reported %d times, want once", n)
 	}
 }
+
+// A rung removed from the ladder, or the retry topics turned off, between
+// two deployments: the records still waiting in the retry topics the
+// policy no longer names are consumed (each at its due time), not
+// stranded.
+func TestRemovedRetryRungIsDrained(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		after retrytopic.Policy
+	}{
+		{"rung removed", retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, Ladder: []time.Duration{300 * time.Millisecond}}},
+		{"retry topics disabled", retrytopic.Policy{DisableRetryTopics: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			k := testenv.KafkaT(t)
+			const topic, group = "rung-src", "g-rung"
+			if err := k.CreateTopic(ctx, topic, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+				t.Fatal(err)
+			}
+			// First deployment: two rungs; the record fails until it
+			// waits in the second.
+			ladder := []time.Duration{300 * time.Millisecond, 3 * time.Second}
+			cfg := baseConfig(t, k, group, topic)
+			cfg.Failures = fastFailures(retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, Ladder: ladder, RetryableAttempts: 10})
+			r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+				return consumer.Retryable(errors.New("dependency down"))
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runAsync(t, r)
+			testenv.WaitFor(t, time.Minute, "the record sent to the second rung", func() bool { return r.Stats().Failures.RetryTopic == 2 })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			// Second deployment without that rung: the record is handled.
+			cfg.Failures = fastFailures(c.after)
+			var handled atomic.Int64
+			r, err = consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+				handled.Add(1)
+				return nil
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop = runAsync(t, r)
+			testenv.WaitFor(t, 30*time.Second, "the record waiting in the removed rung handled", func() bool { return handled.Load() == 1 })
+			testenv.WaitFor(t, 30*time.Second, "the removed rung's offsets committed", func() bool {
+				return k.CaughtUp(ctx, group, retrytopic.RetryTopic(group, ladder[1]))
+			})
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -265,7 +265,6 @@ func (r *Runner) Run(ctx context.Context) error {
 	opts = append(opts,
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ConsumerGroup(r.cfg.Group),
-		kgo.ConsumeTopics(r.topics()...),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
@@ -283,6 +282,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	opts = append(opts, kgo.ConsumeTopics(r.topics()...))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
@@ -330,7 +330,21 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 func (r *Runner) ensureFailureTopics(ctx context.Context) error {
-	return EnsureFailureTopics(ctx, r.cfg, r.retryTopics)
+	if err := EnsureFailureTopics(ctx, r.cfg, r.retryTopics); err != nil {
+		return err
+	}
+	left, err := LeftoverRetryTopics(ctx, r.cfg, r.retryTopics)
+	if err != nil {
+		return err
+	}
+	for t, d := range left {
+		if r.delays == nil {
+			r.delays = make(map[string]time.Duration)
+		}
+		r.delays[t] = d
+		r.log.Warn("kscope: a retry topic the failure policy no longer uses still holds records of this group; consuming it until it is drained", "retry_topic", t, "delay", d)
+	}
+	return nil
 }
 
 // topics returns the configured topics and the scope's delay topics.

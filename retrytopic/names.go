@@ -16,6 +16,20 @@ func RetryTopic(group string, delay time.Duration) string {
 	return topicSafe(group) + ".kscope-retry-" + shortDuration(delay)
 }
 
+// RetryTopicDelay is the inverse of RetryTopic: it reports whether topic
+// is one of group's retry topics, and its delay.
+func RetryTopicDelay(group, topic string) (time.Duration, bool) {
+	prefix := topicSafe(group) + ".kscope-retry-"
+	if !strings.HasPrefix(topic, prefix) {
+		return 0, false
+	}
+	d, err := time.ParseDuration(strings.TrimPrefix(topic, prefix))
+	if err != nil || d <= 0 || RetryTopic(group, d) != topic {
+		return 0, false
+	}
+	return d, true
+}
+
 // DLTopic returns the default name of group's dead-letter topic:
 // "<group>.kscope-dlt".
 func DLTopic(group string) string { return topicSafe(group) + ".kscope-dlt" }

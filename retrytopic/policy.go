@@ -11,8 +11,8 @@ import (
 
 // Defaults applied by Policy to fields left at their zero value.
 const (
-	DefaultBackoff           = time.Second
-	DefaultMaxBackoff        = 5 * time.Minute
+	DefaultBackoff    = time.Second
+	DefaultMaxBackoff = 5 * time.Minute
 	// DefaultRetryableAttempts is the retryable budget of a record that
 	// cannot use the retry topics (they are disabled, or the scope keeps
 	// the record's retries in place). A record that can use them gets one
