@@ -372,7 +372,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", limit,
 				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
 			done(nil) // what is durable may commit while the batch waits
-			if !backoff.Sleep(ctx, d) {
+			if !backoff.SleepOr(ctx, d, pending[0].RevokedCh()) {
 				return
 			}
 			continue
@@ -432,7 +432,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		pending = append(kept, rest...)
 		limit = len(pending)
 		done(nil) // what is durable may commit while the rest waits
-		if wait > 0 && !backoff.Sleep(ctx, wait) {
+		if wait > 0 && !backoff.SleepOr(ctx, wait, pending[0].RevokedCh()) {
 			return
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sort"
@@ -64,7 +65,17 @@ type relRow struct {
 	Order    int           `json:"order_violations"`
 	Duration time.Duration `json:"-"`
 	Passed   bool          `json:"passed"`
+	// Table is the report table the row belongs to: the fault matrix
+	// ("") or handler and operator faults (tableHandler).
+	Table string `json:"table,omitempty"`
+	// Bound is the row's time bound (handler and operator faults): a
+	// scenario that takes longer hung somewhere.
+	Bound time.Duration `json:"-"`
+	Hang  bool          `json:"hang,omitempty"`
 }
+
+// tableHandler names the report table of handler and operator faults.
+const tableHandler = "handler and operator faults"
 
 var relReport struct {
 	mu   sync.Mutex
@@ -88,6 +99,10 @@ type relSummary struct {
 	DupOutputs  int   `json:"duplicate_outputs"`
 	OrderBroken int   `json:"order_violations"`
 	Failed      int   `json:"failed_scenarios"`
+	// HandlerFaults counts the rows of the handler and operator faults
+	// table; Hangs those that missed their time bound.
+	HandlerFaults int `json:"handler_faults"`
+	Hangs         int `json:"hangs"`
 }
 
 // finishReliability prints the JSON line and writes the Markdown report,
@@ -114,6 +129,12 @@ func finishReliability() error {
 		}
 		if !r.Passed {
 			s.Failed++
+		}
+		if r.Table == tableHandler {
+			s.HandlerFaults++
+		}
+		if r.Hang {
+			s.Hangs++
 		}
 	}
 	line, _ := json.Marshal(s)
@@ -142,15 +163,39 @@ func reliabilityMarkdown(rows []relRow, line string) string {
 	b.WriteString("in PostgreSQL) or duplicate outputs (Kafka scope: records a\n")
 	b.WriteString("read_committed reader sees), and per-key order violations. Poison\n")
 	b.WriteString("records count as lost unless they reach the dead-letter topic.\n\n")
+	b.WriteString("## Fault matrix\n\n")
 	b.WriteString("| scope | fault | records | faults injected | kills | lost | duplicates | order violations | time | result |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
+		if r.Table != "" {
+			continue
+		}
 		res := "pass"
 		if !r.Passed {
 			res = "FAIL"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %.1fs | %s |\n",
 			r.Scope, r.Fault, r.Records, r.Faults, r.Kills, r.Lost, r.Dups, r.Order, r.Duration.Seconds(), res)
+	}
+	b.WriteString("\n## Handler and operator faults\n\n")
+	b.WriteString("What handlers return and operators change every day, with the same\n")
+	b.WriteString("checks, and a time bound per row: a row over its bound is a hang\n")
+	b.WriteString("(`TestReliabilityHandlerFaults`).\n\n")
+	b.WriteString("| scope | fault | records | faults injected | kills | lost | duplicates | order violations | time | bound | result |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, r := range rows {
+		if r.Table != tableHandler {
+			continue
+		}
+		res := "pass"
+		switch {
+		case r.Hang:
+			res = "HANG"
+		case !r.Passed:
+			res = "FAIL"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %.1fs | %.0fs | %s |\n",
+			r.Scope, r.Fault, r.Records, r.Faults, r.Kills, r.Lost, r.Dups, r.Order, r.Duration.Seconds(), r.Bound.Seconds(), res)
 	}
 	b.WriteString("\nThe same run also checks, each as a test that fails it when broken:\n")
 	b.WriteString("TLS with SASL PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 to Kafka, and a wrong\n")
@@ -183,6 +228,22 @@ type relScenario struct {
 	before func(e *relRun, ctx context.Context, tx pgx.Tx, r *consumer.Record, attempt int32) error
 	// inject injects the fault while records flow and returns once it has.
 	inject func(e *relRun)
+
+	// table is the report table ("" for the fault matrix); bound the
+	// scenario's time bound, past which it counts as a hang.
+	table string
+	bound time.Duration
+	// manual leaves starting the members to inject; noTopic also leaves
+	// creating the input topic and producing the first half of the stream
+	// to it (e.createInput).
+	manual, noTopic bool
+	// setup runs once the topics exist, before the stream is produced.
+	setup func(e *relRun)
+	// noMigrate leaves the DB scope's schema to inject.
+	noMigrate bool
+	// poisonErr is the error a poison record's handler returns (default:
+	// a DecodeError).
+	poisonErr func(n int32) error
 }
 
 // relRun is a running scenario.
@@ -198,6 +259,9 @@ type relRun struct {
 	kills        atomic.Int64
 	members      []*relMember
 	attempts     sync.Map // record value -> *atomic.Int32, attempts seen by in-process handlers
+	recs         []*kgo.Record
+	half         int
+	logs         logBuffer // what in-process members log, at Warn and above
 }
 
 func (e *relRun) total() int { return e.keys * e.perKey }
@@ -243,6 +307,36 @@ func relLogger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
+// logBuffer collects log lines for a scenario to read.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// createInput creates the input topic and produces the first half of the
+// stream to it, for a scenario that leaves that to inject (noTopic).
+func (e *relRun) createInput() {
+	e.t.Helper()
+	if err := e.k.CreateTopic(context.Background(), e.topic, 4); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.k.Produce(context.Background(), e.recs[:e.half]...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *relRun) config(name string) consumer.Config {
 	cfg := consumer.Config{
 		Brokers:          e.k.Brokers,
@@ -262,7 +356,19 @@ func (e *relRun) config(name string) consumer.Config {
 	if e.sc.cfg != nil {
 		e.sc.cfg(&cfg)
 	}
+	if e.sc.table == tableHandler {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&e.logs, relLogWriter()), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	return cfg
+}
+
+// relLogWriter is where scenario logs go besides e.logs: stderr when
+// KSCOPE_RELIABILITY_LOG is set.
+func relLogWriter() io.Writer {
+	if os.Getenv(reliabilityLogEnv) != "" {
+		return os.Stderr
+	}
+	return io.Discard
 }
 
 // relMember is one in-process member or child process of a scenario.
@@ -293,7 +399,17 @@ func (e *relRun) check() {
 // start starts an in-process member.
 func (e *relRun) start(name string) *relMember {
 	e.t.Helper()
+	return e.startWith(name, nil)
+}
+
+// startWith starts an in-process member whose configuration edit changes
+// (a new deployment's, say).
+func (e *relRun) startWith(name string, edit func(*consumer.Config)) *relMember {
+	e.t.Helper()
 	cfg := e.config(name)
+	if edit != nil {
+		edit(&cfg)
+	}
 	var run func(context.Context) error
 	switch e.sc.scope {
 	case "DB":
@@ -301,7 +417,7 @@ func (e *relRun) start(name string) *relMember {
 			func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 				n := e.attempt(r)
 				if strings.HasPrefix(string(r.Value), "poison-") {
-					return consumer.DecodeError(fmt.Errorf("record is not a keyed test record"))
+					return e.poison(n)
 				}
 				if e.sc.before != nil {
 					if err := e.sc.before(e, ctx, tx, r, n); err != nil {
@@ -325,7 +441,7 @@ func (e *relRun) start(name string) *relMember {
 			txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, em txn.Emitter) error {
 				n := e.attempt(r)
 				if strings.HasPrefix(string(r.Value), "poison-") {
-					return consumer.DecodeError(fmt.Errorf("record is not a keyed test record"))
+					return e.poison(n)
 				}
 				if e.sc.before != nil {
 					if err := e.sc.before(e, ctx, nil, r, n); err != nil {
@@ -350,6 +466,14 @@ func (e *relRun) start(name string) *relMember {
 	}()
 	e.members = append(e.members, m)
 	return m
+}
+
+// poison is the error a poison record's handler returns on attempt n.
+func (e *relRun) poison(n int32) error {
+	if e.sc.poisonErr != nil {
+		return e.sc.poisonErr(n)
+	}
+	return consumer.DecodeError(fmt.Errorf("record is not a keyed test record"))
 }
 
 // startChild starts a child-process member; it is killed at the end of the
@@ -411,7 +535,10 @@ func runScenario(t *testing.T, sc relScenario) {
 		t.Skipf("broker faults need the in-process kfake cluster, this backend is %s", e.k.Kind)
 	}
 	ctx := context.Background()
-	topics := []string{e.topic}
+	var topics []string
+	if !sc.noTopic {
+		topics = append(topics, e.topic)
+	}
 	if sc.scope == "Kafka" {
 		topics = append(topics, e.topic+".out")
 	}
@@ -434,8 +561,10 @@ func runScenario(t *testing.T, sc relScenario) {
 			t.Fatal(err)
 		}
 		t.Cleanup(e.pool.Close)
-		if err := dbscope.Migrate(ctx, e.pool, ""); err != nil {
-			t.Fatal(err)
+		if !sc.noMigrate {
+			if err := dbscope.Migrate(ctx, e.pool, ""); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if _, err := e.pool.Exec(ctx, effectsDDL); err != nil {
 			t.Fatal(err)
@@ -450,8 +579,15 @@ func runScenario(t *testing.T, sc relScenario) {
 		recs = append(recs, &kgo.Record{Topic: e.topic, Key: []byte(fmt.Sprintf("p%03d", i)), Value: []byte(fmt.Sprintf("poison-%d", i))})
 	}
 	half := (perKey / 2) * keys
-	if err := e.k.Produce(ctx, recs[:half]...); err != nil {
-		t.Fatal(err)
+	e.recs, e.half = recs, half
+	if sc.setup != nil {
+		sc.setup(e)
+		recs = e.recs
+	}
+	if !sc.noTopic {
+		if err := e.k.Produce(ctx, recs[:half]...); err != nil {
+			t.Fatal(err)
+		}
 	}
 	produced := make(chan error, 1)
 	go func() {
@@ -476,7 +612,7 @@ func runScenario(t *testing.T, sc relScenario) {
 		produced <- nil
 	}()
 
-	if !sc.children {
+	if !sc.children && !sc.manual && !sc.noTopic {
 		e.start("a")
 	}
 	sc.inject(e)
@@ -490,7 +626,7 @@ func runScenario(t *testing.T, sc relScenario) {
 	}
 	testenv.WaitFor(t, 3*time.Minute, "every record done and committed", func() bool {
 		e.check()
-		return e.progress() >= int64(e.total()) && e.k.CaughtUp(ctx, e.group, e.topic)
+		return e.progress() >= int64(e.total()) && e.k.CaughtUp(ctx, e.group, e.topic) && e.dltAtLeast(sc.poison)
 	})
 	for _, m := range e.members {
 		if err := m.leave(t); err != nil {
@@ -499,7 +635,7 @@ func runScenario(t *testing.T, sc relScenario) {
 	}
 
 	row := relRow{Scope: sc.scope, Fault: sc.fault, Records: e.total() + sc.poison,
-		Faults: e.faults.Load(), Kills: e.kills.Load()}
+		Faults: e.faults.Load(), Kills: e.kills.Load(), Table: sc.table, Bound: sc.bound}
 	if sc.scope == "DB" {
 		row.Lost, row.Dups, row.Order = e.checkDB()
 	} else {
@@ -513,13 +649,17 @@ func runScenario(t *testing.T, sc relScenario) {
 		}
 	}
 	row.Duration = time.Since(start)
-	row.Passed = row.Lost == 0 && row.Dups == 0 && row.Order == 0 && !t.Failed()
+	row.Hang = sc.bound > 0 && row.Duration > sc.bound
+	row.Passed = row.Lost == 0 && row.Dups == 0 && row.Order == 0 && !row.Hang && !t.Failed()
 	addRelRow(row)
 	if row.Faults+row.Kills == 0 {
 		t.Errorf("no fault was injected: the scenario tested nothing")
 	}
 	if !row.Passed {
 		t.Errorf("%s / %s: %d lost, %d duplicates, %d order violations", sc.scope, sc.fault, row.Lost, row.Dups, row.Order)
+	}
+	if row.Hang {
+		t.Errorf("%s / %s took %s, over its bound of %s", sc.scope, sc.fault, row.Duration.Round(time.Millisecond), sc.bound)
 	}
 	t.Logf("%s / %s: %d records, %d faults, %d kills in %s", sc.scope, sc.fault, row.Records, row.Faults, row.Kills, row.Duration.Round(time.Millisecond))
 }
@@ -590,6 +730,23 @@ func (e *relRun) checkKafka() (lost, dups, order int) {
 		lost, dups, order = lost+l, dups+d, order+o
 	}
 	return lost, dups, order
+}
+
+// dltAtLeast reports whether the dead-letter topic holds at least n
+// records (or markers: the check that follows reads them).
+func (e *relRun) dltAtLeast(n int) bool {
+	if n == 0 {
+		return true
+	}
+	ends, err := e.k.EndOffsets(context.Background(), retrytopic.DLTopic(e.group))
+	if err != nil {
+		return false
+	}
+	var sum int64
+	for _, o := range ends {
+		sum += o
+	}
+	return sum >= int64(n)
 }
 
 // checkDLT counts the poison records missing from the dead-letter topic and
