@@ -98,7 +98,8 @@ type Options struct {
 	// carries a per-key version and the key's last applied version is
 	// checked and advanced in the record's transaction. See package
 	// sequence. Null-key records are not versioned: leave them out of
-	// versioned topics.
+	// versioned topics. Versions need per-key order, so they do not
+	// combine with an Unordered failure policy (consumer.Config.Failures).
 	Versions *sequence.Config
 }
 

@@ -103,6 +103,10 @@ func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Run
 	o = o.withDefaults(cfg)
 	s := &scope{h: h, qh: qh, o: o, useTopics: !cfg.Failures.DisableRetryTopics}
 	oerr := o.validate()
+	if o.Versions != nil && cfg.Failures.Unordered {
+		oerr = errors.Join(oerr, &consumer.ConfigError{Struct: "dbscope.Options", Field: "Versions",
+			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
+	}
 	r, err := consumer.NewRunner(cfg, s)
 	if err = errors.Join(err, oerr); err != nil {
 		return nil, err
