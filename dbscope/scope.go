@@ -182,6 +182,34 @@ func (s *scope) init(cfg consumer.Config) {
 		WHERE consumer = $1 AND topic = $2 AND shards = $3 AND partition = ANY($4::int[])`
 }
 
+// Start implements consumer.Starter: Run fails at once with a
+// [*SchemaError], which says to run [Migrate], when the database lacks
+// kscope's tables or a migration of this version. A transient error (the
+// database not reachable yet) is retried with backoff; any other error of
+// the check is logged and the runner starts, as it did before the check.
+func (s *scope) Start(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := checkSchema(ctx, s.o.Pool, s.o.TablePrefix)
+		var se *SchemaError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &se):
+			return err
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !IsTransient(err):
+			s.log.Warn("kscope: could not check kscope's tables; starting anyway", "err", err)
+			return nil
+		}
+		d := backoff.Delay(attempt, retryBase, retryCap)
+		s.log.Warn("kscope: checking kscope's tables failed; retrying", "err", err, "attempt", attempt, "retry_in", d)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
 // BatchLimits implements consumer.Batcher.
 func (s *scope) BatchLimits() (int, time.Duration) { return s.o.BatchSize, s.o.BatchLinger }
 
