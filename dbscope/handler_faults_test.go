@@ -482,3 +482,43 @@ func TestFailingRecordDoesNotRerunEarlierRecords(t *testing.T) {
 		})
 	}
 }
+
+// An offsets table from before stored positions named their routing keeps
+// working after dbscope.Migrate: its rows are not used, new ones are.
+func TestMigrateUpgradesStoredOffsets(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "upgrade", "g-upgrade"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	// The table as an earlier version left it, with a position far ahead.
+	for _, q := range []string{
+		`ALTER TABLE kscope_offsets DROP COLUMN routing`,
+		`DELETE FROM kscope_schema_migrations WHERE version = 5`,
+		`INSERT INTO kscope_offsets (consumer, topic, partition, shard, shards, next_offset) VALUES ('g-upgrade', 'upgrade', 0, 0, 1, 1000)`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	produceValues(t, k, topic, "a/0", "b/0", "c/0")
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool, StoreOffsets: true}, dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "every record applied", time.Minute, func() bool { return r.DBStats().Applied == 3 })
+	var next int64
+	if err := pool.QueryRow(ctx, `SELECT next_offset FROM kscope_offsets WHERE consumer = $1 AND routing <> ''`, group).Scan(&next); err != nil {
+		t.Fatal(err)
+	}
+	if next != 3 {
+		t.Fatalf("stored position %d after 3 records, want 3", next)
+	}
+}

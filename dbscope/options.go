@@ -81,8 +81,11 @@ type Options struct {
 	// handler: the duplicate window between a database commit and the
 	// Kafka offset commit is gone. Use it when handler calls are costly, or
 	// when even a deduplicated redelivery is unwelcome; it costs one more
-	// statement per transaction. Resuming uses rows written with the same
-	// consumer.Config.Shards only.
+	// statement per transaction. A stored position is used only under the
+	// routing it was written under: the same consumer.Config.Shards, the
+	// same Config.NullKeys and kscope's same shard hash. After a change of
+	// any of them the positions are ignored until rewritten (the inbox
+	// still deduplicates what they would have skipped).
 	StoreOffsets bool
 
 	// InboxTTL, when positive, deletes inbox rows older than it while the

@@ -2,8 +2,10 @@ package dbscope
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"runtime/debug"
 	"slices"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -121,6 +124,10 @@ type scope struct {
 	o      Options
 	log    *slog.Logger
 	shards int
+	// routing names how records are routed to key-shards (see routingOf):
+	// stored positions are used only under the routing they were written
+	// under.
+	routing string
 
 	sqlInbox, sqlForget, sqlOffset, sqlLoadOffsets string
 	sqlLoadParked, sqlPark, sqlUnpark              string
@@ -163,11 +170,12 @@ func (s *scope) init(cfg consumer.Config) {
 	p := o.TablePrefix
 	s.sqlInbox = `INSERT INTO ` + p + `inbox (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
 	s.sqlForget = `DELETE FROM ` + p + `inbox WHERE consumer = $1 AND message_id = ANY($2::text[])`
-	s.sqlOffset = `INSERT INTO ` + p + `offsets AS o (consumer, topic, partition, shard, shards, next_offset)
-		VALUES ($1, $2, $3, $4, $5, $6)
+	s.sqlOffset = `INSERT INTO ` + p + `offsets AS o (consumer, topic, partition, shard, shards, next_offset, routing)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
 		ON CONFLICT (consumer, topic, partition, shard) DO UPDATE SET
-			next_offset = CASE WHEN o.shards = EXCLUDED.shards THEN GREATEST(o.next_offset, EXCLUDED.next_offset) ELSE EXCLUDED.next_offset END,
+			next_offset = CASE WHEN o.routing = EXCLUDED.routing THEN GREATEST(o.next_offset, EXCLUDED.next_offset) ELSE EXCLUDED.next_offset END,
 			shards = EXCLUDED.shards,
+			routing = EXCLUDED.routing,
 			updated_at = now()`
 	s.sqlLoadParked = `SELECT topic, key, message_id, original_offset, stage, coalesce(version, 0) FROM ` + p + `parked
 		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
@@ -179,7 +187,8 @@ func (s *scope) init(cfg consumer.Config) {
 		ON CONFLICT (consumer, topic, key) DO UPDATE SET version = EXCLUDED.version, updated_at = now()`
 	s.sqlUnpark = `DELETE FROM ` + p + `parked WHERE consumer = $1 AND topic = $2 AND key = $3 AND message_id = $4`
 	s.sqlLoadOffsets = `SELECT partition, shard, next_offset FROM ` + p + `offsets
-		WHERE consumer = $1 AND topic = $2 AND shards = $3 AND partition = ANY($4::int[])`
+		WHERE consumer = $1 AND topic = $2 AND routing = $3 AND partition = ANY($4::int[])`
+	s.routing = routingOf(cfg.Shards, cfg.NullKeys)
 }
 
 // Start implements consumer.Starter: Run fails at once with a
@@ -255,7 +264,7 @@ func (s *scope) adjustOffsets(ctx context.Context, offsets map[string]map[int32]
 		for p := range parts {
 			ids = append(ids, p)
 		}
-		rows, err := s.o.Pool.Query(ctx, s.sqlLoadOffsets, s.o.Consumer, topic, s.shards, ids)
+		rows, err := s.o.Pool.Query(ctx, s.sqlLoadOffsets, s.o.Consumer, topic, s.routing, ids)
 		if err != nil {
 			return nil, fmt.Errorf("kscope: loading stored offsets of %s: %w", topic, err)
 		}
@@ -293,6 +302,29 @@ func (s *scope) adjustOffsets(ctx context.Context, offsets map[string]map[int32]
 		}
 	}
 	return offsets, nil
+}
+
+// routingOf names the routing of records to key-shards under shards and
+// nullKeys: the shard count, the null-key policy, and a digest of the
+// shards the routing hash gives a fixed set of records, which changes if
+// the hash itself does. A stored position says which records routed to its
+// shard are durable, so it holds only under the routing it was written
+// under.
+func routingOf(shards int, nullKeys consumer.NullKeyPolicy) string {
+	h := fnv.New64a()
+	th := partition.HashTopic("kscope-routing-probe")
+	for p := range int32(4) {
+		for off := range int64(8) {
+			for k := range 9 {
+				var key []byte
+				if k > 0 {
+					key = []byte{'k', byte(k), byte(off)}
+				}
+				binary.Write(h, binary.LittleEndian, int32(th.Shard(p, off, key, shards, nullKeys))) //nolint:errcheck // hashes do not fail
+			}
+		}
+	}
+	return fmt.Sprintf("shards=%d nullkeys=%s hash=%016x", shards, nullKeys, h.Sum64())
 }
 
 func (s *scope) mark(r *consumer.Record) (int64, bool) {
@@ -992,7 +1024,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		}
 		if k > 0 {
 			r := work[k-1]
-			q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1)
+			q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1, s.routing)
 		}
 	}
 	if err := q.send(ctx, tx); err != nil {
