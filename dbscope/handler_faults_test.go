@@ -522,3 +522,47 @@ func TestMigrateUpgradesStoredOffsets(t *testing.T) {
 		t.Fatalf("stored position %d after 3 records, want 3", next)
 	}
 }
+
+// A batch with more writing records than one transaction takes savepoints
+// for commits in several transactions: every record once, a failing one
+// late in the batch rolled back alone.
+func TestLargeBatchOfWritingRecords(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "large-batch", "g-large-batch"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var vals []string
+	for i := range 200 {
+		vals = append(vals, fmt.Sprintf("k%03d/0", i))
+	}
+	produceValues(t, k, topic, vals...)
+	const failing = "k150/0"
+	var calls callCounter
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		calls.add(r)
+		if err := insertEffect(ctx, tx, r); err != nil {
+			return err
+		}
+		if string(r.Value) == failing {
+			return consumer.Terminal(errors.New("refused"))
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
+	if rep := calls.repeats(); len(rep) > 0 {
+		t.Fatalf("records handled again: %v", rep)
+	}
+	wantOutcomes(t, r, 199, 0, 1)
+	if c := countEffects(t, pool); c.rows != 199 || c.unique != 199 {
+		t.Fatalf("effects %+v, want 199", c)
+	}
+	wantKeyOrder(t, pool)
+}

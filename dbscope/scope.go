@@ -345,6 +345,7 @@ const (
 	parkedOutcome
 	staleOutcome
 	deferred
+	notTried // the transaction ended before the record: it goes in the next one
 )
 
 // gapNote says what a record's transaction did about a version gap.
@@ -360,22 +361,22 @@ const (
 	gapDead             // sequence.DeadLetter: to the DLT at once
 )
 
-// isolateError says the fast path's handler failed on record i: the batch is
-// run again with a savepoint per record, and record i takes err without
-// being called again (its writes were rolled back with the transaction).
+// isolateError says that a queued statement of record i failed: the
+// transaction is run again without record i's statements, record i taking
+// err as its failure (no handler is called again).
 type isolateError struct {
-	i    int
-	err  error
-	stmt bool // err is a queued statement's: the record wrote nothing
+	i   int
+	err error
 }
 
 func (e *isolateError) Error() string {
-	return "dbscope: a handler failed; rerun the batch with a savepoint per record: " + e.err.Error()
+	return "dbscope: a queued statement failed; rerun the batch without its record: " + e.err.Error()
 }
 
-// transientError is a transient error raised by the handler or a queued
-// statement of record rec: the transaction is rolled back and retried, and
-// the records before rec, which succeeded in it, are retried on their own.
+// transientError is a transient error raised by a queued statement of
+// record rec, or a connection lost under its handler: the transaction is
+// rolled back and retried, and the records before rec, which succeeded in
+// it, are retried on their own first.
 type transientError struct {
 	rec *consumer.Record
 	err error
@@ -383,6 +384,18 @@ type transientError struct {
 
 func (e *transientError) Error() string { return e.err.Error() }
 func (e *transientError) Unwrap() error { return e.err }
+
+// errConnLost is a record's failure when the connection was lost under its
+// handler without the handler reporting it.
+var errConnLost = errors.New("dbscope: the connection to PostgreSQL was lost")
+
+// errAborted is the failure of a record whose handler returned nil but
+// left the transaction aborted.
+var errAborted = errors.New("dbscope: the handler returned nil, but a statement it ran failed and left the transaction aborted, so its writes were rolled back; return the statement's error, or run the statement that may fail in a nested transaction (tx.Begin)")
+
+// lostWrites is added to the error of a business skip that left the
+// transaction aborted.
+const lostWrites = "dbscope: the record is skipped, but a statement its handler ran failed and left the transaction aborted, so its writes were rolled back"
 
 // failure is what is known of one record's failures in this Process call.
 type failure struct {
@@ -395,7 +408,7 @@ type result struct {
 	out       outcome
 	gap       gapNote
 	gapDetail string          // the versions, for the version-gap event
-	err       error           // failedOutcome: the handler's error
+	err       error           // failedOutcome: the handler's error; skipped: a note on lost writes
 	step      retrytopic.Step // failedOutcome: what the failure policy decided
 	stage     int             // parkedOutcome: the retry topic to wait in
 }
@@ -413,19 +426,23 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 	}()
 	pending := batch
 	limit := len(pending) // the next transaction takes pending[:limit]
-	isolate := false
 	fails := map[*consumer.Record]*failure{}
+	var calls map[*consumer.Record]*queuedCall
+	if s.qh != nil {
+		calls = make(map[*consumer.Record]*queuedCall, len(batch))
+	}
 	for attempt := 0; len(pending) > 0; {
 		if ctx.Err() != nil || pending[0].Revoked() {
 			return
 		}
-		work, res, err := s.apply(ctx, pending[:limit], done, isolate, fails)
+		work, res, stop, err := s.apply(ctx, pending[:limit], done, fails, calls)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			var te *transientError
 			if errors.As(err, &te) {
+				delete(calls, te.rec) // its statement failed: its handler runs again
 				if cut := slices.Index(pending[:limit], te.rec); cut > 0 {
 					limit = cut
 				}
@@ -441,7 +458,6 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			}
 			continue
 		}
-		attempt = 0
 		rest := pending[limit:] // after a transient failure: not tried yet
 		// The transaction committed. Carry out what it decided for the
 		// records that did not apply: a parked record goes to the retry
@@ -459,6 +475,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				obs.End(r, consumer.OutcomeParked, nil)
 				done(r)
 			case failedOutcome:
+				delete(calls, r) // its next attempt calls the handler again
 				fi := fails[r]
 				if fi == nil {
 					fi = &failure{first: time.Now()}
@@ -482,17 +499,30 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				if wait == 0 || step.Delay < wait {
 					wait = step.Delay
 				}
-			case deferred:
+			case deferred, notTried:
 				kept = append(kept, r)
 			}
+		}
+		if stop != nil {
+			delete(calls, stop.rec) // its next attempt calls the handler again
+			// A record's handler failed transiently (a statement
+			// timeout, a deadlock): the records before it committed, and
+			// it goes again, with the rest, after a backoff.
+			attempt++
+			s.txRetries.Add(1)
+			d := backoff.Delay(attempt, retryBase, retryCap)
+			s.log.Warn("kscope: a record failed transiently; the records before it committed, retrying from it", "err", stop.err,
+				"topic", stop.rec.Topic, "partition", stop.rec.Partition, "offset", stop.rec.Offset, "attempt", attempt, "retry_in", d)
+			wait = max(wait, d)
+		} else {
+			attempt = 0
 		}
 		if len(kept) == 0 && len(rest) == 0 {
 			return
 		}
 		// What is left goes again, in order: the records kept for a retry
-		// in place each in a savepoint of its own, with the rest of the
-		// batch behind them.
-		isolate = len(kept) > 0
+		// in place, those deferred behind them and those the transaction
+		// did not reach, with the rest of the batch behind them.
 		pending = append(kept, rest...)
 		limit = len(pending)
 		done(nil) // what is durable may commit while the rest waits
@@ -504,9 +534,11 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 
 // apply runs one transaction over recs and calls done for every record it
 // made durable (applied, skipped or found duplicate), in order. It returns
-// the records it worked on with what it decided for each. A non-nil error
-// means the transaction did not commit.
-func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), isolate bool, fails map[*consumer.Record]*failure) ([]*consumer.Record, []result, error) {
+// the records it worked on with what it decided for each, and the
+// transient error, if any, that ended the transaction early (the records
+// before it committed; it and those after it were not tried). A non-nil
+// error means the transaction did not commit.
+func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall) ([]*consumer.Record, []result, *transientError, error) {
 	work := recs[:0:0]
 	if s.o.StoreOffsets {
 		for _, r := range recs {
@@ -522,19 +554,31 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		work = recs
 	}
 	if len(work) == 0 {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	ids := make([]string, len(work))
 	for i, r := range work {
 		ids[i] = s.identity.Of(r)
 	}
-	res, err := s.runTx(ctx, work, ids, isolate, fails, nil)
-	var ie *isolateError
-	if errors.As(err, &ie) {
-		res, err = s.runTx(ctx, work, ids, true, fails, ie)
+	// A queued statement that fails aborts the transaction: it runs again
+	// without that record's statements, each of which fails its record.
+	var known map[int]error
+	var res []result
+	var stop *transientError
+	var err error
+	for {
+		res, stop, err = s.runTx(ctx, work, ids, fails, calls, known)
+		var ie *isolateError
+		if !errors.As(err, &ie) || known[ie.i] != nil {
+			break
+		}
+		if known == nil {
+			known = make(map[int]error)
+		}
+		known[ie.i] = ie.err
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	s.transactions.Add(1)
 	obs := s.f.Observer()
@@ -552,7 +596,11 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 			done(r)
 		case skipped:
 			s.skipped.Add(1)
-			obs.End(r, consumer.OutcomeSkipped, nil)
+			if res[i].err != nil {
+				s.log.Warn("kscope: record skipped without its writes", "err", res[i].err,
+					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+			}
+			obs.End(r, consumer.OutcomeSkipped, res[i].err)
 			done(r)
 		case duplicate:
 			s.duplicates.Add(1)
@@ -582,7 +630,7 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 			s.gapsDetected.Add(1)
 		}
 	}
-	return work, res, nil
+	return work, res, stop, nil
 }
 
 // parkRow is a row of the parked table.
@@ -725,12 +773,29 @@ func (s *scope) begin(ctx context.Context, tx pgx.Tx, ids []string, work []*cons
 	return fresh, park, br.Close()
 }
 
-func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool, fails map[*consumer.Record]*failure, known *isolateError) (res []result, err error) {
+// runTx runs one transaction over work. A Handler's writes follow a
+// savepoint of their record's (see recordTx), so a failing record is rolled
+// back alone and the others' handlers are not called again; at most
+// maxSavepoints records take one, the rest are left for the next
+// transaction (notTried). A QueueHandler's statements are sent together
+// before COMMIT; known holds the records whose statement failed in an
+// earlier try, and calls the handlers' results, so that a try runs no
+// handler twice. A transient error raised by a record's handler with the
+// connection alive ends the transaction early: the records before it
+// commit, it and those after it are notTried, and it is returned as stop.
+func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
 	tx, err := s.o.Pool.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	defer func() {
+		if err != nil && tx.Conn().IsClosed() {
+			// The connection is gone with the transaction: the queued
+			// handlers' statements are not trusted to be what killed it.
+			clear(calls)
+		}
+	}()
 
 	ordered := s.ordered()
 	vers := s.o.Versions
@@ -743,7 +808,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 	fresh, park, err := s.begin(ctx, tx, ids, work, metas, ordered)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	res = make([]result, len(work))
 	for i, id := range ids {
@@ -754,9 +819,12 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			res[i].out = duplicate
 		}
 	}
-	// q holds the statements sent, pipelined, before COMMIT: a queued
-	// handler's on the fast path, and the scope's own closing ones.
-	q := newQueue()
+	// q holds the statements sent, pipelined, before COMMIT: the queued
+	// handlers' and the scope's own closing ones.
+	q := newPipeline()
+	rtx := &recordTx{tx: tx}
+	savepoints := 0
+	cut := len(work) // the records from cut on are notTried
 	// versions[i] is record i's version when versions are checked.
 	var versions []int64
 	if vers != nil {
@@ -811,9 +879,13 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 
 	for i, r := range work {
+		if s.qh == nil && savepoints >= maxSavepoints {
+			cut = i
+			break
+		}
 		if res[i].out == duplicate {
 			if err := unpark(i); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			continue
 		}
@@ -838,7 +910,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			k := pairKey{metas[i].OriginalTopic, string(r.Key)}
 			if h, ok := park.head(k); ok && h.id != ids[i] && !(versions != nil && h.version > 0 && versions[i] < h.version) {
 				if err := setPark(i, h.stage); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				res[i] = result{out: parkedOutcome, stage: h.stage}
 				undo = append(undo, ids[i])
@@ -849,14 +921,14 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		if vers != nil && r.Key != nil {
 			check, err := s.checkVersion(ctx, tx, metas[i].OriginalTopic, r.Key, versions[i])
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			switch {
 			case check.Outcome == sequence.Stale:
 				res[i].out = staleOutcome
 				undo = append(undo, ids[i]) // not applied: a redelivery of it is stale again
 				if err := unpark(i); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				continue
 			case check.Outcome == sequence.Gap && vers.Gaps != sequence.Accept:
@@ -871,7 +943,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 						res[i].gap = gapTimedOut
 					}
 					if err := unpark(i); err != nil {
-						return nil, err
+						return nil, nil, err
 					}
 					continue
 				}
@@ -887,7 +959,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				}
 				if ordered && r.Key != nil {
 					if err := setPark(i, stage); err != nil {
-						return nil, err
+						return nil, nil, err
 					}
 				}
 				continue
@@ -908,80 +980,88 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			_, err := q.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, metas[i].OriginalTopic, r.Key, versions[i])
 			return err
 		}
-		if !isolate {
-			var err error
-			if s.qh != nil {
-				err = s.queue(hctx, q, i, r)
-			} else {
-				err = s.call(hctx, tx, r)
-			}
-			if err != nil {
-				if IsTransient(err) || tx.Conn().IsClosed() {
-					return nil, &transientError{rec: r, err: err}
-				}
-				if s.f.Class(err) != consumer.ClassSkip {
-					return nil, &isolateError{i: i, err: err}
-				}
-				res[i].out = skipped
-			} else {
-				res[i].out = applied
-			}
-			if err := saveVersion(tx); err != nil {
-				return nil, err
-			}
-			if err := unpark(i); err != nil {
-				return nil, err
-			}
-			continue
-		}
 		var herr error
-		var sp pgx.Tx
-		stmtFailed := false // a queued statement failed: the record wrote nothing
-		if known != nil && known.i == i {
-			// Failed on the fast path already: not called twice for
-			// one attempt.
-			herr, stmtFailed = known.err, known.stmt
-		} else {
-			if sp, err = tx.Begin(ctx); err != nil {
-				return nil, err
+		if s.qh != nil {
+			c := calls[r]
+			switch {
+			case known[i] != nil:
+				herr = known[i] // a statement of its failed in an earlier try
+			case c == nil:
+				c = &queuedCall{}
+				c.err = s.queue(hctx, &c.q, r)
+				calls[r] = c
+				herr = c.err
+			default:
+				herr = c.err
 			}
-			if s.qh != nil {
-				herr = s.queue(hctx, q, i, r)
-				if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
-					// A business skip keeps what it queued, as it keeps
-					// what a Handler wrote.
-					if serr := q.send(ctx, sp); serr != nil {
-						herr, stmtFailed = unwrapStmt(serr), true
-					}
+			if herr != nil && known[i] == nil && s.transient(herr) {
+				cut, stop = i, &transientError{rec: r, err: herr}
+				break
+			}
+			if herr == nil || (known[i] == nil && s.f.Class(herr) == consumer.ClassSkip) {
+				// Success, or a business skip: what it queued is sent.
+				q.add(i, &c.q)
+				res[i].out = applied
+				if herr != nil {
+					res[i].out = skipped
 				}
-				q.reset()
-			} else {
-				herr = s.call(hctx, sp, r)
+				if err := saveVersion(tx); err != nil {
+					return nil, nil, err
+				}
+				if err := unpark(i); err != nil {
+					return nil, nil, err
+				}
+				continue
 			}
-			if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
-				return nil, &transientError{rec: r, err: herr}
+		} else {
+			rtx.reset(hctx)
+			herr = s.call(hctx, rtx, r)
+			if rtx.sp {
+				savepoints++
 			}
-		}
-		if herr == nil || (s.f.Class(herr) == consumer.ClassSkip && !stmtFailed) {
-			// Success, or a business outcome: what the handler wrote stays.
-			if err := saveVersion(sp); err != nil {
-				return nil, err
+			conn := tx.Conn()
+			if conn.IsClosed() {
+				if herr == nil {
+					herr = errConnLost
+				}
+				return nil, nil, &transientError{rec: r, err: herr}
 			}
-			if err := sp.Commit(ctx); err != nil {
-				return nil, err
+			if herr == nil {
+				herr = rtx.err // it could not write: it did not apply
 			}
-			res[i].out = applied
-			if herr != nil {
-				res[i].out = skipped
+			aborted := conn.PgConn().TxStatus() == 'E'
+			ok := !aborted && (herr == nil || s.f.Class(herr) == consumer.ClassSkip)
+			if !ok && rtx.sp {
+				if err := rtx.rollback(ctx); err != nil {
+					return nil, nil, err
+				}
+			} else if aborted {
+				return nil, nil, fmt.Errorf("dbscope: the transaction was aborted before the record's savepoint: %w", errors.Join(herr, rtx.err))
 			}
-			if err := unpark(i); err != nil {
-				return nil, err
+			if herr != nil && s.transient(herr) {
+				cut, stop = i, &transientError{rec: r, err: herr}
+				break
 			}
-			continue
-		}
-		if sp != nil {
-			if err := sp.Rollback(ctx); err != nil {
-				return nil, err
+			switch {
+			case aborted && herr == nil:
+				herr = errAborted
+			case aborted && s.f.Class(herr) == consumer.ClassSkip:
+				// A business skip stays one, without its writes.
+				res[i].err = fmt.Errorf("%w; %s", herr, lostWrites)
+				ok = true
+			}
+			if ok {
+				res[i].out = applied
+				if herr != nil {
+					res[i].out = skipped
+				}
+				if err := saveVersion(tx); err != nil {
+					return nil, nil, err
+				}
+				if err := unpark(i); err != nil {
+					return nil, nil, err
+				}
+				continue
 			}
 		}
 		attempt := 1
@@ -998,11 +1078,11 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		switch {
 		case step.Action == retrytopic.ActionRetryTopic && ordered && r.Key != nil:
 			if err := setPark(i, step.Stage); err != nil { // it is, or stays, its key's head
-				return nil, err
+				return nil, nil, err
 			}
 		case step.Action != retrytopic.ActionRetry:
 			if err := unpark(i); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		if r.Key == nil {
@@ -1013,6 +1093,12 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			}
 			blocked[string(r.Key)] = true
 		}
+	}
+	for j := cut; j < len(work); j++ {
+		if res[j].out == toApply {
+			undo = append(undo, ids[j]) // its inbox row goes until it is tried
+		}
+		res[j] = result{out: notTried}
 	}
 	if len(undo) > 0 {
 		q.Exec(s.sqlForget, s.o.Consumer, undo)
@@ -1031,18 +1117,26 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		var se *stmtError
 		if errors.As(err, &se) && se.owner >= 0 {
 			if IsTransient(se.err) || tx.Conn().IsClosed() {
-				return nil, &transientError{rec: work[se.owner], err: se.err}
+				return nil, nil, &transientError{rec: work[se.owner], err: se.err}
 			}
 			// A queued statement of record se.owner failed: the batch
-			// runs again with a savepoint per record.
-			return nil, &isolateError{i: se.owner, err: se.err, stmt: true}
+			// runs again without that record's statements.
+			return nil, nil, &isolateError{i: se.owner, err: se.err}
 		}
-		return nil, unwrapStmt(err)
+		return nil, nil, unwrapStmt(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return res, nil
+	return res, stop, nil
+}
+
+// transient reports whether a handler's error is a transient database
+// error, which retries the transaction rather than failing the record: an
+// error the handler (or Policy.Classify) gave a class follows the failure
+// policy whatever it wraps.
+func (s *scope) transient(err error) bool {
+	return s.f.Class(err) == consumer.ClassUnknown && IsTransient(err)
 }
 
 // call runs the handler and turns a panic into an error.
