@@ -17,6 +17,7 @@ const maxSavepoints = 64
 
 const (
 	savepointSQL = "SAVEPOINT kscope_record"
+	releaseSQL   = "RELEASE SAVEPOINT kscope_record"
 	rollbackSQL  = "ROLLBACK TO SAVEPOINT kscope_record"
 )
 
@@ -37,12 +38,17 @@ type recordTx struct {
 	touched bool            // the handler used the transaction
 	sp      bool            // the savepoint was taken
 	err     error           // taking the savepoint failed: the handler may not write
+	// release: an earlier record's savepoint is still open. It is
+	// released with the next record's savepoint, in the same round trip,
+	// so that savepoints do not nest.
+	release bool
 }
 
 var _ pgx.Tx = (*recordTx)(nil)
 
 // reset readies t for the next record's handler.
 func (t *recordTx) reset(ctx context.Context) {
+	t.release = t.release || t.sp
 	t.ctx, t.touched, t.sp, t.err = ctx, false, false, nil
 }
 
@@ -53,11 +59,15 @@ func (t *recordTx) take(ctx context.Context) error {
 		return t.err
 	}
 	t.touched = true
-	if _, err := t.tx.Exec(ctx, savepointSQL); err != nil {
+	sql := savepointSQL
+	if t.release {
+		sql = releaseSQL + "; " + savepointSQL // a simple query: one round trip
+	}
+	if _, err := t.tx.Exec(ctx, sql); err != nil {
 		t.err = err
 		return err
 	}
-	t.sp = true
+	t.sp, t.release = true, false
 	return nil
 }
 
@@ -87,15 +97,20 @@ func (t *recordTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 	}
 	t.touched = true
 	b := &pgx.Batch{}
+	if t.release {
+		b.Queue(releaseSQL)
+	}
 	b.Queue(savepointSQL)
 	b.Queue(sql, args...)
 	br := t.tx.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close() //nolint:errcheck // err says it
-		t.err = err
-		return pgconn.CommandTag{}, err
+	for range b.Len() - 1 {
+		if _, err := br.Exec(); err != nil {
+			br.Close() //nolint:errcheck // err says it
+			t.err = err
+			return pgconn.CommandTag{}, err
+		}
 	}
-	t.sp = true
+	t.sp, t.release = true, false
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr

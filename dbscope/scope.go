@@ -425,7 +425,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		}
 	}()
 	pending := batch
-	limit := len(pending) // the next transaction takes pending[:limit]
+	limit := s.txLimit(len(pending)) // the next transaction takes pending[:limit]
 	fails := map[*consumer.Record]*failure{}
 	var calls map[*consumer.Record]*queuedCall
 	if s.qh != nil {
@@ -524,12 +524,23 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		// in place, those deferred behind them and those the transaction
 		// did not reach, with the rest of the batch behind them.
 		pending = append(kept, rest...)
-		limit = len(pending)
+		limit = s.txLimit(len(pending))
 		done(nil) // what is durable may commit while the rest waits
 		if wait > 0 && !backoff.Sleep(ctx, wait) {
 			return
 		}
 	}
+}
+
+// txLimit returns how many of n pending records the next transaction
+// takes: all of them for a QueueHandler, at most maxSavepoints for a
+// Handler, each of whose records may take a savepoint. (Records left out
+// would have their inbox rows inserted and deleted again.)
+func (s *scope) txLimit(n int) int {
+	if s.qh == nil {
+		return min(n, maxSavepoints)
+	}
+	return n
 }
 
 // apply runs one transaction over recs and calls done for every record it
@@ -727,11 +738,13 @@ func scanParking(rows pgx.Rows) (parking, error) {
 	return p, rows.Err()
 }
 
-// begin inserts the inbox rows of ids and, when the pipeline is ordered,
-// reads the parked rows of the records' keys, both in one round trip. It
-// returns the ids whose rows are new.
-func (s *scope) begin(ctx context.Context, tx pgx.Tx, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (fresh map[string]bool, park parking, err error) {
+// begin begins a transaction, inserts the inbox rows of ids and, when the
+// pipeline is ordered, reads the parked rows of the records' keys, all in
+// one round trip. It returns the transaction (to be rolled back by the
+// caller, also when err is not nil) and the ids whose rows are new.
+func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, park parking, err error) {
 	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
 	b.Queue(s.sqlInbox, s.o.Consumer, ids)
 	var keys [][]byte
 	if ordered {
@@ -741,36 +754,44 @@ func (s *scope) begin(ctx context.Context, tx pgx.Tx, ids []string, work []*cons
 			b.Queue(s.sqlLoadParked, s.o.Consumer, topics, keys)
 		}
 	}
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
+	br := s.o.Pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return tx, nil, nil, err
+	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, nil, err
+		return tx, nil, nil, err
 	}
 	fresh = make(map[string]bool, len(ids))
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return nil, nil, err
+			return tx, nil, nil, err
 		}
 		fresh[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return tx, nil, nil, err
 	}
 	park = parking{}
 	if len(keys) > 0 {
 		rows, err := br.Query()
 		if err != nil {
-			return nil, nil, err
+			return tx, nil, nil, err
 		}
 		if park, err = scanParking(rows); err != nil {
-			return nil, nil, err
+			return tx, nil, nil, err
 		}
 	}
-	return fresh, park, br.Close()
+	return tx, fresh, park, nil
 }
 
 // runTx runs one transaction over work. A Handler's writes follow a
@@ -784,19 +805,6 @@ func (s *scope) begin(ctx context.Context, tx pgx.Tx, ids []string, work []*cons
 // connection alive ends the transaction early: the records before it
 // commit, it and those after it are notTried, and it is returned as stop.
 func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
-	tx, err := s.o.Pool.Begin(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	defer func() {
-		if err != nil && tx.Conn().IsClosed() {
-			// The connection is gone with the transaction: the queued
-			// handlers' statements are not trusted to be what killed it.
-			clear(calls)
-		}
-	}()
-
 	ordered := s.ordered()
 	vers := s.o.Versions
 	var metas []retrytopic.Metadata
@@ -806,7 +814,15 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			metas[i] = s.f.Metadata(r)
 		}
 	}
-	fresh, park, err := s.begin(ctx, tx, ids, work, metas, ordered)
+	tx, fresh, park, err := s.begin(ctx, ids, work, metas, ordered)
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	defer func() {
+		if err != nil && (tx.Conn() == nil || tx.Conn().IsClosed()) {
+			// The connection is gone with the transaction: the queued
+			// handlers' statements are not trusted to be what killed it.
+			clear(calls)
+		}
+	}()
 	if err != nil {
 		return nil, nil, err
 	}
