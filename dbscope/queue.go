@@ -22,16 +22,21 @@ import (
 // statements; COMMIT).
 //
 // A nil error means the queued statements may run. A statement that fails
-// fails its record exactly as a [Handler] error would: the batch is run
-// again with a savepoint per record, that record's statements are rolled
-// back and it goes to the failure policy with the statement's error, and
-// the others commit. A handler that needs to read (a SELECT, a RETURNING
-// value, a row lock) before it writes is a [Handler].
+// fails its record exactly as a [Handler] error would: the transaction is
+// run again without that record's statements (the statements the other
+// records queued are sent again; their handlers are not called again), it
+// goes to the failure policy with the statement's error, and the others
+// commit. A handler that needs to read (a SELECT, a RETURNING value, a row
+// lock) before it writes is a [Handler].
 //
-// The handler may be called more than once for one delivery (when its
-// batch runs again after any record of it failed, or after a transient
-// error); only the statements of the call whose transaction commits take
-// effect. It must not keep q after it returns.
+// The handler is called once per delivery of a record; the statements it
+// queued are kept while the batch is worked on and sent again when its
+// transaction is retried. It is called again only when the record failed
+// (the handler returned an error other than a skip, panicked, or one of
+// its statements failed) and the failure policy retries it, or when the
+// connection was lost or the process stopped (or lost the partition)
+// before the transaction committed. Only the statements of a transaction
+// that commits take effect. It must not keep q after it returns.
 type QueueHandler interface {
 	Queue(ctx context.Context, q *Queue, r *consumer.Record) error
 }

@@ -35,7 +35,7 @@ type Stats struct {
 	Duplicates    int64 // records skipped because their inbox row existed
 	ReplaySkipped int64 // records skipped before the handler thanks to stored offsets
 	Failed        int64 // handler failures (retried or dead-lettered by the failure policy)
-	Skipped       int64 // records whose handler returned a business skip (their writes commit)
+	Skipped       int64 // records whose handler returned a business skip (their writes commit unless a failed statement aborted them)
 	Parked        int64 // records sent behind an earlier record of their key that is in the retry topics
 	Stale         int64 // records whose version was at or below their key's last applied one: skipped
 	GapsDetected  int64 // records found ahead of their key's next version
@@ -80,20 +80,25 @@ func (r *Runner) DBStats() Stats {
 // therefore applied exactly once.
 //
 // A handler error rolls back that record alone (to its savepoint; the rest
-// of its batch commits). The failure policy (consumer.Config.Failures) then
-// retries it in place with backoff, or sends it to the dead-letter topic;
-// later records of the same key wait behind it, other keys go on. A
-// business skip (consumer.Skip) commits what the handler wrote and
-// acknowledges the record. A transient PostgreSQL error (see [IsTransient])
-// rolls back the transaction and retries after a backoff: when a record's
-// handler or statement raised it, the records before that one go first in
-// a transaction of their own, so that a batch makes progress while its
-// records fail transiently one by one (a statement timeout, say). The
-// offset is never committed past a record whose transaction did not commit
-// or whose dead-letter produce was not acknowledged.
+// of its batch commits, without their handlers running again). The failure
+// policy (consumer.Config.Failures) then retries it in place with backoff,
+// sends it to a retry topic or to the dead-letter topic; later records of
+// the same key wait behind it, other keys go on. A business skip
+// (consumer.Skip) commits what the handler wrote and acknowledges the
+// record, unless a statement of the handler failed and left the
+// transaction aborted: then its writes are rolled back (see [Handler]). A
+// transient PostgreSQL error (see [IsTransient]) raised by a record's
+// statement rolls that record back and commits the records before it; it
+// is retried after a backoff, so a batch makes progress while its records
+// fail transiently one by one (a statement timeout, say). A lost
+// connection retries the whole transaction. An error the handler marked
+// with a class follows the failure policy, whatever it wraps. The offset
+// is never committed past a record whose transaction did not commit or
+// whose dead-letter produce was not acknowledged.
 //
-// Run [Migrate] first. What the DB scope does not cover: anything the
-// handler does outside tx.
+// Run [Migrate] first: Run fails at start with a [*SchemaError] when
+// kscope's tables are missing or older than this version. What the DB
+// scope does not cover: anything the handler does outside tx.
 func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope", Field: "Handler", Reason: "is nil; pass the function that applies each record in its transaction"}
