@@ -239,6 +239,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	stop := r.life.Stop
 	r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer r.hardCancel()
+	if st, ok := r.scope.(Starter); ok {
+		if err := st.Start(runCtx); err != nil {
+			if runCtx.Err() != nil {
+				return nil // stopped while starting: a clean stop
+			}
+			return err
+		}
+	}
 
 	r.tracker = commit.NewTracker()
 	r.doneBufs = make([]*doneBuf, r.cfg.Shards)

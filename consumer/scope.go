@@ -71,6 +71,14 @@ type Delayer interface {
 	DelayedTopics() map[string]time.Duration
 }
 
+// Starter is implemented by a Scope that checks what it needs before the
+// runner consumes anything (its database tables, say). Run calls Start
+// before it creates a Kafka client and returns its error, unless Run's
+// context ended meanwhile (then Run returns nil, a clean stop).
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
 // ClientOptioner is implemented by a Scope that needs options on the
 // runner's Kafka client, such as an offset adjustment on assignment. They
 // are applied after Config.ClientOptions and before kscope's own.

@@ -19,12 +19,24 @@
 // skip (consumer.Skip) commits what the handler wrote and acknowledges the
 // record; a failure rolls the record back to its savepoint, and it is
 // retried in place or, once its budget is spent or when it is poison, sent
-// to the dead-letter topic, and only then acknowledged.
+// to the dead-letter topic, and only then acknowledged. A handler that
+// goes on after a failed statement (the transaction is then aborted) has
+// its writes rolled back: a nil becomes a failure, a skip stays a skip
+// without its writes. Only errors from PostgreSQL or the connection (see
+// IsTransient) retry the transaction instead, and only when the handler did
+// not mark them with a class.
 //
 // Records of one key-shard are batched into one transaction (Options.
-// BatchSize), with a savepoint per record when one fails so that the others
-// commit. Options.StoreOffsets also keeps the consumed position in the same
-// transaction, which removes the duplicate window after a crash entirely.
+// BatchSize; up to 64 for a Handler), each record's writes after a
+// savepoint of its own, so that a failing record rolls back alone and the
+// others commit without their handlers running again ([Handler] says
+// exactly when a handler runs twice). Options.StoreOffsets also keeps the
+// consumed position in the same transaction, which removes the duplicate
+// window after a crash entirely; a position is used only under the routing
+// of records to key-shards it was written under.
+//
+// Run [Migrate] before the runner: Run checks kscope's tables at start and
+// fails with a [*SchemaError] that says to run it.
 //
 // A handler whose effect is statements that need no result can queue them
 // instead ([NewQueued], [QueueHandler]): the statements of a whole batch

@@ -3,8 +3,6 @@ package dbscope
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -13,9 +11,19 @@ import (
 // IsTransient reports whether err is a PostgreSQL failure that a new
 // transaction can succeed after: a serialization failure, a deadlock, a lost
 // or refused connection, a server shutting down or restarting, too many
-// connections, a statement or lock timeout. The DB scope retries a batch
-// that fails this way in place, with backoff, and never commits its offsets
-// past it.
+// connections, a statement or lock timeout. It is decided from what pgx
+// reports — the server's SQLSTATE code ([pgconn.PgError]), a connection
+// that could not be made ([pgconn.ConnectError]), a request that never
+// reached the server ([pgconn.SafeToRetry]) or timed out inside pgx
+// ([pgconn.Timeout]) — never from an error's text, and an io.EOF or a
+// net.Error of the handler's own (an HTTP call) is not transient.
+//
+// The DB scope retries a batch that fails this way in place, with backoff,
+// and never commits its offsets past it. A handler error marked with a
+// class (consumer.Skip, Terminal, Retryable, DecodeError, or one
+// Policy.Classify gives) follows the failure policy even when it wraps a
+// transient error; only a lost connection, which takes the transaction
+// with it, retries the batch whatever the class.
 func IsTransient(err error) bool {
 	if err == nil {
 		return false
@@ -40,14 +48,5 @@ func IsTransient(err error) bool {
 		return false
 	}
 	var ce *pgconn.ConnectError
-	var ne net.Error
-	switch {
-	case pgconn.SafeToRetry(err), pgconn.Timeout(err),
-		errors.As(err, &ce), errors.As(err, &ne),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
-		return true
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "conn closed") || strings.Contains(msg, "connection reset") ||
-		strings.Contains(msg, "broken pipe") || strings.Contains(msg, "unexpected EOF")
+	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) || errors.As(err, &ce)
 }

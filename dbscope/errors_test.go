@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,8 +19,7 @@ func TestIsTransient(t *testing.T) {
 		&pgconn.PgError{Code: "08006"},
 		&pgconn.PgError{Code: "57014"},
 		fmt.Errorf("handler: %w", &pgconn.PgError{Code: "40001"}),
-		io.ErrUnexpectedEOF,
-		errors.New("conn closed"),
+		&pgconn.ConnectError{},
 	}
 	for _, err := range transient {
 		if !IsTransient(err) {
@@ -32,6 +32,13 @@ func TestIsTransient(t *testing.T) {
 		&pgconn.PgError{Code: "42P01"}, // undefined_table
 		errors.New("card declined"),
 		context.Canceled,
+		// A handler's own I/O: a truncated body, a dropped HTTP
+		// connection. Not PostgreSQL's.
+		io.ErrUnexpectedEOF,
+		fmt.Errorf("decoding: %w", io.EOF),
+		&net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")},
+		errors.New("conn closed"),
+		errors.New("read: connection reset by peer"),
 	}
 	for _, err := range permanent {
 		if IsTransient(err) {

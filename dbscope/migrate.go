@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,11 +52,10 @@ func Migrate(ctx context.Context, db Beginner, prefix string) error {
 	if err := validPrefix(prefix); err != nil {
 		return err
 	}
-	files, err := fs.Glob(migrations, "sql/*.sql")
+	files, err := migrationFiles()
 	if err != nil {
 		return err
 	}
-	sort.Strings(files)
 	lock := fnv.New64a()
 	lock.Write([]byte("kscope-migrate:" + prefix))
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
@@ -69,11 +69,7 @@ func Migrate(ctx context.Context, db Beginner, prefix string) error {
 			return fmt.Errorf("dbscope: migrate: %w", err)
 		}
 		for _, f := range files {
-			name := strings.TrimPrefix(f, "sql/")
-			version, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
-			if err != nil {
-				return fmt.Errorf("dbscope: migrate: file %s has no version number", name)
-			}
+			name, version := f.name, f.version
 			var done bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+prefix+`schema_migrations WHERE version = $1)`, version).Scan(&done); err != nil {
 				return fmt.Errorf("dbscope: migrate: %w", err)
@@ -81,7 +77,7 @@ func Migrate(ctx context.Context, db Beginner, prefix string) error {
 			if done {
 				continue
 			}
-			raw, err := migrations.ReadFile(f)
+			raw, err := migrations.ReadFile("sql/" + name)
 			if err != nil {
 				return err
 			}
@@ -98,4 +94,89 @@ func Migrate(ctx context.Context, db Beginner, prefix string) error {
 		}
 		return nil
 	})
+}
+
+// migrationFile is one embedded SQL file: its name and version number.
+type migrationFile struct {
+	name    string
+	version int
+}
+
+// migrationFiles returns the embedded SQL files in the order they apply.
+func migrationFiles() ([]migrationFile, error) {
+	names, err := fs.Glob(migrations, "sql/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	out := make([]migrationFile, 0, len(names))
+	for _, f := range names {
+		name := strings.TrimPrefix(f, "sql/")
+		version, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
+		if err != nil {
+			return nil, fmt.Errorf("dbscope: migrate: file %s has no version number", name)
+		}
+		out = append(out, migrationFile{name: name, version: version})
+	}
+	return out, nil
+}
+
+// kscopeTables are the tables Migrate creates, without their prefix.
+var kscopeTables = []string{"schema_migrations", "inbox", "offsets", "parked", "key_versions"}
+
+// checkSchema reports, as an error that says to run Migrate, a database
+// that lacks one of kscope's tables or one of the embedded migrations. Any
+// other error is returned as it is: it says nothing about the schema.
+func checkSchema(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, prefix string) error {
+	names := make([]string, len(kscopeTables))
+	for i, t := range kscopeTables {
+		names[i] = prefix + t
+	}
+	rows, err := db.Query(ctx, `SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NULL`, names)
+	if err != nil {
+		return err
+	}
+	missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return &SchemaError{Prefix: prefix, Missing: missing}
+	}
+	rows, err = db.Query(ctx, `SELECT version FROM `+prefix+`schema_migrations`)
+	if err != nil {
+		return err
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return err
+	}
+	files, err := migrationFiles()
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if !slices.Contains(have, int32(f.version)) {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return &SchemaError{Prefix: prefix, Missing: missing}
+	}
+	return nil
+}
+
+// SchemaError says that the database lacks kscope's tables, or some of the
+// migrations of this version of kscope: [Migrate] has not been run with
+// this prefix since the upgrade. Run returns it at start.
+type SchemaError struct {
+	Prefix  string   // the table prefix the scope uses
+	Missing []string // the missing tables, or the migration files not yet applied
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("dbscope: the database lacks %s (table prefix %q); run dbscope.Migrate(ctx, pool, %q) before Run, once per database and after every kscope upgrade",
+		strings.Join(e.Missing, ", "), e.Prefix, e.Prefix)
 }

@@ -16,13 +16,34 @@ import (
 // Handler applies one record's effect inside tx, the transaction that also
 // holds the record's inbox row. A nil error means the effect may commit.
 // The handler must do its database work through tx only, and must not
-// commit or roll it back.
+// commit or roll it back (tx refuses). tx takes a savepoint before the
+// record's first statement (in the same round trip when that statement is
+// an Exec with arguments), so a failing record's writes roll back alone.
 //
-// The same record can reach the handler more than once when its transaction
-// rolls back (a lost connection, a failing record earlier in its batch); only
-// the call whose transaction commits leaves effects in the database. Effects
-// outside the database — an HTTP call, an email — are not covered: give them
-// an idempotency key (the record's identity is a good one).
+// A statement that fails leaves the transaction aborted: return its error.
+// A handler that goes on after it (returns nil, or a consumer.Skip) has
+// its writes rolled back to its savepoint; a nil is then a failure of the
+// record, routed by the failure policy, and a skip stays a skip but
+// without its writes (the error passed to the hooks says so). To go on
+// after a statement that may fail, run it in a nested transaction
+// (tx.Begin) and roll that back.
+//
+// The handler runs more than once for one delivery of a record only when:
+//   - the record failed: the handler returned an error (other than a
+//     skip), panicked, or left the transaction aborted, and the failure
+//     policy retries it (in place, or from a retry topic);
+//   - a transient database error raised by its own statements (a statement
+//     timeout, a deadlock, a serialization failure) rolled it back: the
+//     records before it commit, and it runs again after a backoff;
+//   - its transaction did not commit after it ran: the connection was
+//     lost, the server restarted, COMMIT failed, or the process stopped or
+//     lost the partition first (the next owner runs it).
+//
+// A failure of another record in its batch never makes it run again. Only
+// the call whose transaction commits leaves effects in the database.
+// Effects outside the database — an HTTP call, an email — happen once per
+// call: give them an idempotency key (the record's identity is a good
+// one).
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) error
 }
@@ -60,14 +81,17 @@ type Options struct {
 	// was given. Default DefaultTablePrefix.
 	TablePrefix string
 
-	// BatchSize is the most records of one key-shard put into one
-	// transaction, each isolated by a savepoint when a record fails. 1 runs
-	// one transaction per record. Default 256. Batches form from what is
-	// already queued, so under light load they are small and add no
-	// latency; under load a bigger batch spreads BEGIN, COMMIT and its WAL
-	// flush over more records (BENCHMARKS.md has throughput against batch
-	// size). A failing record makes its batch run again with a savepoint
-	// per record. BatchLinger makes a worker wait for more.
+	// BatchSize is the most records of one key-shard handled together.
+	// 1 runs one transaction per record. Default 256. Batches form from
+	// what is already queued, so under light load they are small and add
+	// no latency; under load a bigger batch spreads BEGIN, COMMIT and its
+	// WAL flush over more records (BENCHMARKS.md has throughput against
+	// batch size). A QueueHandler's batch is one transaction; a Handler's
+	// takes at most 64 records per transaction, since each of its records
+	// writes after a savepoint of its own and PostgreSQL keeps the ids of
+	// 64 subtransactions per transaction in its fast cache. A failing
+	// record is rolled back alone; the others commit and are not handled
+	// again. BatchLinger makes a worker wait for more.
 	BatchSize int
 
 	// BatchLinger is how long a worker waits to fill a batch. Default 0:
@@ -81,8 +105,11 @@ type Options struct {
 	// handler: the duplicate window between a database commit and the
 	// Kafka offset commit is gone. Use it when handler calls are costly, or
 	// when even a deduplicated redelivery is unwelcome; it costs one more
-	// statement per transaction. Resuming uses rows written with the same
-	// consumer.Config.Shards only.
+	// statement per transaction. A stored position is used only under the
+	// routing it was written under: the same consumer.Config.Shards, the
+	// same Config.NullKeys and kscope's same shard hash. After a change of
+	// any of them the positions are ignored until rewritten (the inbox
+	// still deduplicates what they would have skipped).
 	StoreOffsets bool
 
 	// InboxTTL, when positive, deletes inbox rows older than it while the
@@ -98,7 +125,8 @@ type Options struct {
 	// carries a per-key version and the key's last applied version is
 	// checked and advanced in the record's transaction. See package
 	// sequence. Null-key records are not versioned: leave them out of
-	// versioned topics.
+	// versioned topics. Versions need per-key order, so they do not
+	// combine with an Unordered failure policy (consumer.Config.Failures).
 	Versions *sequence.Config
 }
 

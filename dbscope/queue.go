@@ -22,16 +22,21 @@ import (
 // statements; COMMIT).
 //
 // A nil error means the queued statements may run. A statement that fails
-// fails its record exactly as a [Handler] error would: the batch is run
-// again with a savepoint per record, that record's statements are rolled
-// back and it goes to the failure policy with the statement's error, and
-// the others commit. A handler that needs to read (a SELECT, a RETURNING
-// value, a row lock) before it writes is a [Handler].
+// fails its record exactly as a [Handler] error would: the transaction is
+// run again without that record's statements (the statements the other
+// records queued are sent again; their handlers are not called again), it
+// goes to the failure policy with the statement's error, and the others
+// commit. A handler that needs to read (a SELECT, a RETURNING value, a row
+// lock) before it writes is a [Handler].
 //
-// The handler may be called more than once for one delivery (when its
-// batch runs again after any record of it failed, or after a transient
-// error); only the statements of the call whose transaction commits take
-// effect. It must not keep q after it returns.
+// The handler is called once per delivery of a record; the statements it
+// queued are kept while the batch is worked on and sent again when its
+// transaction is retried. It is called again only when the record failed
+// (the handler returned an error other than a skip, panicked, or one of
+// its statements failed) and the failure policy retries it, or when the
+// connection was lost or the process stopped (or lost the partition)
+// before the transaction committed. Only the statements of a transaction
+// that commits take effect. It must not keep q after it returns.
 type QueueHandler interface {
 	Queue(ctx context.Context, q *Queue, r *consumer.Record) error
 }
@@ -48,23 +53,48 @@ func (f QueueFunc) Queue(ctx context.Context, q *Queue, r *consumer.Record) erro
 // for. They run in the record's transaction, in the order queued, after the
 // handler returns.
 type Queue struct {
-	b      *pgx.Batch
-	owners []int // owners[j] is the index of the record that queued statement j; -1 for the scope's own
-	owner  int
+	stmts []queuedStmt
+}
+
+// queuedStmt is a statement and its arguments.
+type queuedStmt struct {
+	sql  string
+	args []any
 }
 
 // Exec queues a statement and its arguments, as [pgx.Tx.Exec] would run
 // them. The arguments are encoded when the batch is sent: slices of the
 // record (its Key, its Value) may be passed as they are.
 func (q *Queue) Exec(sql string, args ...any) {
-	q.b.Queue(sql, args...)
-	q.owners = append(q.owners, q.owner)
+	q.stmts = append(q.stmts, queuedStmt{sql, args})
 }
 
-// Len returns how many statements are queued.
-func (q *Queue) Len() int { return q.b.Len() }
+// Len returns how many statements the handler has queued for its record.
+func (q *Queue) Len() int { return len(q.stmts) }
 
-func newQueue() *Queue { return &Queue{b: &pgx.Batch{}, owner: -1} }
+// pipeline is what a transaction sends in one round trip before its
+// COMMIT: the statements queued by the records' handlers, each with the
+// index of its record, and the scope's own closing statements.
+type pipeline struct {
+	b      *pgx.Batch
+	owners []int // owners[j] is the index of the record that queued statement j; -1 for the scope's own
+}
+
+func newPipeline() *pipeline { return &pipeline{b: &pgx.Batch{}} }
+
+// Exec queues one of the scope's own statements.
+func (p *pipeline) Exec(sql string, args ...any) {
+	p.b.Queue(sql, args...)
+	p.owners = append(p.owners, -1)
+}
+
+// add queues the statements record i's handler queued.
+func (p *pipeline) add(i int, q *Queue) {
+	for _, st := range q.stmts {
+		p.b.Queue(st.sql, st.args...)
+		p.owners = append(p.owners, i)
+	}
+}
 
 // NewQueued returns a runner in the DB scope whose handler queues its
 // statements (see [QueueHandler]) instead of running them one round trip
@@ -79,16 +109,23 @@ func NewQueued(cfg consumer.Config, o Options, h QueueHandler) (*Runner, error) 
 	return newRunner(cfg, o, nil, h)
 }
 
-// queue runs the queued handler for record i, its statements going to q.
-// It turns a panic into an error.
-func (s *scope) queue(ctx context.Context, q *Queue, i int, r *consumer.Record) (err error) {
+// queuedCall is what a QueueHandler's call for a record returned. It is
+// kept while the record's batch is worked on, so that the handler is not
+// called again when the transaction is retried after another record
+// failed, or after a transient error that did not cost the connection.
+type queuedCall struct {
+	q   Queue
+	err error
+}
+
+// queue runs the queued handler for r, its statements going to q. It turns
+// a panic into an error.
+func (s *scope) queue(ctx context.Context, q *Queue, r *consumer.Record) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	q.owner = i
-	defer func() { q.owner = -1 }()
 	return s.qh.Queue(ctx, q, r)
 }
 
@@ -102,32 +139,25 @@ type stmtError struct {
 func (e *stmtError) Error() string { return e.err.Error() }
 func (e *stmtError) Unwrap() error { return e.err }
 
-// send runs the statements of q in tx, pipelined, and empties q. A failing
-// statement is reported as a *stmtError naming its record.
-func (q *Queue) send(ctx context.Context, tx pgx.Tx) error {
-	if q.b.Len() == 0 {
+// send runs the statements of p in tx, pipelined. A failing statement is
+// reported as a *stmtError naming its record.
+func (p *pipeline) send(ctx context.Context, tx pgx.Tx) error {
+	if p.b.Len() == 0 {
 		return nil
 	}
-	br := tx.SendBatch(ctx, q.b)
+	br := tx.SendBatch(ctx, p.b)
 	var failed error
-	for j := range q.b.Len() {
+	for j := range p.b.Len() {
 		if _, err := br.Exec(); err != nil {
-			failed = &stmtError{owner: q.owners[j], err: err}
+			failed = &stmtError{owner: p.owners[j], err: err}
 			break
 		}
 	}
 	cerr := br.Close()
-	q.reset()
 	if failed != nil {
 		return failed
 	}
 	return cerr
-}
-
-// reset empties q without sending it.
-func (q *Queue) reset() {
-	q.b = &pgx.Batch{}
-	q.owners = q.owners[:0]
 }
 
 // unwrapStmt returns the statement error inside a *stmtError, or err.

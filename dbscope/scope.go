@@ -2,8 +2,10 @@ package dbscope
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"runtime/debug"
 	"slices"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -32,7 +35,7 @@ type Stats struct {
 	Duplicates    int64 // records skipped because their inbox row existed
 	ReplaySkipped int64 // records skipped before the handler thanks to stored offsets
 	Failed        int64 // handler failures (retried or dead-lettered by the failure policy)
-	Skipped       int64 // records whose handler returned a business skip (their writes commit)
+	Skipped       int64 // records whose handler returned a business skip (their writes commit unless a failed statement aborted them)
 	Parked        int64 // records sent behind an earlier record of their key that is in the retry topics
 	Stale         int64 // records whose version was at or below their key's last applied one: skipped
 	GapsDetected  int64 // records found ahead of their key's next version
@@ -77,20 +80,25 @@ func (r *Runner) DBStats() Stats {
 // therefore applied exactly once.
 //
 // A handler error rolls back that record alone (to its savepoint; the rest
-// of its batch commits). The failure policy (consumer.Config.Failures) then
-// retries it in place with backoff, or sends it to the dead-letter topic;
-// later records of the same key wait behind it, other keys go on. A
-// business skip (consumer.Skip) commits what the handler wrote and
-// acknowledges the record. A transient PostgreSQL error (see [IsTransient])
-// rolls back the transaction and retries after a backoff: when a record's
-// handler or statement raised it, the records before that one go first in
-// a transaction of their own, so that a batch makes progress while its
-// records fail transiently one by one (a statement timeout, say). The
-// offset is never committed past a record whose transaction did not commit
-// or whose dead-letter produce was not acknowledged.
+// of its batch commits, without their handlers running again). The failure
+// policy (consumer.Config.Failures) then retries it in place with backoff,
+// sends it to a retry topic or to the dead-letter topic; later records of
+// the same key wait behind it, other keys go on. A business skip
+// (consumer.Skip) commits what the handler wrote and acknowledges the
+// record, unless a statement of the handler failed and left the
+// transaction aborted: then its writes are rolled back (see [Handler]). A
+// transient PostgreSQL error (see [IsTransient]) raised by a record's
+// statement rolls that record back and commits the records before it; it
+// is retried after a backoff, so a batch makes progress while its records
+// fail transiently one by one (a statement timeout, say). A lost
+// connection retries the whole transaction. An error the handler marked
+// with a class follows the failure policy, whatever it wraps. The offset
+// is never committed past a record whose transaction did not commit or
+// whose dead-letter produce was not acknowledged.
 //
-// Run [Migrate] first. What the DB scope does not cover: anything the
-// handler does outside tx.
+// Run [Migrate] first: Run fails at start with a [*SchemaError] when
+// kscope's tables are missing or older than this version. What the DB
+// scope does not cover: anything the handler does outside tx.
 func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope", Field: "Handler", Reason: "is nil; pass the function that applies each record in its transaction"}
@@ -103,6 +111,10 @@ func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Run
 	o = o.withDefaults(cfg)
 	s := &scope{h: h, qh: qh, o: o, useTopics: !cfg.Failures.DisableRetryTopics}
 	oerr := o.validate()
+	if o.Versions != nil && cfg.Failures.Unordered {
+		oerr = errors.Join(oerr, &consumer.ConfigError{Struct: "dbscope.Options", Field: "Versions",
+			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
+	}
 	r, err := consumer.NewRunner(cfg, s)
 	if err = errors.Join(err, oerr); err != nil {
 		return nil, err
@@ -117,6 +129,10 @@ type scope struct {
 	o      Options
 	log    *slog.Logger
 	shards int
+	// routing names how records are routed to key-shards (see routingOf):
+	// stored positions are used only under the routing they were written
+	// under.
+	routing string
 
 	sqlInbox, sqlForget, sqlOffset, sqlLoadOffsets string
 	sqlLoadParked, sqlPark, sqlUnpark              string
@@ -159,11 +175,12 @@ func (s *scope) init(cfg consumer.Config) {
 	p := o.TablePrefix
 	s.sqlInbox = `INSERT INTO ` + p + `inbox (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
 	s.sqlForget = `DELETE FROM ` + p + `inbox WHERE consumer = $1 AND message_id = ANY($2::text[])`
-	s.sqlOffset = `INSERT INTO ` + p + `offsets AS o (consumer, topic, partition, shard, shards, next_offset)
-		VALUES ($1, $2, $3, $4, $5, $6)
+	s.sqlOffset = `INSERT INTO ` + p + `offsets AS o (consumer, topic, partition, shard, shards, next_offset, routing)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
 		ON CONFLICT (consumer, topic, partition, shard) DO UPDATE SET
-			next_offset = CASE WHEN o.shards = EXCLUDED.shards THEN GREATEST(o.next_offset, EXCLUDED.next_offset) ELSE EXCLUDED.next_offset END,
+			next_offset = CASE WHEN o.routing = EXCLUDED.routing THEN GREATEST(o.next_offset, EXCLUDED.next_offset) ELSE EXCLUDED.next_offset END,
 			shards = EXCLUDED.shards,
+			routing = EXCLUDED.routing,
 			updated_at = now()`
 	s.sqlLoadParked = `SELECT topic, key, message_id, original_offset, stage, coalesce(version, 0) FROM ` + p + `parked
 		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
@@ -175,7 +192,36 @@ func (s *scope) init(cfg consumer.Config) {
 		ON CONFLICT (consumer, topic, key) DO UPDATE SET version = EXCLUDED.version, updated_at = now()`
 	s.sqlUnpark = `DELETE FROM ` + p + `parked WHERE consumer = $1 AND topic = $2 AND key = $3 AND message_id = $4`
 	s.sqlLoadOffsets = `SELECT partition, shard, next_offset FROM ` + p + `offsets
-		WHERE consumer = $1 AND topic = $2 AND shards = $3 AND partition = ANY($4::int[])`
+		WHERE consumer = $1 AND topic = $2 AND routing = $3 AND partition = ANY($4::int[])`
+	s.routing = routingOf(cfg.Shards, cfg.NullKeys)
+}
+
+// Start implements consumer.Starter: Run fails at once with a
+// [*SchemaError], which says to run [Migrate], when the database lacks
+// kscope's tables or a migration of this version. A transient error (the
+// database not reachable yet) is retried with backoff; any other error of
+// the check is logged and the runner starts, as it did before the check.
+func (s *scope) Start(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := checkSchema(ctx, s.o.Pool, s.o.TablePrefix)
+		var se *SchemaError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &se):
+			return err
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !IsTransient(err):
+			s.log.Warn("kscope: could not check kscope's tables; starting anyway", "err", err)
+			return nil
+		}
+		d := backoff.Delay(attempt, retryBase, retryCap)
+		s.log.Warn("kscope: checking kscope's tables failed; retrying", "err", err, "attempt", attempt, "retry_in", d)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
 }
 
 // BatchLimits implements consumer.Batcher.
@@ -223,7 +269,7 @@ func (s *scope) adjustOffsets(ctx context.Context, offsets map[string]map[int32]
 		for p := range parts {
 			ids = append(ids, p)
 		}
-		rows, err := s.o.Pool.Query(ctx, s.sqlLoadOffsets, s.o.Consumer, topic, s.shards, ids)
+		rows, err := s.o.Pool.Query(ctx, s.sqlLoadOffsets, s.o.Consumer, topic, s.routing, ids)
 		if err != nil {
 			return nil, fmt.Errorf("kscope: loading stored offsets of %s: %w", topic, err)
 		}
@@ -263,6 +309,29 @@ func (s *scope) adjustOffsets(ctx context.Context, offsets map[string]map[int32]
 	return offsets, nil
 }
 
+// routingOf names the routing of records to key-shards under shards and
+// nullKeys: the shard count, the null-key policy, and a digest of the
+// shards the routing hash gives a fixed set of records, which changes if
+// the hash itself does. A stored position says which records routed to its
+// shard are durable, so it holds only under the routing it was written
+// under.
+func routingOf(shards int, nullKeys consumer.NullKeyPolicy) string {
+	h := fnv.New64a()
+	th := partition.HashTopic("kscope-routing-probe")
+	for p := range int32(4) {
+		for off := range int64(8) {
+			for k := range 9 {
+				var key []byte
+				if k > 0 {
+					key = []byte{'k', byte(k), byte(off)}
+				}
+				binary.Write(h, binary.LittleEndian, int32(th.Shard(p, off, key, shards, nullKeys))) //nolint:errcheck // hashes do not fail
+			}
+		}
+	}
+	return fmt.Sprintf("shards=%d nullkeys=%s hash=%016x", shards, nullKeys, h.Sum64())
+}
+
 func (s *scope) mark(r *consumer.Record) (int64, bool) {
 	s.marksMu.Lock()
 	defer s.marksMu.Unlock()
@@ -281,6 +350,7 @@ const (
 	parkedOutcome
 	staleOutcome
 	deferred
+	notTried // the transaction ended before the record: it goes in the next one
 )
 
 // gapNote says what a record's transaction did about a version gap.
@@ -296,22 +366,22 @@ const (
 	gapDead             // sequence.DeadLetter: to the DLT at once
 )
 
-// isolateError says the fast path's handler failed on record i: the batch is
-// run again with a savepoint per record, and record i takes err without
-// being called again (its writes were rolled back with the transaction).
+// isolateError says that a queued statement of record i failed: the
+// transaction is run again without record i's statements, record i taking
+// err as its failure (no handler is called again).
 type isolateError struct {
-	i    int
-	err  error
-	stmt bool // err is a queued statement's: the record wrote nothing
+	i   int
+	err error
 }
 
 func (e *isolateError) Error() string {
-	return "dbscope: a handler failed; rerun the batch with a savepoint per record: " + e.err.Error()
+	return "dbscope: a queued statement failed; rerun the batch without its record: " + e.err.Error()
 }
 
-// transientError is a transient error raised by the handler or a queued
-// statement of record rec: the transaction is rolled back and retried, and
-// the records before rec, which succeeded in it, are retried on their own.
+// transientError is a transient error raised by a queued statement of
+// record rec, or a connection lost under its handler: the transaction is
+// rolled back and retried, and the records before rec, which succeeded in
+// it, are retried on their own first.
 type transientError struct {
 	rec *consumer.Record
 	err error
@@ -319,6 +389,18 @@ type transientError struct {
 
 func (e *transientError) Error() string { return e.err.Error() }
 func (e *transientError) Unwrap() error { return e.err }
+
+// errConnLost is a record's failure when the connection was lost under its
+// handler without the handler reporting it.
+var errConnLost = errors.New("dbscope: the connection to PostgreSQL was lost")
+
+// errAborted is the failure of a record whose handler returned nil but
+// left the transaction aborted.
+var errAborted = errors.New("dbscope: the handler returned nil, but a statement it ran failed and left the transaction aborted, so its writes were rolled back; return the statement's error, or run the statement that may fail in a nested transaction (tx.Begin)")
+
+// lostWrites is added to the error of a business skip that left the
+// transaction aborted.
+const lostWrites = "dbscope: the record is skipped, but a statement its handler ran failed and left the transaction aborted, so its writes were rolled back"
 
 // failure is what is known of one record's failures in this Process call.
 type failure struct {
@@ -331,7 +413,7 @@ type result struct {
 	out       outcome
 	gap       gapNote
 	gapDetail string          // the versions, for the version-gap event
-	err       error           // failedOutcome: the handler's error
+	err       error           // failedOutcome: the handler's error; skipped: a note on lost writes
 	step      retrytopic.Step // failedOutcome: what the failure policy decided
 	stage     int             // parkedOutcome: the retry topic to wait in
 }
@@ -348,20 +430,24 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		}
 	}()
 	pending := batch
-	limit := len(pending) // the next transaction takes pending[:limit]
-	isolate := false
+	limit := s.txLimit(len(pending)) // the next transaction takes pending[:limit]
 	fails := map[*consumer.Record]*failure{}
+	var calls map[*consumer.Record]*queuedCall
+	if s.qh != nil {
+		calls = make(map[*consumer.Record]*queuedCall, len(batch))
+	}
 	for attempt := 0; len(pending) > 0; {
 		if ctx.Err() != nil || pending[0].Revoked() {
 			return
 		}
-		work, res, err := s.apply(ctx, pending[:limit], done, isolate, fails)
+		work, res, stop, err := s.apply(ctx, pending[:limit], done, fails, calls)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			var te *transientError
 			if errors.As(err, &te) {
+				delete(calls, te.rec) // its statement failed: its handler runs again
 				if cut := slices.Index(pending[:limit], te.rec); cut > 0 {
 					limit = cut
 				}
@@ -377,7 +463,6 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			}
 			continue
 		}
-		attempt = 0
 		rest := pending[limit:] // after a transient failure: not tried yet
 		// The transaction committed. Carry out what it decided for the
 		// records that did not apply: a parked record goes to the retry
@@ -395,6 +480,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				obs.End(r, consumer.OutcomeParked, nil)
 				done(r)
 			case failedOutcome:
+				delete(calls, r) // its next attempt calls the handler again
 				fi := fails[r]
 				if fi == nil {
 					fi = &failure{first: time.Now()}
@@ -418,19 +504,32 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				if wait == 0 || step.Delay < wait {
 					wait = step.Delay
 				}
-			case deferred:
+			case deferred, notTried:
 				kept = append(kept, r)
 			}
+		}
+		if stop != nil {
+			delete(calls, stop.rec) // its next attempt calls the handler again
+			// A record's handler failed transiently (a statement
+			// timeout, a deadlock): the records before it committed, and
+			// it goes again, with the rest, after a backoff.
+			attempt++
+			s.txRetries.Add(1)
+			d := backoff.Delay(attempt, retryBase, retryCap)
+			s.log.Warn("kscope: a record failed transiently; the records before it committed, retrying from it", "err", stop.err,
+				"topic", stop.rec.Topic, "partition", stop.rec.Partition, "offset", stop.rec.Offset, "attempt", attempt, "retry_in", d)
+			wait = max(wait, d)
+		} else {
+			attempt = 0
 		}
 		if len(kept) == 0 && len(rest) == 0 {
 			return
 		}
 		// What is left goes again, in order: the records kept for a retry
-		// in place each in a savepoint of its own, with the rest of the
-		// batch behind them.
-		isolate = len(kept) > 0
+		// in place, those deferred behind them and those the transaction
+		// did not reach, with the rest of the batch behind them.
 		pending = append(kept, rest...)
-		limit = len(pending)
+		limit = s.txLimit(len(pending))
 		done(nil) // what is durable may commit while the rest waits
 		if wait > 0 && !backoff.SleepOr(ctx, wait, pending[0].RevokedCh()) {
 			return
@@ -438,11 +537,24 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 	}
 }
 
+// txLimit returns how many of n pending records the next transaction
+// takes: all of them for a QueueHandler, at most maxSavepoints for a
+// Handler, each of whose records may take a savepoint. (Records left out
+// would have their inbox rows inserted and deleted again.)
+func (s *scope) txLimit(n int) int {
+	if s.qh == nil {
+		return min(n, maxSavepoints)
+	}
+	return n
+}
+
 // apply runs one transaction over recs and calls done for every record it
 // made durable (applied, skipped or found duplicate), in order. It returns
-// the records it worked on with what it decided for each. A non-nil error
-// means the transaction did not commit.
-func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), isolate bool, fails map[*consumer.Record]*failure) ([]*consumer.Record, []result, error) {
+// the records it worked on with what it decided for each, and the
+// transient error, if any, that ended the transaction early (the records
+// before it committed; it and those after it were not tried). A non-nil
+// error means the transaction did not commit.
+func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall) ([]*consumer.Record, []result, *transientError, error) {
 	work := recs[:0:0]
 	if s.o.StoreOffsets {
 		for _, r := range recs {
@@ -458,19 +570,31 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		work = recs
 	}
 	if len(work) == 0 {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	ids := make([]string, len(work))
 	for i, r := range work {
 		ids[i] = s.identity.Of(r)
 	}
-	res, err := s.runTx(ctx, work, ids, isolate, fails, nil)
-	var ie *isolateError
-	if errors.As(err, &ie) {
-		res, err = s.runTx(ctx, work, ids, true, fails, ie)
+	// A queued statement that fails aborts the transaction: it runs again
+	// without that record's statements, each of which fails its record.
+	var known map[int]error
+	var res []result
+	var stop *transientError
+	var err error
+	for {
+		res, stop, err = s.runTx(ctx, work, ids, fails, calls, known)
+		var ie *isolateError
+		if !errors.As(err, &ie) || known[ie.i] != nil {
+			break
+		}
+		if known == nil {
+			known = make(map[int]error)
+		}
+		known[ie.i] = ie.err
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	s.transactions.Add(1)
 	obs := s.f.Observer()
@@ -488,7 +612,11 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 			done(r)
 		case skipped:
 			s.skipped.Add(1)
-			obs.End(r, consumer.OutcomeSkipped, nil)
+			if res[i].err != nil {
+				s.log.Warn("kscope: record skipped without its writes", "err", res[i].err,
+					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+			}
+			obs.End(r, consumer.OutcomeSkipped, res[i].err)
 			done(r)
 		case duplicate:
 			s.duplicates.Add(1)
@@ -518,7 +646,7 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 			s.gapsDetected.Add(1)
 		}
 	}
-	return work, res, nil
+	return work, res, stop, nil
 }
 
 // parkRow is a row of the parked table.
@@ -615,11 +743,13 @@ func scanParking(rows pgx.Rows) (parking, error) {
 	return p, rows.Err()
 }
 
-// begin inserts the inbox rows of ids and, when the pipeline is ordered,
-// reads the parked rows of the records' keys, both in one round trip. It
-// returns the ids whose rows are new.
-func (s *scope) begin(ctx context.Context, tx pgx.Tx, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (fresh map[string]bool, park parking, err error) {
+// begin begins a transaction, inserts the inbox rows of ids and, when the
+// pipeline is ordered, reads the parked rows of the records' keys, all in
+// one round trip. It returns the transaction (to be rolled back by the
+// caller, also when err is not nil) and the ids whose rows are new.
+func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, park parking, err error) {
 	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
 	b.Queue(s.sqlInbox, s.o.Consumer, ids)
 	var keys [][]byte
 	if ordered {
@@ -629,45 +759,57 @@ func (s *scope) begin(ctx context.Context, tx pgx.Tx, ids []string, work []*cons
 			b.Queue(s.sqlLoadParked, s.o.Consumer, topics, keys)
 		}
 	}
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
+	br := s.o.Pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return tx, nil, nil, err
+	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, nil, err
+		return tx, nil, nil, err
 	}
 	fresh = make(map[string]bool, len(ids))
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return nil, nil, err
+			return tx, nil, nil, err
 		}
 		fresh[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return tx, nil, nil, err
 	}
 	park = parking{}
 	if len(keys) > 0 {
 		rows, err := br.Query()
 		if err != nil {
-			return nil, nil, err
+			return tx, nil, nil, err
 		}
 		if park, err = scanParking(rows); err != nil {
-			return nil, nil, err
+			return tx, nil, nil, err
 		}
 	}
-	return fresh, park, br.Close()
+	return tx, fresh, park, nil
 }
 
-func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, isolate bool, fails map[*consumer.Record]*failure, known *isolateError) (res []result, err error) {
-	tx, err := s.o.Pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
+// runTx runs one transaction over work. A Handler's writes follow a
+// savepoint of their record's (see recordTx), so a failing record is rolled
+// back alone and the others' handlers are not called again; at most
+// maxSavepoints records take one, the rest are left for the next
+// transaction (notTried). A QueueHandler's statements are sent together
+// before COMMIT; known holds the records whose statement failed in an
+// earlier try, and calls the handlers' results, so that a try runs no
+// handler twice. A transient error raised by a record's handler with the
+// connection alive ends the transaction early: the records before it
+// commit, it and those after it are notTried, and it is returned as stop.
+func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
 	ordered := s.ordered()
 	vers := s.o.Versions
 	var metas []retrytopic.Metadata
@@ -677,9 +819,17 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			metas[i] = s.f.Metadata(r)
 		}
 	}
-	fresh, park, err := s.begin(ctx, tx, ids, work, metas, ordered)
+	tx, fresh, park, err := s.begin(ctx, ids, work, metas, ordered)
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	defer func() {
+		if err != nil && (tx.Conn() == nil || tx.Conn().IsClosed()) {
+			// The connection is gone with the transaction: the queued
+			// handlers' statements are not trusted to be what killed it.
+			clear(calls)
+		}
+	}()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	res = make([]result, len(work))
 	for i, id := range ids {
@@ -690,9 +840,12 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			res[i].out = duplicate
 		}
 	}
-	// q holds the statements sent, pipelined, before COMMIT: a queued
-	// handler's on the fast path, and the scope's own closing ones.
-	q := newQueue()
+	// q holds the statements sent, pipelined, before COMMIT: the queued
+	// handlers' and the scope's own closing ones.
+	q := newPipeline()
+	rtx := &recordTx{tx: tx}
+	savepoints := 0
+	cut := len(work) // the records from cut on are notTried
 	// versions[i] is record i's version when versions are checked.
 	var versions []int64
 	if vers != nil {
@@ -747,9 +900,13 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 
 	for i, r := range work {
+		if s.qh == nil && savepoints >= maxSavepoints {
+			cut = i
+			break
+		}
 		if res[i].out == duplicate {
 			if err := unpark(i); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			continue
 		}
@@ -774,7 +931,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			k := pairKey{metas[i].OriginalTopic, string(r.Key)}
 			if h, ok := park.head(k); ok && h.id != ids[i] && !(versions != nil && h.version > 0 && versions[i] < h.version) {
 				if err := setPark(i, h.stage); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				res[i] = result{out: parkedOutcome, stage: h.stage}
 				undo = append(undo, ids[i])
@@ -785,14 +942,14 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		if vers != nil && r.Key != nil {
 			check, err := s.checkVersion(ctx, tx, metas[i].OriginalTopic, r.Key, versions[i])
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			switch {
 			case check.Outcome == sequence.Stale:
 				res[i].out = staleOutcome
 				undo = append(undo, ids[i]) // not applied: a redelivery of it is stale again
 				if err := unpark(i); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				continue
 			case check.Outcome == sequence.Gap && vers.Gaps != sequence.Accept:
@@ -807,7 +964,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 						res[i].gap = gapTimedOut
 					}
 					if err := unpark(i); err != nil {
-						return nil, err
+						return nil, nil, err
 					}
 					continue
 				}
@@ -823,7 +980,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				}
 				if ordered && r.Key != nil {
 					if err := setPark(i, stage); err != nil {
-						return nil, err
+						return nil, nil, err
 					}
 				}
 				continue
@@ -844,80 +1001,88 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			_, err := q.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, metas[i].OriginalTopic, r.Key, versions[i])
 			return err
 		}
-		if !isolate {
-			var err error
-			if s.qh != nil {
-				err = s.queue(hctx, q, i, r)
-			} else {
-				err = s.call(hctx, tx, r)
-			}
-			if err != nil {
-				if IsTransient(err) || tx.Conn().IsClosed() {
-					return nil, &transientError{rec: r, err: err}
-				}
-				if s.f.Class(err) != consumer.ClassSkip {
-					return nil, &isolateError{i: i, err: err}
-				}
-				res[i].out = skipped
-			} else {
-				res[i].out = applied
-			}
-			if err := saveVersion(tx); err != nil {
-				return nil, err
-			}
-			if err := unpark(i); err != nil {
-				return nil, err
-			}
-			continue
-		}
 		var herr error
-		var sp pgx.Tx
-		stmtFailed := false // a queued statement failed: the record wrote nothing
-		if known != nil && known.i == i {
-			// Failed on the fast path already: not called twice for
-			// one attempt.
-			herr, stmtFailed = known.err, known.stmt
-		} else {
-			if sp, err = tx.Begin(ctx); err != nil {
-				return nil, err
+		if s.qh != nil {
+			c := calls[r]
+			switch {
+			case known[i] != nil:
+				herr = known[i] // a statement of its failed in an earlier try
+			case c == nil:
+				c = &queuedCall{}
+				c.err = s.queue(hctx, &c.q, r)
+				calls[r] = c
+				herr = c.err
+			default:
+				herr = c.err
 			}
-			if s.qh != nil {
-				herr = s.queue(hctx, q, i, r)
-				if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
-					// A business skip keeps what it queued, as it keeps
-					// what a Handler wrote.
-					if serr := q.send(ctx, sp); serr != nil {
-						herr, stmtFailed = unwrapStmt(serr), true
-					}
+			if herr != nil && known[i] == nil && s.transient(herr) {
+				cut, stop = i, &transientError{rec: r, err: herr}
+				break
+			}
+			if herr == nil || (known[i] == nil && s.f.Class(herr) == consumer.ClassSkip) {
+				// Success, or a business skip: what it queued is sent.
+				q.add(i, &c.q)
+				res[i].out = applied
+				if herr != nil {
+					res[i].out = skipped
 				}
-				q.reset()
-			} else {
-				herr = s.call(hctx, sp, r)
+				if err := saveVersion(tx); err != nil {
+					return nil, nil, err
+				}
+				if err := unpark(i); err != nil {
+					return nil, nil, err
+				}
+				continue
 			}
-			if herr != nil && (IsTransient(herr) || tx.Conn().IsClosed()) {
-				return nil, &transientError{rec: r, err: herr}
+		} else {
+			rtx.reset(hctx)
+			herr = s.call(hctx, rtx, r)
+			if rtx.sp {
+				savepoints++
 			}
-		}
-		if herr == nil || (s.f.Class(herr) == consumer.ClassSkip && !stmtFailed) {
-			// Success, or a business outcome: what the handler wrote stays.
-			if err := saveVersion(sp); err != nil {
-				return nil, err
+			conn := tx.Conn()
+			if conn.IsClosed() {
+				if herr == nil {
+					herr = errConnLost
+				}
+				return nil, nil, &transientError{rec: r, err: herr}
 			}
-			if err := sp.Commit(ctx); err != nil {
-				return nil, err
+			if herr == nil {
+				herr = rtx.err // it could not write: it did not apply
 			}
-			res[i].out = applied
-			if herr != nil {
-				res[i].out = skipped
+			aborted := conn.PgConn().TxStatus() == 'E'
+			ok := !aborted && (herr == nil || s.f.Class(herr) == consumer.ClassSkip)
+			if !ok && rtx.sp {
+				if err := rtx.rollback(ctx); err != nil {
+					return nil, nil, err
+				}
+			} else if aborted {
+				return nil, nil, fmt.Errorf("dbscope: the transaction was aborted before the record's savepoint: %w", errors.Join(herr, rtx.err))
 			}
-			if err := unpark(i); err != nil {
-				return nil, err
+			if herr != nil && s.transient(herr) {
+				cut, stop = i, &transientError{rec: r, err: herr}
+				break
 			}
-			continue
-		}
-		if sp != nil {
-			if err := sp.Rollback(ctx); err != nil {
-				return nil, err
+			switch {
+			case aborted && herr == nil:
+				herr = errAborted
+			case aborted && s.f.Class(herr) == consumer.ClassSkip:
+				// A business skip stays one, without its writes.
+				res[i].err = fmt.Errorf("%w; %s", herr, lostWrites)
+				ok = true
+			}
+			if ok {
+				res[i].out = applied
+				if herr != nil {
+					res[i].out = skipped
+				}
+				if err := saveVersion(tx); err != nil {
+					return nil, nil, err
+				}
+				if err := unpark(i); err != nil {
+					return nil, nil, err
+				}
+				continue
 			}
 		}
 		attempt := 1
@@ -934,11 +1099,11 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		switch {
 		case step.Action == retrytopic.ActionRetryTopic && ordered && r.Key != nil:
 			if err := setPark(i, step.Stage); err != nil { // it is, or stays, its key's head
-				return nil, err
+				return nil, nil, err
 			}
 		case step.Action != retrytopic.ActionRetry:
 			if err := unpark(i); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		if r.Key == nil {
@@ -950,6 +1115,12 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			blocked[string(r.Key)] = true
 		}
 	}
+	for j := cut; j < len(work); j++ {
+		if res[j].out == toApply {
+			undo = append(undo, ids[j]) // its inbox row goes until it is tried
+		}
+		res[j] = result{out: notTried}
+	}
 	if len(undo) > 0 {
 		q.Exec(s.sqlForget, s.o.Consumer, undo)
 	}
@@ -960,25 +1131,33 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		}
 		if k > 0 {
 			r := work[k-1]
-			q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1)
+			q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1, s.routing)
 		}
 	}
 	if err := q.send(ctx, tx); err != nil {
 		var se *stmtError
 		if errors.As(err, &se) && se.owner >= 0 {
 			if IsTransient(se.err) || tx.Conn().IsClosed() {
-				return nil, &transientError{rec: work[se.owner], err: se.err}
+				return nil, nil, &transientError{rec: work[se.owner], err: se.err}
 			}
 			// A queued statement of record se.owner failed: the batch
-			// runs again with a savepoint per record.
-			return nil, &isolateError{i: se.owner, err: se.err, stmt: true}
+			// runs again without that record's statements.
+			return nil, nil, &isolateError{i: se.owner, err: se.err}
 		}
-		return nil, unwrapStmt(err)
+		return nil, nil, unwrapStmt(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return res, nil
+	return res, stop, nil
+}
+
+// transient reports whether a handler's error is a transient database
+// error, which retries the transaction rather than failing the record: an
+// error the handler (or Policy.Classify) gave a class follows the failure
+// policy whatever it wraps.
+func (s *scope) transient(err error) bool {
+	return s.f.Class(err) == consumer.ClassUnknown && IsTransient(err)
 }
 
 // call runs the handler and turns a panic into an error.

@@ -67,6 +67,11 @@ func TestKitOnAMinimalPipeline(t *testing.T) {
 	if !rep.Held() {
 		t.Fatalf("report %+v", rep)
 	}
+	for _, r := range rep {
+		if len(r.Repeats) > 0 {
+			t.Fatalf("%s: records handled again: %v", r.Scenario, r.Repeats)
+		}
+	}
 	var skipped []string
 	for _, r := range rep {
 		if r.Detail == "not applicable" {

@@ -16,6 +16,11 @@
 //   - batch partial failure: the rest of the batch commits;
 //   - replay: consuming the topic again causes no new effect.
 //
+// In every scenario the kit also counts the handler's calls per message
+// id: a record whose handler ran more than once although none of its calls
+// failed (a record before a failing one in its batch, say) is reported in
+// [Result].Repeats and fails the scenario.
+//
 // Each scenario runs as a subtest on a fresh topic, group and database, so
 // a failure names the guarantee that broke. [Kafka] does the same for a
 // Kafka-scope pipeline. With KSCOPE_TEST_CONTAINERS=1, from a test binary
@@ -28,7 +33,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -73,6 +80,11 @@ type Result struct {
 	Scenario string
 	Held     bool
 	Detail   string // what broke, or why the scenario did not apply
+	// Repeats counts the handler's calls of each message id that was
+	// handled more than once although none of its calls returned an error
+	// (a business skip aside): in the DB scope a handler runs again only
+	// for a record that failed or whose transaction did not commit.
+	Repeats map[string]int
 }
 
 // Report lists the scenarios' results.
@@ -101,8 +113,12 @@ func DB(t *testing.T, p DBPipeline) Report {
 		t.Run(sc.name, func(t *testing.T) {
 			h := newHarness(t, k, p, sc.name)
 			detail := sc.run(h)
+			repeats := h.inject.repeats()
+			if detail == "" && len(repeats) > 0 {
+				detail = repeatsDetail(repeats)
+			}
 			mu.Lock()
-			rep = append(rep, Result{Scenario: sc.name, Held: detail == "" || detail == notApplicable, Detail: detail})
+			rep = append(rep, Result{Scenario: sc.name, Held: detail == "" || detail == notApplicable, Detail: detail, Repeats: repeats})
 			mu.Unlock()
 			switch detail {
 			case "":
@@ -216,10 +232,12 @@ func (h *harness) runner(adjust func(*consumer.Config)) *dbscope.Runner {
 	o := h.p.Options
 	o.Pool = h.pool
 	r, err := dbscope.New(cfg, o, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-		if err := h.inject.before(r, h.idHeader()); err != nil {
-			return err
+		err := h.inject.before(r, h.idHeader())
+		if err == nil {
+			err = h.p.Handler.Handle(ctx, tx, r)
 		}
-		return h.p.Handler.Handle(ctx, tx, r)
+		h.inject.after(r, h.idHeader(), err)
+		return err
 	}))
 	if err != nil {
 		h.t.Fatalf("kscopetest: building the pipeline: %v", err)
@@ -232,13 +250,56 @@ func (h *harness) callsOf(id string) int { return h.inject.callsOf(id) }
 // injector counts handler calls per message id and injects the failures a
 // scenario asks for, before the pipeline's own handler runs.
 type injector struct {
-	mu    sync.Mutex
-	calls map[string]int
-	fail  map[string]func(n int) error
+	mu     sync.Mutex
+	calls  map[string]int
+	failed map[string]bool // a call of the id returned an error (not a skip)
+	fail   map[string]func(n int) error
 }
 
 func newInjector() *injector {
-	return &injector{calls: map[string]int{}, fail: map[string]func(int) error{}}
+	return &injector{calls: map[string]int{}, failed: map[string]bool{}, fail: map[string]func(int) error{}}
+}
+
+// after notes the outcome of a call of r.
+func (in *injector) after(r *consumer.Record, idHeader string, err error) {
+	if err == nil || consumer.ClassOf(err) == consumer.ClassSkip {
+		return
+	}
+	id, _ := r.Header(idHeader)
+	in.mu.Lock()
+	in.failed[string(id)] = true
+	in.mu.Unlock()
+}
+
+// repeats returns the call counts of the ids handled more than once
+// although none of their calls failed.
+func (in *injector) repeats() map[string]int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var out map[string]int
+	for id, n := range in.calls {
+		if n > 1 && !in.failed[id] {
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[id] = n
+		}
+	}
+	return out
+}
+
+// repeatsDetail says which records were handled again.
+func repeatsDetail(repeats map[string]int) string {
+	ids := make([]string, 0, len(repeats))
+	for id := range repeats {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = fmt.Sprintf("%s (%d calls)", id, repeats[id])
+	}
+	return "the handler ran more than once for records none of whose calls failed: " + strings.Join(parts, ", ")
 }
 
 // before counts a call of r and returns the injected failure, if any.
