@@ -3,6 +3,11 @@ package integration
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -107,7 +113,42 @@ func handlerScenarios() []relScenario {
 				}},
 		)
 	}
+	for _, scope := range []string{"DB", "Kafka"} {
+		out = append(out, relScenario{scope: scope, poison: 12, bound: 90 * time.Second,
+			fault: "handler errors wrapping io.ErrUnexpectedEOF (a DecodeError), io.EOF and a net.Error",
+			poisonErr: func(i int) error {
+				switch i % 3 {
+				case 0:
+					return consumer.DecodeError(fmt.Errorf("truncated JSON body: %w", io.ErrUnexpectedEOF))
+				case 1:
+					return fmt.Errorf("calling the gateway: %w", io.EOF)
+				}
+				return fmt.Errorf("calling the gateway: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded})
+			},
+			inject: func(e *relRun) {
+				testenv.WaitFor(e.t, time.Minute, "every poison record dead-lettered", func() bool { return e.dltAtLeast(12) })
+				e.faults.Add(12)
+			}})
+	}
 	out = append(out,
+		relScenario{scope: "DB", fault: "a failed statement ignored (nil returned), and Skip after a failed statement", skips: 12, bound: 90 * time.Second,
+			before: func(e *relRun, ctx context.Context, tx pgx.Tx, r *consumer.Record, attempt int32) error {
+				if _, s, _ := testenv.ParseKeyed(r.Value); s%19 == 4 && attempt == 1 {
+					e.faults.Add(1)
+					_, _ = tx.Exec(ctx, `SELECT 1/0`) // the error is ignored: the transaction is left aborted
+					return errSkipEffect
+				}
+				return nil
+			},
+			inject: func(e *relRun) { e.waitProgress(int64(e.total() / 2)) }},
+		relScenario{scope: "DB", fault: "dbscope.Migrate forgotten before the first start", manual: true, noMigrate: true, bound: 90 * time.Second,
+			inject: func(e *relRun) {
+				e.expectRunError("a", nil, "dbscope.Migrate", 30*time.Second)
+				if err := dbscope.Migrate(context.Background(), e.pool, ""); err != nil {
+					e.t.Fatal(err)
+				}
+				e.start("b")
+			}},
 		relScenario{scope: "DB", fault: "retry backlog of 400 not yet due, in-flight bound 100", poison: 400, bound: 2 * time.Minute,
 			cfg: func(c *consumer.Config) {
 				c.MaxInFlightRecords = 100
@@ -168,3 +209,8 @@ func handlerScenarios() []relScenario {
 	)
 	return out
 }
+
+// errSkipEffect is returned by a handler hook that wants its record's
+// attempt to end without the effect and without an error of its own: the
+// hook returns it, and the record's handler returns nil.
+var errSkipEffect = errors.New("return nil without the effect")

@@ -3,11 +3,13 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,9 +243,13 @@ type relScenario struct {
 	setup func(e *relRun)
 	// noMigrate leaves the DB scope's schema to inject.
 	noMigrate bool
-	// poisonErr is the error a poison record's handler returns (default:
+	// poisonErr is the error poison record i's handler returns (default:
 	// a DecodeError).
-	poisonErr func(n int32) error
+	poisonErr func(i int) error
+	// skips adds records ("skip-<i>") whose DB-scope handler runs a
+	// failing statement and then returns a business Skip: they must be
+	// acknowledged without an effect, and without holding anything up.
+	skips int
 }
 
 // relRun is a running scenario.
@@ -417,10 +423,16 @@ func (e *relRun) startWith(name string, edit func(*consumer.Config)) *relMember 
 			func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 				n := e.attempt(r)
 				if strings.HasPrefix(string(r.Value), "poison-") {
-					return e.poison(n)
+					return e.poison(r)
+				}
+				if strings.HasPrefix(string(r.Value), "skip-") {
+					_, err := tx.Exec(ctx, `SELECT 1/0`)
+					return consumer.Skip(fmt.Errorf("declined after a failed statement: %w", err))
 				}
 				if e.sc.before != nil {
-					if err := e.sc.before(e, ctx, tx, r, n); err != nil {
+					if err := e.sc.before(e, ctx, tx, r, n); errors.Is(err, errSkipEffect) {
+						return nil // a handler that ignored its failed statement
+					} else if err != nil {
 						return err
 					}
 				}
@@ -441,7 +453,7 @@ func (e *relRun) startWith(name string, edit func(*consumer.Config)) *relMember 
 			txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, em txn.Emitter) error {
 				n := e.attempt(r)
 				if strings.HasPrefix(string(r.Value), "poison-") {
-					return e.poison(n)
+					return e.poison(r)
 				}
 				if e.sc.before != nil {
 					if err := e.sc.before(e, ctx, nil, r, n); err != nil {
@@ -468,10 +480,11 @@ func (e *relRun) startWith(name string, edit func(*consumer.Config)) *relMember 
 	return m
 }
 
-// poison is the error a poison record's handler returns on attempt n.
-func (e *relRun) poison(n int32) error {
+// poison is the error a poison record's handler returns.
+func (e *relRun) poison(r *consumer.Record) error {
 	if e.sc.poisonErr != nil {
-		return e.sc.poisonErr(n)
+		i, _ := strconv.Atoi(strings.TrimPrefix(string(r.Value), "poison-"))
+		return e.sc.poisonErr(i)
 	}
 	return consumer.DecodeError(fmt.Errorf("record is not a keyed test record"))
 }
@@ -578,6 +591,9 @@ func runScenario(t *testing.T, sc relScenario) {
 	for i := range sc.poison {
 		recs = append(recs, &kgo.Record{Topic: e.topic, Key: []byte(fmt.Sprintf("p%03d", i)), Value: []byte(fmt.Sprintf("poison-%d", i))})
 	}
+	for i := range sc.skips {
+		recs = append(recs, &kgo.Record{Topic: e.topic, Key: []byte(fmt.Sprintf("s%03d", i)), Value: []byte(fmt.Sprintf("skip-%d", i))})
+	}
 	half := (perKey / 2) * keys
 	e.recs, e.half = recs, half
 	if sc.setup != nil {
@@ -634,8 +650,8 @@ func runScenario(t *testing.T, sc relScenario) {
 		}
 	}
 
-	row := relRow{Scope: sc.scope, Fault: sc.fault, Records: e.total() + sc.poison,
-		Faults: e.faults.Load(), Kills: e.kills.Load(), Table: sc.table, Bound: sc.bound}
+	row := relRow{Scope: sc.scope, Fault: sc.fault, Records: e.total() + sc.poison + sc.skips,
+		Faults: e.faults.Load() + int64(sc.skips), Kills: e.kills.Load(), Table: sc.table, Bound: sc.bound}
 	if sc.scope == "DB" {
 		row.Lost, row.Dups, row.Order = e.checkDB()
 	} else {
