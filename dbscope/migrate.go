@@ -25,6 +25,10 @@ const DefaultTablePrefix = "kscope_"
 
 var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
 
+// ValidTablePrefix reports, with an error that says what to change, a
+// table prefix that Migrate and the runners would refuse.
+func ValidTablePrefix(p string) error { return validPrefix(p) }
+
 // validPrefix checks a table prefix. It becomes part of SQL identifiers, so
 // it is held to a strict pattern instead of being quoted.
 func validPrefix(p string) error {
@@ -122,7 +126,7 @@ func migrationFiles() ([]migrationFile, error) {
 }
 
 // kscopeTables are the tables Migrate creates, without their prefix.
-var kscopeTables = []string{"schema_migrations", "inbox", "offsets", "parked", "key_versions"}
+var kscopeTables = []string{"schema_migrations", "inbox", "offsets", "parked", "key_versions", "outbox_sequences", "outbox"}
 
 // checkSchema reports, as an error that says to run Migrate, a database
 // that lacks one of kscope's tables or one of the embedded migrations. Any

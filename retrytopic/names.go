@@ -34,6 +34,10 @@ func RetryTopicDelay(group, topic string) (time.Duration, bool) {
 // "<group>.kscope-dlt".
 func DLTopic(group string) string { return topicSafe(group) + ".kscope-dlt" }
 
+// SafeName maps a name (a group id, an outbox name) to the characters a
+// topic name allows, as the default topic names use it.
+func SafeName(s string) string { return topicSafe(s) }
+
 // topicSafe maps a group id to the characters a topic name allows.
 func topicSafe(s string) string {
 	var b strings.Builder

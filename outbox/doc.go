@@ -1,0 +1,61 @@
+// Package outbox is kscope's transactional outbox: records a service
+// publishes because its database changed, written in the same PostgreSQL
+// transaction as the change, and published to Kafka exactly once by a
+// relay.
+//
+// # Writing
+//
+// [Add] (or a [Writer] for another outbox) inserts an outgoing record in a
+// pgx transaction — a DB-scope handler's, or any write path's — so it is
+// published if and only if that transaction commits. [Writer.Queue] does
+// the same from a dbscope.QueueHandler. Each record gets an identity
+// ("<outbox>/<partition>/<seq>"), carried in the kscope-id header, which a
+// kscope consumer downstream deduplicates on and which is a stable
+// idempotency key for whatever the record asks done.
+//
+// # Order and visibility
+//
+// Rows are split into partitions by key hash. Within a partition a row's
+// sequence number comes from a counter row that the inserting transaction
+// holds locked until it ends, so sequence numbers are gapless and in
+// commit order: a number is never visible before the ones below it. A
+// relay that publishes "everything after the last sequence number" thus
+// never skips a row whose transaction committed late (the hazard of an
+// outbox keyed by an insert-time sequence), and the records of one key are
+// published in the order their transactions committed. The price: two
+// transactions adding to the same outbox partition serialize from the
+// first Add to the commit; add outbox records late in a transaction.
+//
+// # The relay
+//
+// A [Relay] publishes each partition in Kafka transactions that carry the
+// records and the partition's new position (the last sequence number,
+// written to a compacted position topic), so a read_committed reader sees
+// every record once across relay crashes, restarts and zombies. Partition
+// p is published under the transactional id "<TransactionalID>-<p>": the
+// instance that takes a partition over fences the one that had it and
+// aborts its open transaction before reading the position. Instances share
+// the partitions through a consumer group (or Options.OwnPartitions).
+// Published rows are deleted once the position passes them. A relay wakes
+// on LISTEN/NOTIFY when a writing transaction commits, and polls every
+// Options.PollInterval besides.
+//
+// # What the outbox does not cover
+//
+// Readers must read with isolation.level=read_committed. Whatever a
+// downstream consumer does outside its own exactly-once scope (an e-mail,
+// a gateway call) needs the record's identity as its idempotency key.
+package outbox
+
+import (
+	"context"
+
+	"github.com/kscope-dev/kscope/dbscope"
+)
+
+// Migrate creates the outbox tables (with kscope's other tables; it is
+// dbscope.Migrate): run it once per database and after every kscope
+// upgrade, before writers and relays start.
+func Migrate(ctx context.Context, db dbscope.Beginner, prefix string) error {
+	return dbscope.Migrate(ctx, db, prefix)
+}

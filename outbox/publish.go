@@ -1,0 +1,378 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// workers are the publishers of the partitions a relay owns now.
+type workers struct {
+	r     *Relay
+	mu    sync.Mutex
+	run   map[int]*publisher
+	wg    sync.WaitGroup
+	fatal func() error
+	err   error
+}
+
+func newWorkers(r *Relay) *workers {
+	w := &workers{r: r, run: map[int]*publisher{}}
+	w.fatal = func() error {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.err
+	}
+	return w
+}
+
+// start starts publishing partition p.
+func (w *workers) start(ctx context.Context, p int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.run[p] != nil {
+		return
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	pub := &publisher{r: w.r, p: p, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1)}
+	w.run[p] = pub
+	w.r.wakeMu.Lock()
+	w.r.wake[p] = pub.wake
+	w.r.wakeMu.Unlock()
+	w.r.owned.Add(1)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer close(pub.done)
+		if err := pub.publish(pctx); err != nil && pctx.Err() == nil {
+			w.mu.Lock()
+			if w.err == nil {
+				w.err = err
+			}
+			w.mu.Unlock()
+		}
+	}()
+}
+
+// stop stops publishing partition p and waits until its open transaction
+// ended.
+func (w *workers) stop(p int) {
+	w.mu.Lock()
+	pub := w.run[p]
+	delete(w.run, p)
+	w.mu.Unlock()
+	if pub == nil {
+		return
+	}
+	pub.cancel()
+	<-pub.done
+	w.r.wakeMu.Lock()
+	delete(w.r.wake, p)
+	w.r.wakeMu.Unlock()
+	w.r.owned.Add(-1)
+}
+
+func (w *workers) stopAll() {
+	w.mu.Lock()
+	ps := make([]int, 0, len(w.run))
+	for p := range w.run {
+		ps = append(ps, p)
+	}
+	w.mu.Unlock()
+	for _, p := range ps {
+		w.stop(p)
+	}
+	w.wg.Wait()
+}
+
+// publisher publishes one outbox partition.
+type publisher struct {
+	r      *Relay
+	p      int
+	cancel context.CancelFunc
+	done   chan struct{}
+	wake   chan struct{}
+}
+
+// row is one outbox row.
+type row struct {
+	seq     int64
+	topic   string
+	key     []byte
+	value   []byte
+	headers []byte
+}
+
+// errFenced says another producer with the partition's transactional id
+// took over: this one must stop.
+var errFenced = errors.New("fenced")
+
+// publish fences any earlier producer of the partition, reads its
+// position, and publishes rows after it until ctx is done. A fenced
+// producer stops: another relay owns the partition now.
+func (pub *publisher) publish(ctx context.Context) error {
+	r := pub.r
+	log := r.log.With("partition", pub.p)
+	txnID := r.o.TransactionalID + "-" + strconv.Itoa(pub.p)
+	opts := append(append([]kgo.Opt{}, r.o.ClientOptions...),
+		kgo.SeedBrokers(r.o.Brokers...),
+		kgo.TransactionalID(txnID),
+		kgo.TransactionTimeout(r.o.TransactionTimeout),
+		kgo.RecordPartitioner(positionPartitioner{topic: r.o.PositionTopic, rest: kgo.StickyKeyPartitioner(nil)}),
+		kgo.ProducerLinger(0),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)
+	}
+	defer cl.Close()
+	var pos int64
+	for attempt := 1; ; attempt++ {
+		pos, err = pub.start(ctx, cl)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+		log.Warn("kscope: outbox relay: taking the partition over failed; retrying", "err", err, "retry_in", d)
+		if !backoff.Sleep(ctx, d) {
+			return nil
+		}
+	}
+	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	for attempt := 0; ctx.Err() == nil; {
+		rows, err := pub.read(ctx, pos)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			attempt++
+			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+			log.Warn("kscope: outbox relay: reading the outbox failed; retrying", "err", err, "retry_in", d)
+			if !backoff.Sleep(ctx, d) {
+				return nil
+			}
+			continue
+		}
+		if len(rows) == 0 {
+			poll.Reset(r.o.PollInterval)
+			select {
+			case <-ctx.Done():
+			case <-pub.wake:
+			case <-poll.C:
+			}
+			continue
+		}
+		last, err := pub.send(ctx, cl, rows)
+		switch {
+		case errors.Is(err, errFenced):
+			log.Warn("kscope: outbox relay: another relay took this partition over; stopping it here", "err", err)
+			return nil
+		case err != nil:
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.aborts.Add(1)
+			attempt++
+			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+			log.Warn("kscope: outbox relay: the transaction aborted; its rows are published again", "err", err, "retry_in", d)
+			if !backoff.Sleep(ctx, d) {
+				return nil
+			}
+			continue
+		}
+		attempt = 0
+		pos = last
+		r.published.Add(int64(len(rows)))
+		r.transactions.Add(1)
+		pub.prune(ctx, pos)
+	}
+	return nil
+}
+
+// start fences every earlier producer of the partition (aborting its open
+// transaction) and reads the partition's position: the last sequence
+// number a committed transaction published.
+func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) {
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		return 0, fmt.Errorf("initialising the producer: %w", err)
+	}
+	r := pub.r
+	rd, err := kgo.NewClient(append(append([]kgo.Opt{}, r.o.ClientOptions...),
+		kgo.SeedBrokers(r.o.Brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.o.PositionTopic: {int32(pub.p): kgo.NewOffset().AtStart()}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+	)...)
+	if err != nil {
+		return 0, err
+	}
+	defer rd.Close()
+	// Read to the end: the high watermark once no transaction is open on
+	// the partition (the producer ID's initialisation aborted ours).
+	end, err := adminEnds(ctx, rd, r.o.PositionTopic, int32(pub.p))
+	if err != nil {
+		return 0, err
+	}
+	pos := int64(0)
+	if end == 0 {
+		return 0, nil
+	}
+	for {
+		fs := rd.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if err := fs.Err0(); err != nil && !errors.Is(err, context.Canceled) {
+			return 0, err
+		}
+		seen := false
+		fs.EachRecord(func(rec *kgo.Record) {
+			if !rec.Attrs.IsControl() {
+				if v, err := strconv.ParseInt(string(rec.Value), 10, 64); err == nil {
+					pos = v
+				}
+			}
+			if rec.Offset >= end-1 {
+				seen = true
+			}
+		})
+		if seen {
+			return pos, nil
+		}
+	}
+}
+
+// read returns the partition's rows after pos, in sequence order, at most
+// BatchSize of them.
+func (pub *publisher) read(ctx context.Context, pos int64) ([]row, error) {
+	r := pub.r
+	rows, err := r.o.Pool.Query(ctx, `SELECT seq, topic, key, value, headers FROM `+r.o.TablePrefix+`outbox
+		WHERE outbox = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`, r.o.Outbox, int32(pub.p), pos, r.o.BatchSize)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(rs pgx.CollectableRow) (row, error) {
+		var w row
+		err := rs.Scan(&w.seq, &w.topic, &w.key, &w.value, &w.headers)
+		return w, err
+	})
+}
+
+// send publishes rows and the partition's new position in one Kafka
+// transaction and returns the position.
+func (pub *publisher) send(ctx context.Context, cl *kgo.Client, rows []row) (int64, error) {
+	r := pub.r
+	if err := cl.BeginTransaction(); err != nil {
+		return 0, err
+	}
+	var mu sync.Mutex
+	var perr error
+	note := func(_ *kgo.Record, err error) {
+		if err != nil {
+			mu.Lock()
+			if perr == nil {
+				perr = err
+			}
+			mu.Unlock()
+		}
+	}
+	for _, w := range rows {
+		hs, err := decodeHeaders(w.headers)
+		if err != nil {
+			// A row kscope did not write: published without headers
+			// rather than never.
+			r.log.Error("kscope: outbox relay: a row's headers cannot be decoded; publishing it without them", "partition", pub.p, "seq", w.seq, "err", err)
+		}
+		id := r.o.Outbox + "/" + strconv.Itoa(pub.p) + "/" + strconv.FormatInt(w.seq, 10)
+		hs = append(hs, kgo.RecordHeader{Key: retrytopic.HeaderID, Value: []byte(id)})
+		cl.Produce(ctx, &kgo.Record{Topic: w.topic, Key: w.key, Value: w.value, Headers: hs}, note)
+	}
+	last := rows[len(rows)-1].seq
+	cl.Produce(ctx, &kgo.Record{Topic: r.o.PositionTopic, Partition: int32(pub.p), Key: []byte(strconv.Itoa(pub.p)), Value: []byte(strconv.FormatInt(last, 10))}, note)
+	ferr := cl.Flush(ctx)
+	if ferr != nil {
+		// Stopped while flushing: nothing may stay buffered for the abort.
+		_ = cl.AbortBufferedRecords(context.WithoutCancel(ctx))
+	}
+	mu.Lock()
+	err := errors.Join(perr, ferr)
+	mu.Unlock()
+	try := kgo.TryCommit
+	if err != nil {
+		try = kgo.TryAbort
+	}
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.o.TransactionTimeout)
+	eerr := cl.EndTransaction(endCtx, try)
+	cancel()
+	if fenced(err) || fenced(eerr) {
+		return 0, fmt.Errorf("%w: %v", errFenced, errors.Join(err, eerr))
+	}
+	if err == nil && eerr == nil {
+		return last, nil
+	}
+	if eerr != nil {
+		// Make sure no transaction stays open before the next one.
+		_ = cl.EndTransaction(context.WithoutCancel(ctx), kgo.TryAbort)
+	}
+	return 0, errors.Join(err, eerr, errors.New("the transaction did not commit"))
+}
+
+func fenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
+}
+
+// prune deletes the rows the position has passed; a failure is retried
+// with the next transaction's.
+func (pub *publisher) prune(ctx context.Context, pos int64) {
+	r := pub.r
+	if _, err := r.o.Pool.Exec(ctx, `DELETE FROM `+r.o.TablePrefix+`outbox WHERE outbox = $1 AND partition = $2 AND seq <= $3`,
+		r.o.Outbox, int32(pub.p), pos); err != nil && ctx.Err() == nil {
+		r.log.Warn("kscope: outbox relay: deleting published rows failed; retried after the next transaction", "partition", pub.p, "err", err)
+	}
+}
+
+// positionPartitioner sends position records to the partition they name
+// and every other record where rest would.
+type positionPartitioner struct {
+	topic string
+	rest  kgo.Partitioner
+}
+
+func (p positionPartitioner) ForTopic(t string) kgo.TopicPartitioner {
+	if t == p.topic {
+		return kgo.ManualPartitioner().ForTopic(t)
+	}
+	return p.rest.ForTopic(t)
+}
+
+// adminEnds returns the end offset of one partition.
+func adminEnds(ctx context.Context, cl *kgo.Client, topic string, p int32) (int64, error) {
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	o, ok := ends.Lookup(topic, p)
+	if !ok {
+		return 0, fmt.Errorf("no end offset for %s[%d]", topic, p)
+	}
+	if o.Err != nil {
+		return 0, o.Err
+	}
+	return o.Offset, nil
+}

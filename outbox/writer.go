@@ -1,0 +1,196 @@
+package outbox
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/dbscope"
+)
+
+// Defaults applied to Writer and Options fields left at their zero value.
+const (
+	DefaultOutbox     = "default"
+	DefaultPartitions = 16
+)
+
+// Writer adds records to an outbox. The zero value writes to the default
+// outbox ("default", 16 partitions, kscope's default table prefix); a
+// service with a Relay of other Options uses a Writer with the same
+// Outbox, Partitions and TablePrefix.
+type Writer struct {
+	// Outbox names the outbox: a Relay publishes one outbox. Default
+	// "default".
+	Outbox string
+	// Partitions splits the outbox by key hash: the records of one key are
+	// in one partition, published in the order their transactions
+	// committed, and relay instances share the partitions. It must be the
+	// Relay's and must not change while rows are unpublished. Default 16.
+	Partitions int
+	// TablePrefix is the prefix dbscope.Migrate was given. Default
+	// dbscope.DefaultTablePrefix.
+	TablePrefix string
+}
+
+func (w Writer) withDefaults() Writer {
+	if w.Outbox == "" {
+		w.Outbox = DefaultOutbox
+	}
+	if w.Partitions == 0 {
+		w.Partitions = DefaultPartitions
+	}
+	if w.TablePrefix == "" {
+		w.TablePrefix = dbscope.DefaultTablePrefix
+	}
+	return w
+}
+
+func (w Writer) validate() error {
+	var errs []error
+	if w.Partitions < 1 || w.Partitions > 4096 {
+		errs = append(errs, fmt.Errorf("kscope: outbox.Writer.Partitions is %d; set it between 1 and 4096 (0 selects %d), the same as the Relay's", w.Partitions, DefaultPartitions))
+	}
+	if err := dbscope.ValidTablePrefix(w.TablePrefix); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Querier is what Add needs of a transaction: a pgx.Tx, or the pgx.Tx a
+// DB-scope Handler receives.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Add adds rec (its Topic, Key, Value and Headers; Partition and Timestamp
+// are left to the producer) to the outbox inside tx: the relay publishes it
+// if and only if tx commits, exactly once to a read_committed reader. It
+// returns the record's identity, which the published record carries in the
+// kscope-id header: a kscope consumer downstream deduplicates on it, and it
+// is a stable idempotency key for whatever the record asks done.
+//
+// The record's outbox partition stays locked from Add until tx ends, so
+// that records of a partition are published in the order their
+// transactions committed: another transaction adding to the same partition
+// waits for tx. Add the outbox records last in a transaction that holds
+// locks of its own for long.
+func (w Writer) Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, error) {
+	w = w.withDefaults()
+	if err := w.validate(); err != nil {
+		return "", err
+	}
+	if rec == nil || rec.Topic == "" {
+		return "", errors.New("kscope: outbox.Add: the record has no Topic; set the topic it is to be published to")
+	}
+	var id string
+	err := tx.QueryRow(ctx, w.insertSQL(), w.args(rec)...).Scan(&id)
+	if err != nil {
+		return "", fmt.Errorf("kscope: outbox.Add: %w", err)
+	}
+	return id, nil
+}
+
+// Queue queues the statement that adds rec to the outbox on q, for a
+// dbscope.QueueHandler: it runs in the record's transaction with the other
+// queued statements, as Add would. The identity is assigned in the
+// statement; Identity computes nothing before it runs.
+func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
+	w = w.withDefaults()
+	if err := w.validate(); err != nil {
+		return err
+	}
+	if rec == nil || rec.Topic == "" {
+		return errors.New("kscope: outbox.Queue: the record has no Topic; set the topic it is to be published to")
+	}
+	q.Exec(w.insertSQL(), w.args(rec)...)
+	return nil
+}
+
+// Add adds rec to the default outbox inside tx; see Writer.Add.
+func Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, error) {
+	return Writer{}.Add(ctx, tx, rec)
+}
+
+// insertSQL takes the partition's next sequence number (locking its row
+// until the transaction ends) and inserts the record with it, in one
+// statement.
+func (w Writer) insertSQL() string {
+	p := w.TablePrefix
+	return `WITH s AS (
+		INSERT INTO ` + p + `outbox_sequences AS s (outbox, partition, next_seq) VALUES ($1, $2, 2)
+		ON CONFLICT (outbox, partition) DO UPDATE SET next_seq = s.next_seq + 1
+		RETURNING next_seq - 1 AS seq)
+	INSERT INTO ` + p + `outbox (outbox, partition, seq, topic, key, value, headers)
+	SELECT $1, $2, s.seq, $3, $4, $5, $6 FROM s
+	RETURNING $1 || '/' || $2::text || '/' || seq::text`
+}
+
+func (w Writer) args(rec *kgo.Record) []any {
+	return []any{w.Outbox, int32(partitionOf(rec.Key, w.Partitions)), rec.Topic, rec.Key, rec.Value, encodeHeaders(rec.Headers)}
+}
+
+// partitionOf is the outbox partition of key: FNV-1a of the key modulo n
+// (a null key goes to partition 0).
+func partitionOf(key []byte, n int) int {
+	if key == nil {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write(key)
+	return int(h.Sum32() % uint32(n))
+}
+
+// encodeHeaders encodes headers as a count followed by length-prefixed
+// keys and values.
+func encodeHeaders(hs []kgo.RecordHeader) []byte {
+	if len(hs) == 0 {
+		return nil
+	}
+	b := binary.AppendUvarint(nil, uint64(len(hs)))
+	for _, h := range hs {
+		b = binary.AppendUvarint(b, uint64(len(h.Key)))
+		b = append(b, h.Key...)
+		b = binary.AppendUvarint(b, uint64(len(h.Value)))
+		b = append(b, h.Value...)
+	}
+	return b
+}
+
+// decodeHeaders is the inverse of encodeHeaders.
+func decodeHeaders(b []byte) ([]kgo.RecordHeader, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)) {
+		return nil, errors.New("outbox: corrupt headers")
+	}
+	b = b[k:]
+	out := make([]kgo.RecordHeader, 0, n)
+	next := func() ([]byte, error) {
+		l, k := binary.Uvarint(b)
+		if k <= 0 || l > uint64(len(b)-k) {
+			return nil, errors.New("outbox: corrupt headers")
+		}
+		v := b[k : k+int(l)]
+		b = b[k+int(l):]
+		return v, nil
+	}
+	for range n {
+		key, err := next()
+		if err != nil {
+			return nil, err
+		}
+		val, err := next()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, kgo.RecordHeader{Key: string(key), Value: append([]byte(nil), val...)})
+	}
+	return out, nil
+}
