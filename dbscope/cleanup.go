@@ -41,7 +41,7 @@ func CleanupInbox(ctx context.Context, db Execer, o CleanupOptions) (int64, erro
 	p := o.TablePrefix
 	sql := `DELETE FROM ` + p + `inbox WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM ` + p + `inbox
-		WHERE consumer = $1 AND processed_at < now() - $2::interval
+		WHERE consumer = $1 AND processed_at < now() - $2::interval AND status IN ('applied', 'dead')
 		LIMIT $3))`
 	var total int64
 	for {

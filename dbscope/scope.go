@@ -137,6 +137,11 @@ type scope struct {
 	sqlInbox, sqlForget, sqlOffset, sqlLoadOffsets string
 	sqlLoadParked, sqlPark, sqlUnpark              string
 	sqlLoadVersion, sqlSaveVersion                 string
+	sqlLockKeys, sqlStatus, sqlOneStatus           string
+	sqlSetStatus, sqlCountHeads, sqlWait           string
+	sqlLoadWaitingKeys, sqlLoadWaitingRows         string
+	sqlWaitingHead, sqlDeleteWaiting               string
+	sqlLoadWaitingHeads, sqlOrphanKeys             string
 
 	marksMu sync.Mutex
 	marks   map[shardKey]int64 // next offset not known durable, per partition and shard
@@ -194,6 +199,27 @@ func (s *scope) init(cfg consumer.Config) {
 	s.sqlLoadOffsets = `SELECT partition, shard, next_offset FROM ` + p + `offsets
 		WHERE consumer = $1 AND topic = $2 AND routing = $3 AND partition = ANY($4::int[])`
 	s.routing = routingOf(cfg.Shards, cfg.NullKeys)
+	s.sqlLockKeys = `SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtextextended($1 || '/' || t || '/' || encode(k, 'hex'), 0) AS h
+		FROM unnest($2::text[], $3::bytea[]) AS x(t, k) ORDER BY 1) AS s`
+	s.sqlStatus = `SELECT message_id, status, attempt, stage, via FROM ` + p + `inbox
+		WHERE consumer = $1 AND message_id = ANY($2::text[]) AND status <> 'applied' FOR UPDATE`
+	s.sqlOneStatus = `SELECT status, attempt, stage, via FROM ` + p + `inbox WHERE consumer = $1 AND message_id = $2`
+	s.sqlSetStatus = `UPDATE ` + p + `inbox AS i SET status = u.status, attempt = u.attempt, stage = u.stage, via = u.via
+		FROM unnest($2::text[], $3::text[], $4::int[], $5::int[], $6::text[]) AS u(id, status, attempt, stage, via)
+		WHERE i.consumer = $1 AND i.message_id = u.id`
+	s.sqlCountHeads = `SELECT count(*) FROM ` + p + `parked WHERE consumer = $1 AND topic = $2 AND key = $3`
+	s.sqlWait = `INSERT INTO ` + p + `waiting (consumer, topic, key, message_id, src_topic, src_partition, src_offset, ts, value, header_keys, header_values, version)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
+	s.sqlLoadWaitingKeys = `SELECT DISTINCT topic, key FROM ` + p + `waiting
+		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
+	const waitingCols = `id, message_id, key, src_topic, src_partition, src_offset, ts, value, header_keys, header_values, version, head`
+	s.sqlLoadWaitingRows = `SELECT ` + waitingCols + ` FROM ` + p + `waiting
+		WHERE consumer = $1 AND topic = $2 AND key = $3 ORDER BY id LIMIT $4 FOR UPDATE`
+	s.sqlWaitingHead = `UPDATE ` + p + `waiting SET head = true WHERE id = $1`
+	s.sqlDeleteWaiting = `DELETE FROM ` + p + `waiting WHERE id = ANY($1::bigint[])`
+	s.sqlLoadWaitingHeads = `SELECT topic, ` + waitingCols + ` FROM ` + p + `waiting WHERE consumer = $1 AND head ORDER BY id`
+	s.sqlOrphanKeys = `SELECT DISTINCT w.topic, w.key FROM ` + p + `waiting AS w WHERE w.consumer = $1 AND NOT w.head
+		AND NOT EXISTS (SELECT 1 FROM ` + p + `parked AS k WHERE k.consumer = w.consumer AND k.topic = w.topic AND k.key = w.key)`
 }
 
 // Start implements consumer.Starter: Run fails at once with a
@@ -236,18 +262,32 @@ func (s *scope) ClientOptions() []kgo.Opt {
 	return []kgo.Opt{kgo.AdjustFetchOffsetsFn(s.adjustOffsets)}
 }
 
-// RunBackground implements consumer.Background: inbox retention.
+// RunBackground implements consumer.Background: inbox retention and, in
+// an ordered pipeline, the release of parked records a stopped process
+// left behind.
 func (s *scope) RunBackground(ctx context.Context) {
-	if s.o.InboxTTL <= 0 {
+	var cleanup, release <-chan time.Time
+	if s.o.InboxTTL > 0 {
+		t := time.NewTicker(s.o.CleanupInterval)
+		defer t.Stop()
+		cleanup = t.C
+	}
+	if s.ordered() {
+		s.recoverParking(ctx, true)
+		t := time.NewTicker(releaseInterval)
+		defer t.Stop()
+		release = t.C
+	}
+	if cleanup == nil && release == nil {
 		return
 	}
-	t := time.NewTicker(s.o.CleanupInterval)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-release:
+			s.recoverParking(ctx, false)
+		case <-cleanup:
 			n, err := CleanupInbox(ctx, s.o.Pool, CleanupOptions{
 				TablePrefix: s.o.TablePrefix, Consumer: s.o.Consumer, TTL: s.o.InboxTTL, Batch: s.o.CleanupBatch,
 			})
@@ -350,7 +390,8 @@ const (
 	parkedOutcome
 	staleOutcome
 	deferred
-	notTried // the transaction ended before the record: it goes in the next one
+	notTried       // the transaction ended before the record: it goes in the next one
+	rerouteOutcome // the copy that was being routed when the process stopped: routed again
 )
 
 // gapNote says what a record's transaction did about a version gap.
@@ -415,7 +456,8 @@ type result struct {
 	gapDetail string          // the versions, for the version-gap event
 	err       error           // failedOutcome: the handler's error; skipped: a note on lost writes
 	step      retrytopic.Step // failedOutcome: what the failure policy decided
-	stage     int             // parkedOutcome: the retry topic to wait in
+	st        inboxStatus     // rerouteOutcome: the outcome to route again
+	release   bool            // the record was its key's head: the key's waiting records are released
 }
 
 // Process implements consumer.Scope.
@@ -465,19 +507,33 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		}
 		rest := pending[limit:] // after a transient failure: not tried yet
 		// The transaction committed. Carry out what it decided for the
-		// records that did not apply: a parked record goes to the retry
-		// topic of its key's head; a failed one is retried in place, sent
-		// to a retry topic or dead-lettered. Each is done once the broker
-		// has it.
+		// records that did not apply: a parked record is stored in
+		// PostgreSQL and done; a failed one is retried in place, sent to a
+		// retry topic or dead-lettered, and done once the broker has it.
+		// A key whose head resolved has its waiting records released.
 		var wait time.Duration
 		var kept []*consumer.Record
+		type heldKey struct {
+			topic string
+			key   []byte
+		}
+		var release []heldKey
 		for i, r := range work {
+			if res[i].release {
+				release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
+			}
 			switch res[i].out {
 			case parkedOutcome:
-				if err := s.f.Park(ctx, r, res[i].stage); err != nil {
+				obs.End(r, consumer.OutcomeParked, nil)
+				done(r)
+			case rerouteOutcome:
+				if err := s.reroute(ctx, r, res[i].st); err != nil {
 					return
 				}
-				obs.End(r, consumer.OutcomeParked, nil)
+				if res[i].st.status == statusDLT && r.Key != nil && s.ordered() {
+					release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
+				}
+				obs.End(r, consumer.OutcomeDuplicate, nil)
 				done(r)
 			case failedOutcome:
 				delete(calls, r) // its next attempt calls the handler again
@@ -490,6 +546,17 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				step := res[i].step
 				if err := s.f.Route(ctx, r, res[i].err, step, fi.attempts, fi.first); err != nil {
 					return // ctx done while routing: not done, redelivered
+				}
+				if step.Action == retrytopic.ActionDeadLetter {
+					// The DLT has it: the inbox remembers it, and its key's
+					// waiting records go on.
+					meta := s.f.Metadata(r)
+					if err := s.markDead(ctx, s.identity.Of(r), meta.OriginalTopic, r.Key); err != nil {
+						return
+					}
+					if r.Key != nil && s.ordered() {
+						release = append(release, heldKey{meta.OriginalTopic, r.Key})
+					}
 				}
 				if step.Action != retrytopic.ActionRetry {
 					out := consumer.OutcomeOf(step.Action)
@@ -506,6 +573,11 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 				}
 			case deferred, notTried:
 				kept = append(kept, r)
+			}
+		}
+		for _, k := range release {
+			if err := s.release(ctx, k.topic, k.key); err != nil {
+				return
 			}
 		}
 		if stop != nil {
@@ -743,21 +815,29 @@ func scanParking(rows pgx.Rows) (parking, error) {
 	return p, rows.Err()
 }
 
-// begin begins a transaction, inserts the inbox rows of ids and, when the
-// pipeline is ordered, reads the parked rows of the records' keys, all in
-// one round trip. It returns the transaction (to be rolled back by the
-// caller, also when err is not nil) and the ids whose rows are new.
-func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, park parking, err error) {
+// begin begins a transaction and, in one round trip, takes the row locks
+// of the records' keys (when the pipeline is ordered), inserts the inbox
+// rows of ids, reads the outcomes the inbox remembers of the ids that had
+// one, and reads the parked heads and the keys with waiting records among
+// the records' keys. It returns the transaction (to be rolled back by the
+// caller, also when err is not nil), the ids whose rows are new and the
+// earlier outcomes.
+func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(s.sqlInbox, s.o.Consumer, ids)
+	var topics []string
 	var keys [][]byte
 	if ordered {
-		var topics []string
 		topics, keys = parkedKeys(work, metas)
 		if len(keys) > 0 {
-			b.Queue(s.sqlLoadParked, s.o.Consumer, topics, keys)
+			b.Queue(s.sqlLockKeys, s.o.Consumer, topics, keys)
 		}
+	}
+	b.Queue(s.sqlInbox, s.o.Consumer, ids)
+	b.Queue(s.sqlStatus, s.o.Consumer, ids)
+	if len(keys) > 0 {
+		b.Queue(s.sqlLoadParked, s.o.Consumer, topics, keys)
+		b.Queue(s.sqlLoadWaitingKeys, s.o.Consumer, topics, keys)
 	}
 	br := s.o.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
@@ -767,36 +847,75 @@ func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record
 		}
 	}()
 	if _, err := br.Exec(); err != nil { // BEGIN
-		return tx, nil, nil, err
+		return tx, nil, nil, nil, nil, err
+	}
+	if len(keys) > 0 {
+		if _, err := br.Exec(); err != nil {
+			return tx, nil, nil, nil, nil, err
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return tx, nil, nil, err
+		return tx, nil, nil, nil, nil, err
 	}
 	fresh = make(map[string]bool, len(ids))
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return tx, nil, nil, err
+			return tx, nil, nil, nil, nil, err
 		}
 		fresh[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return tx, nil, nil, err
+		return tx, nil, nil, nil, nil, err
+	}
+	if rows, err = br.Query(); err != nil {
+		return tx, nil, nil, nil, nil, err
+	}
+	known = map[string]inboxStatus{}
+	for rows.Next() {
+		var id string
+		var st inboxStatus
+		if err := rows.Scan(&id, &st.status, &st.attempt, &st.stage, &st.via); err != nil {
+			rows.Close()
+			return tx, nil, nil, nil, nil, err
+		}
+		known[id] = st
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return tx, nil, nil, nil, nil, err
 	}
 	park = parking{}
+	waiting = map[pairKey]bool{}
 	if len(keys) > 0 {
 		rows, err := br.Query()
 		if err != nil {
-			return tx, nil, nil, err
+			return tx, nil, nil, nil, nil, err
 		}
 		if park, err = scanParking(rows); err != nil {
-			return tx, nil, nil, err
+			return tx, nil, nil, nil, nil, err
+		}
+		if rows, err = br.Query(); err != nil {
+			return tx, nil, nil, nil, nil, err
+		}
+		for rows.Next() {
+			var topic string
+			var key []byte
+			if err := rows.Scan(&topic, &key); err != nil {
+				rows.Close()
+				return tx, nil, nil, nil, nil, err
+			}
+			waiting[pairKey{topic, string(key)}] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return tx, nil, nil, nil, nil, err
 		}
 	}
-	return tx, fresh, park, nil
+	return tx, fresh, known, park, waiting, nil
 }
 
 // runTx runs one transaction over work. A Handler's writes follow a
@@ -812,14 +931,11 @@ func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record
 func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
 	ordered := s.ordered()
 	vers := s.o.Versions
-	var metas []retrytopic.Metadata
-	if ordered || vers != nil {
-		metas = make([]retrytopic.Metadata, len(work))
-		for i, r := range work {
-			metas[i] = s.f.Metadata(r)
-		}
+	metas := make([]retrytopic.Metadata, len(work))
+	for i, r := range work {
+		metas[i] = s.f.Metadata(r)
 	}
-	tx, fresh, park, err := s.begin(ctx, ids, work, metas, ordered)
+	tx, fresh, prior, park, waiting, err := s.begin(ctx, ids, work, metas, ordered)
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	defer func() {
 		if err != nil && (tx.Conn() == nil || tx.Conn().IsClosed()) {
@@ -832,12 +948,55 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		return nil, nil, err
 	}
 	res = make([]result, len(work))
+	// isNew[i]: record i's inbox row is new in this transaction; it is
+	// deleted again if the record ends without an outcome (retried in
+	// place, deferred, not tried), so that its next delivery runs it.
+	isNew := make([]bool, len(work))
+	seen := make(map[string]bool, len(ids))
 	for i, id := range ids {
-		if fresh[id] {
-			res[i].out = toApply
-			delete(fresh, id) // a second record with this id in the batch is a duplicate
-		} else {
+		r := work[i]
+		st, had := prior[id]
+		switch {
+		case seen[id]:
+			res[i].out = duplicate // a second copy in the batch: the first one's outcome is its own
+		case fresh[id]:
+			res[i].out, isNew[i] = toApply, true
+		case had && st.status == statusRetry && metas[i].Stage >= 0 && !metas[i].Parked && metas[i].Attempt == st.attempt:
+			res[i].out = toApply // the hop it was sent on: it runs again
+		case had && st.status == statusDead && hasHeader(r, retrytopic.HeaderRedrive):
+			res[i].out = toApply // redriven from the DLT by an operator
+		case had && (st.status == statusRetry || st.status == statusDLT) && st.via == coords(r):
+			// The copy that was being routed when the process stopped:
+			// its routing may not have reached the broker.
+			res[i] = result{out: rerouteOutcome, st: st}
+		default:
 			res[i].out = duplicate
+		}
+		seen[id] = true
+	}
+	var up statusUpdates
+	var undo []string
+	// setStatus records record i's outcome in its inbox row.
+	setStatus := func(i int, status string, attempt, stage int) {
+		if status == statusApplied && isNew[i] {
+			return // the new row's default
+		}
+		up.add(ids[i], status, attempt, stage, coords(work[i]))
+	}
+	// routed records the outcome of record i that step routes.
+	routed := func(i int, step retrytopic.Step, attempt int) {
+		total := min(metas[i].Attempt+attempt, retrytopic.MaxAttempt)
+		switch step.Action {
+		case retrytopic.ActionRetryTopic:
+			setStatus(i, statusRetry, total, step.Stage)
+		case retrytopic.ActionDeadLetter:
+			setStatus(i, statusDLT, total, 0)
+		case retrytopic.ActionSkip:
+			setStatus(i, statusApplied, 0, 0)
+		default:
+			if isNew[i] {
+				undo = append(undo, ids[i])
+			}
 		}
 	}
 	// q holds the statements sent, pipelined, before COMMIT: the queued
@@ -853,8 +1012,8 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	}
 	var blocked map[string]bool
 	blockedNull := false
-	var undo []string
-	// unpark deletes a record's row once it leaves the retry pipeline.
+	// unpark deletes a record's head row once it leaves the retry
+	// pipeline; the waiting records of its key are then released.
 	unpark := func(i int) error {
 		if !ordered || work[i].Key == nil {
 			return nil
@@ -864,6 +1023,9 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			return nil
 		}
 		park.remove(k, ids[i])
+		if _, ok := park.head(k); !ok && waiting[k] {
+			res[i].release = true
+		}
 		_, err := tx.Exec(ctx, s.sqlUnpark, s.o.Consumer, k.topic, work[i].Key, ids[i])
 		return err
 	}
@@ -881,7 +1043,11 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	// version, a version gap) the way a handler failure is recorded.
 	fail := func(i int, herr error, step retrytopic.Step) {
 		res[i] = result{out: failedOutcome, err: herr, step: step}
-		undo = append(undo, ids[i])
+		a := 1
+		if fi := fails[work[i]]; fi != nil {
+			a = fi.attempts + 1
+		}
+		routed(i, step, a)
 		r := work[i]
 		if r.Key == nil {
 			blockedNull = true
@@ -904,15 +1070,14 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			cut = i
 			break
 		}
-		if res[i].out == duplicate {
-			if err := unpark(i); err != nil {
-				return nil, nil, err
-			}
+		if res[i].out == duplicate || res[i].out == rerouteOutcome {
 			continue
 		}
 		if (r.Key == nil && blockedNull) || (r.Key != nil && blocked[string(r.Key)]) {
 			res[i].out = deferred
-			undo = append(undo, ids[i])
+			if isNew[i] {
+				undo = append(undo, ids[i])
+			}
 			continue
 		}
 		if vers != nil && r.Key != nil {
@@ -925,16 +1090,29 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			versions[i] = v
 		}
 		if ordered && r.Key != nil {
-			// A key with records in the retry topics: unless this is the
-			// oldest of them (the head), or a version that fills the gap
-			// the head waits for, it waits behind it.
+			// A key with a record in the retry topics (its head), or with
+			// records waiting in PostgreSQL: unless this is the head, or a
+			// version that fills the gap the head waits for, it is stored
+			// in PostgreSQL and waits behind them.
 			k := pairKey{metas[i].OriginalTopic, string(r.Key)}
-			if h, ok := park.head(k); ok && h.id != ids[i] && !(versions != nil && h.version > 0 && versions[i] < h.version) {
-				if err := setPark(i, h.stage); err != nil {
-					return nil, nil, err
+			h, ok := park.head(k)
+			if (ok && h.id != ids[i] && !(versions != nil && h.version > 0 && versions[i] < h.version)) || (!ok && waiting[k]) {
+				var v int64
+				if versions != nil {
+					v = versions[i]
 				}
-				res[i] = result{out: parkedOutcome, stage: h.stage}
-				undo = append(undo, ids[i])
+				q.Exec(s.sqlWait, s.waitArgs(k.topic, r, ids[i], v)...)
+				if park.has(k, ids[i]) {
+					// In the retry topics behind a head (parked before the
+					// waiting table): it waits in PostgreSQL now.
+					park.remove(k, ids[i])
+					if _, err := tx.Exec(ctx, s.sqlUnpark, s.o.Consumer, k.topic, r.Key, ids[i]); err != nil {
+						return nil, nil, err
+					}
+				}
+				waiting[k] = true
+				setStatus(i, statusParked, 0, 0)
+				res[i] = result{out: parkedOutcome}
 				continue
 			}
 		}
@@ -947,7 +1125,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			switch {
 			case check.Outcome == sequence.Stale:
 				res[i].out = staleOutcome
-				undo = append(undo, ids[i]) // not applied: a redelivery of it is stale again
+				setStatus(i, statusApplied, 0, 0)
 				if err := unpark(i); err != nil {
 					return nil, nil, err
 				}
@@ -963,10 +1141,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 					if timedOut {
 						res[i].gap = gapTimedOut
 					}
-					if err := unpark(i); err != nil {
-						return nil, nil, err
-					}
-					continue
+					continue // its head row goes once the DLT has it
 				}
 				// Wait: to the next retry topic, the key parked behind this
 				// record; the missing versions still pass.
@@ -1029,6 +1204,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				if err := saveVersion(tx); err != nil {
 					return nil, nil, err
 				}
+				setStatus(i, statusApplied, 0, 0)
 				if err := unpark(i); err != nil {
 					return nil, nil, err
 				}
@@ -1079,6 +1255,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				if err := saveVersion(tx); err != nil {
 					return nil, nil, err
 				}
+				setStatus(i, statusApplied, 0, 0)
 				if err := unpark(i); err != nil {
 					return nil, nil, err
 				}
@@ -1095,13 +1272,13 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		topics := !pol.DisableRetryTopics && (r.Key != nil || pol.Unordered)
 		step := s.f.Decide(ctx, r, herr, attempt, topics)
 		res[i] = result{out: failedOutcome, err: herr, step: step}
-		undo = append(undo, ids[i])
+		routed(i, step, attempt)
 		switch {
 		case step.Action == retrytopic.ActionRetryTopic && ordered && r.Key != nil:
 			if err := setPark(i, step.Stage); err != nil { // it is, or stays, its key's head
 				return nil, nil, err
 			}
-		case step.Action != retrytopic.ActionRetry:
+		case step.Action == retrytopic.ActionSkip:
 			if err := unpark(i); err != nil {
 				return nil, nil, err
 			}
@@ -1116,7 +1293,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		}
 	}
 	for j := cut; j < len(work); j++ {
-		if res[j].out == toApply {
+		if res[j].out == toApply && isNew[j] {
 			undo = append(undo, ids[j]) // its inbox row goes until it is tried
 		}
 		res[j] = result{out: notTried}
@@ -1124,9 +1301,12 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	if len(undo) > 0 {
 		q.Exec(s.sqlForget, s.o.Consumer, undo)
 	}
+	if len(up.ids) > 0 {
+		q.Exec(s.sqlSetStatus, s.o.Consumer, up.ids, up.statuses, up.attempts, up.stages, up.vias)
+	}
 	if s.o.StoreOffsets {
 		k := 0
-		for k < len(work) && (res[k].out == applied || res[k].out == skipped || res[k].out == duplicate || res[k].out == staleOutcome) {
+		for k < len(work) && (res[k].out == applied || res[k].out == skipped || res[k].out == duplicate || res[k].out == staleOutcome || res[k].out == parkedOutcome) {
 			k++
 		}
 		if k > 0 {

@@ -76,6 +76,9 @@ func runChild(role string) int {
 	switch role {
 	case "db", "db-offsets":
 		return runDBChild(ctx, cfg, role == "db-offsets", maxDelay, emit)
+	case "db-ordered":
+		cfg.Failures = orderedChildPolicy()
+		return runDBChildFailing(ctx, cfg, false, maxDelay, emit, failsTwice)
 	case "txn", "txn-versions":
 		return runTxnChild(ctx, cfg, maxDelay, role == "txn-versions")
 	case "at-least-once":

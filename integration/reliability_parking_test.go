@@ -1,0 +1,149 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// Ordered retries in the DB scope, with child consumers killed by SIGKILL
+// at random moments and a producer that redelivers records (the same
+// message id produced again): one record in eight fails on its first
+// delivery and on its first hop, so that keys are parked behind it while
+// members die. Every record's effect is applied once, in per-key order,
+// nothing is lost, and a failed record puts at most one record per rung
+// (plus the crash re-sends) into the retry topics. The long form
+// (KSCOPE_RELIABILITY=long) kills at least ten members and sends at least
+// a hundred records through the retry topics.
+func TestReliabilityOrderedRetriesKillsRedeliveries(t *testing.T) {
+	ctx := context.Background()
+	keys, perKey, nKills := 20, 20, 3
+	if reliabilityLong() {
+		keys, perKey, nKills = 100, 20, 12
+	}
+	k := testenv.KafkaT(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	url := testenv.DatabaseT(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, effectsDDL); err != nil {
+		t.Fatal(err)
+	}
+	const topic, group = "payments", "g-rel-parking"
+	if err := k.CreateTopic(ctx, topic, 4); err != nil {
+		t.Fatal(err)
+	}
+	// The stream, in per-key order; one record in ten is produced a
+	// second time a little later, as a producer retry would.
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 18))
+	var stream []*kgo.Record
+	failing := 0
+	for seq := range perKey {
+		for key := range keys {
+			v := fmt.Sprintf("k%03d/%d", key, seq)
+			r := &kgo.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%03d", key)), Value: []byte(v),
+				Headers: []kgo.RecordHeader{{Key: consumer.DefaultMessageIDHeader, Value: []byte(v)}}}
+			stream = append(stream, r)
+			if failsTwice(&consumer.Record{Record: r}) {
+				failing++
+			}
+			if rng.IntN(10) == 0 {
+				stream = append(stream, &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers})
+			}
+		}
+	}
+	unique := keys * perKey
+	env := "DATABASE_URL=" + url
+	applied := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT message_id) FROM effects`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Produced in waves, a member killed after each.
+	waves := nKills
+	per := (len(stream) + waves - 1) / waves
+	for w := range waves {
+		batch := stream[w*per : min(len(stream), (w+1)*per)]
+		if err := k.Produce(ctx, batch...); err != nil {
+			t.Fatal(err)
+		}
+		c := startChild(t, k, "db-ordered", group, topic, 200*time.Microsecond, func([]byte) {}, env)
+		target := min(unique, applied()+len(batch)/3)
+		testenv.WaitFor(t, 2*time.Minute, "progress before the kill", func() bool { return applied() >= target })
+		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // a random moment, not a synchronisation
+		c.kill()
+	}
+	last := startChild(t, k, "db-ordered", group, topic, 0, func([]byte) {}, env)
+	testenv.WaitFor(t, 3*time.Minute, "every record applied", func() bool { return applied() == unique })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := last.terminate(t); err != nil {
+		t.Fatalf("the last member exited with %v", err)
+	}
+
+	var rows, ids int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id) FROM effects`).Scan(&rows, &ids); err != nil {
+		t.Fatal(err)
+	}
+	violations := 0
+	vr, err := pool.Query(ctx, `SELECT key, seq FROM effects ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSeq := map[string]int{}
+	for vr.Next() {
+		var key string
+		var seq int
+		if err := vr.Scan(&key, &seq); err != nil {
+			t.Fatal(err)
+		}
+		if prev, ok := lastSeq[key]; ok && seq < prev {
+			violations++
+		}
+		lastSeq[key] = max(lastSeq[key], seq)
+	}
+	vr.Close()
+	retry := 0
+	for _, d := range orderedChildPolicy().Ladder {
+		retry += len(k.ReadAll(t, retrytopic.RetryTopic(group, d)))
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kscope_waiting`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d records (%d produced with redeliveries), %d failing twice, %d kills: %d effects, %d order violations, %d retry-topic records (%.2f per failed record)",
+		unique, len(stream), failing, nKills, rows, violations, retry, float64(retry)/float64(max(failing, 1)))
+	if rows != unique || ids != unique {
+		t.Errorf("%d effects of %d identities, want %d: duplicates or losses", rows, ids, unique)
+	}
+	if violations != 0 {
+		t.Errorf("%d order violations", violations)
+	}
+	if left != 0 {
+		t.Errorf("%d records still waiting", left)
+	}
+	// Each failing record: two hops, plus what a kill re-sends.
+	if bound := failing*(len(orderedChildPolicy().Ladder)+1) + nKills*keys; retry > bound {
+		t.Errorf("%d retry-topic records for %d failing records, want at most %d", retry, failing, bound)
+	}
+	if reliabilityLong() && retry < 100 {
+		t.Errorf("only %d records went through the retry topics, want at least 100", retry)
+	}
+}
