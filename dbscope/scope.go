@@ -140,6 +140,7 @@ type scope struct {
 	sqlLockKeys, sqlStatus, sqlOneStatus           string
 	sqlSetStatus, sqlCountHeads, sqlWait           string
 	sqlLoadWaitingKeys, sqlLoadWaitingRows         string
+	sqlBusyKeys                                    string
 	sqlWaitingHead, sqlDeleteWaiting               string
 	sqlLoadWaitingHeads, sqlOrphanKeys             string
 
@@ -212,6 +213,9 @@ func (s *scope) init(cfg consumer.Config) {
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
 	s.sqlLoadWaitingKeys = `SELECT DISTINCT topic, key FROM ` + p + `waiting
 		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
+	s.sqlBusyKeys = `SELECT DISTINCT x.t, x.k FROM unnest($2::text[], $3::bytea[]) AS x(t, k)
+		WHERE EXISTS (SELECT 1 FROM ` + p + `parked WHERE consumer = $1 AND topic = x.t AND key = x.k)
+		   OR EXISTS (SELECT 1 FROM ` + p + `waiting WHERE consumer = $1 AND topic = x.t AND key = x.k)`
 	const waitingCols = `id, message_id, key, src_topic, src_partition, src_offset, ts, value, header_keys, header_values, version, head`
 	s.sqlLoadWaitingRows = `SELECT ` + waitingCols + ` FROM ` + p + `waiting
 		WHERE consumer = $1 AND topic = $2 AND key = $3 ORDER BY id LIMIT $4 FOR UPDATE`
@@ -815,13 +819,19 @@ func scanParking(rows pgx.Rows) (parking, error) {
 	return p, rows.Err()
 }
 
-// begin begins a transaction and, in one round trip, takes the row locks
-// of the records' keys (when the pipeline is ordered), inserts the inbox
-// rows of ids, reads the outcomes the inbox remembers of the ids that had
-// one, and reads the parked heads and the keys with waiting records among
-// the records' keys. It returns the transaction (to be rolled back by the
-// caller, also when err is not nil), the ids whose rows are new and the
-// earlier outcomes.
+// begin opens the transaction, inserts the inbox rows of ids and reads
+// what the transaction needs to know of the batch: which ids are new, the
+// outcome the inbox remembers for the others, and, when the pipeline is
+// ordered, the parked heads and waiting records of the batch's keys. The
+// common case — every id new, no key of the batch parked or waiting —
+// costs one round trip (BEGIN, the inbox rows, one lookup of the keys) and
+// takes no lock. Otherwise a second round trip locks the busy keys (so the
+// worker of a key's retry topic and the one of its source topic do not
+// interleave on it) and reads their state under the lock, with the
+// remembered outcomes of the ids that were not new. A key found idle needs
+// no lock: only a transaction that already sees it busy (a head or waiting
+// records, both committed before any retry record of the key exists) can
+// change its state concurrently.
 func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -829,68 +839,93 @@ func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record
 	var keys [][]byte
 	if ordered {
 		topics, keys = parkedKeys(work, metas)
-		if len(keys) > 0 {
-			b.Queue(s.sqlLockKeys, s.o.Consumer, topics, keys)
-		}
 	}
 	b.Queue(s.sqlInbox, s.o.Consumer, ids)
-	b.Queue(s.sqlStatus, s.o.Consumer, ids)
 	if len(keys) > 0 {
-		b.Queue(s.sqlLoadParked, s.o.Consumer, topics, keys)
-		b.Queue(s.sqlLoadWaitingKeys, s.o.Consumer, topics, keys)
+		b.Queue(s.sqlBusyKeys, s.o.Consumer, topics, keys)
 	}
 	br := s.o.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
-	defer func() {
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-	}()
-	if _, err := br.Exec(); err != nil { // BEGIN
+	fail := func(err error) (pgx.Tx, map[string]bool, map[string]inboxStatus, parking, map[pairKey]bool, error) {
+		br.Close() //nolint:errcheck // err says it
 		return tx, nil, nil, nil, nil, err
 	}
-	if len(keys) > 0 {
-		if _, err := br.Exec(); err != nil {
-			return tx, nil, nil, nil, nil, err
-		}
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return fail(err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return tx, nil, nil, nil, nil, err
+		return fail(err)
 	}
 	fresh = make(map[string]bool, len(ids))
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return tx, nil, nil, nil, nil, err
+			return fail(err)
 		}
 		fresh[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return tx, nil, nil, nil, nil, err
+		return fail(err)
 	}
-	if rows, err = br.Query(); err != nil {
+	var busyTopics []string
+	var busyKeys [][]byte
+	if len(keys) > 0 {
+		if rows, err = br.Query(); err != nil {
+			return fail(err)
+		}
+		for rows.Next() {
+			var topic string
+			var key []byte
+			if err := rows.Scan(&topic, &key); err != nil {
+				rows.Close()
+				return fail(err)
+			}
+			busyTopics, busyKeys = append(busyTopics, topic), append(busyKeys, key)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fail(err)
+		}
+	}
+	if err := br.Close(); err != nil {
 		return tx, nil, nil, nil, nil, err
 	}
 	known = map[string]inboxStatus{}
-	for rows.Next() {
-		var id string
-		var st inboxStatus
-		if err := rows.Scan(&id, &st.status, &st.attempt, &st.stage, &st.via); err != nil {
-			rows.Close()
-			return tx, nil, nil, nil, nil, err
-		}
-		known[id] = st
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return tx, nil, nil, nil, nil, err
-	}
 	park = parking{}
 	waiting = map[pairKey]bool{}
-	if len(keys) > 0 {
+	var seenBefore []string
+	if len(fresh) < len(ids) {
+		for _, id := range ids {
+			if !fresh[id] {
+				seenBefore = append(seenBefore, id)
+			}
+		}
+	}
+	if len(seenBefore) == 0 && len(busyKeys) == 0 {
+		return tx, fresh, known, park, waiting, nil
+	}
+	b = &pgx.Batch{}
+	if len(busyKeys) > 0 {
+		b.Queue(s.sqlLockKeys, s.o.Consumer, busyTopics, busyKeys)
+		b.Queue(s.sqlLoadParked, s.o.Consumer, busyTopics, busyKeys)
+		b.Queue(s.sqlLoadWaitingKeys, s.o.Consumer, busyTopics, busyKeys)
+	}
+	if len(seenBefore) > 0 {
+		b.Queue(s.sqlStatus, s.o.Consumer, seenBefore)
+	}
+	br = tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if len(busyKeys) > 0 {
+		if _, err := br.Exec(); err != nil { // the locks
+			return tx, nil, nil, nil, nil, err
+		}
 		rows, err := br.Query()
 		if err != nil {
 			return tx, nil, nil, nil, nil, err
@@ -909,6 +944,25 @@ func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record
 				return tx, nil, nil, nil, nil, err
 			}
 			waiting[pairKey{topic, string(key)}] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return tx, nil, nil, nil, nil, err
+		}
+	}
+	if len(seenBefore) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return tx, nil, nil, nil, nil, err
+		}
+		for rows.Next() {
+			var id string
+			var st inboxStatus
+			if err := rows.Scan(&id, &st.status, &st.attempt, &st.stage, &st.via); err != nil {
+				rows.Close()
+				return tx, nil, nil, nil, nil, err
+			}
+			known[id] = st
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
