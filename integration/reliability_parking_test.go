@@ -28,6 +28,7 @@ import (
 // a hundred records through the retry topics.
 func TestReliabilityOrderedRetriesKillsRedeliveries(t *testing.T) {
 	ctx := context.Background()
+	start := time.Now()
 	keys, perKey, nKills := 20, 20, 3
 	if reliabilityLong() {
 		keys, perKey, nKills = 100, 20, 12
@@ -130,6 +131,16 @@ func TestReliabilityOrderedRetriesKillsRedeliveries(t *testing.T) {
 	}
 	t.Logf("%d records (%d produced with redeliveries), %d failing twice, %d kills: %d effects, %d order violations, %d retry-topic records (%.2f per failed record)",
 		unique, len(stream), failing, nKills, rows, violations, retry, float64(retry)/float64(max(failing, 1)))
+	perFailed := float64(retry) / float64(max(failing, 1))
+	lost := 0
+	if ids < unique {
+		lost = unique - ids
+	}
+	addRelRow(relRow{Scope: "DB", Records: unique, Kills: int64(nKills), Faults: int64(len(stream) - unique + failing),
+		Fault: fmt.Sprintf("ordered retries with SIGKILLs and producer redeliveries (%d retry-topic records, %.2f per failed record, bound %d)",
+			retry, perFailed, len(orderedChildPolicy().Ladder)+1),
+		Lost: lost, Dups: rows - ids, Order: violations, Duration: time.Since(start), RetryPerFailed: perFailed,
+		Passed: rows == unique && ids == unique && violations == 0 && left == 0})
 	if rows != unique || ids != unique {
 		t.Errorf("%d effects of %d identities, want %d: duplicates or losses", rows, ids, unique)
 	}

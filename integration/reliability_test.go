@@ -74,6 +74,9 @@ type relRow struct {
 	// scenario that takes longer hung somewhere.
 	Bound time.Duration `json:"-"`
 	Hang  bool          `json:"hang,omitempty"`
+	// RetryPerFailed is, for ordered retries, the retry-topic records
+	// written per record that failed into the retry topics.
+	RetryPerFailed float64 `json:"retry_records_per_failed,omitempty"`
 }
 
 // tableHandler names the report table of handler and operator faults.
@@ -105,6 +108,9 @@ type relSummary struct {
 	// table; Hangs those that missed their time bound.
 	HandlerFaults int `json:"handler_faults"`
 	Hangs         int `json:"hangs"`
+	// RetryPerFailed is the most retry-topic records a failed record
+	// caused in the ordered-retries scenario (bound: the ladder plus one).
+	RetryPerFailed float64 `json:"retry_records_per_failed"`
 }
 
 // finishReliability prints the JSON line and writes the Markdown report,
@@ -138,6 +144,7 @@ func finishReliability() error {
 		if r.Hang {
 			s.Hangs++
 		}
+		s.RetryPerFailed = max(s.RetryPerFailed, r.RetryPerFailed)
 	}
 	line, _ := json.Marshal(s)
 	fmt.Println(string(line))
