@@ -218,7 +218,7 @@ func (s *scope) init(cfg consumer.Config) {
 		   OR EXISTS (SELECT 1 FROM ` + p + `waiting WHERE consumer = $1 AND topic = x.t AND key = x.k)`
 	const waitingCols = `id, message_id, key, src_topic, src_partition, src_offset, ts, value, header_keys, header_values, version, head`
 	s.sqlLoadWaitingRows = `SELECT ` + waitingCols + ` FROM ` + p + `waiting
-		WHERE consumer = $1 AND topic = $2 AND key = $3 ORDER BY id LIMIT $4 FOR UPDATE`
+		WHERE consumer = $1 AND topic = $2 AND key = $3 ORDER BY version NULLS FIRST, id LIMIT $4 FOR UPDATE`
 	s.sqlWaitingHead = `UPDATE ` + p + `waiting SET head = true WHERE id = $1`
 	s.sqlDeleteWaiting = `DELETE FROM ` + p + `waiting WHERE id = ANY($1::bigint[])`
 	s.sqlLoadWaitingHeads = `SELECT topic, ` + waitingCols + ` FROM ` + p + `waiting WHERE consumer = $1 AND head ORDER BY id`

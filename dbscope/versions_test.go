@@ -2,9 +2,11 @@ package dbscope_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -316,5 +318,46 @@ func TestVersionGapPolicies(t *testing.T) {
 				t.Fatalf("stats %+v: one gap accepted", r.DBStats())
 			}
 		})
+	}
+}
+
+// Versions swapped behind a key's head: K's version 1 fails into the retry
+// topics, versions 3 and 2 (in that order) and 4 wait behind it. When 1
+// succeeds, the waiting records are applied in version order, so 3 does
+// not wait in the retry topics for the 2 that waits behind it (which would
+// hold K until GapTimeout and then dead-letter 3).
+func TestSwappedVersionsWaitingBehindAHead(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-swap-behind-head"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var first atomic.Bool
+	r, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool, Versions: &sequence.Config{GapTimeout: time.Minute}},
+		dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, rec *consumer.Record) error {
+			if string(rec.Value) == "K/1" && first.CompareAndSwap(false, true) {
+				return consumer.Retryable(errors.New("gateway 503"))
+			}
+			return insertEffect(ctx, tx, rec)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, versioned(topic, "K", 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "version 1 in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	if err := k.Produce(ctx, versioned(topic, "K", 3, 0), versioned(topic, "K", 2, 0), versioned(topic, "K", 4, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 20*time.Second, "K applied in version order", func() bool { return appliedVersions(t, pool)["K"] == "1,2,3,4" })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.DBStats(); st.GapsTimedOut != 0 {
+		t.Fatalf("stats %+v: no gap may time out", st)
 	}
 }
