@@ -441,6 +441,17 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer sess.Close()
 	cl := sess.Client()
+	// Initialise the producer ID before the first poll: it fences the
+	// previous incarnation of this transactional id and aborts its open
+	// transaction. Until then the group's offsets that transaction
+	// committed are unstable, and the consumer, which fetches them with
+	// RequireStable, would wait for the broker to time it out.
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("kscope: initialising the producer ID of transactional id %s: %w", r.o.TransactionalID, err)
+	}
 	f := consumer.NewFailures(r.cfg, cl, r.log)
 
 	var mu sync.Mutex
