@@ -2,6 +2,11 @@ package txn_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/txn"
 )
@@ -98,4 +104,117 @@ func TestRestartFencesThePredecessorsOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkExactlyOnce(t, k, good)
+}
+
+// logCapture is a slog handler that keeps every line it is given.
+type logCapture struct {
+	mu    *sync.Mutex
+	lines *[]string
+	attrs []slog.Attr
+}
+
+func newLogCapture() *logCapture { return &logCapture{mu: &sync.Mutex{}, lines: new([]string)} }
+
+func (c *logCapture) Enabled(context.Context, slog.Level) bool { return true }
+
+func (c *logCapture) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
+	for _, a := range c.attrs {
+		fmt.Fprintf(&b, " %s", a)
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s", a)
+		return true
+	})
+	c.mu.Lock()
+	*c.lines = append(*c.lines, b.String())
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *logCapture) WithAttrs(as []slog.Attr) slog.Handler {
+	return &logCapture{mu: c.mu, lines: c.lines, attrs: append(slices.Clone(c.attrs), as...)}
+}
+
+func (c *logCapture) WithGroup(string) slog.Handler { return c }
+
+// matching returns the captured lines that contain every one of words.
+func (c *logCapture) matching(words ...string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, l := range *c.lines {
+		ok := true
+		for _, w := range words {
+			ok = ok && strings.Contains(l, w)
+		}
+		if ok {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// An input topic that does not exist is named in one warning, instead of
+// the runner waiting for it silently; once it is created, its records are
+// handled.
+func TestMissingInputTopicIsLoggedOnce(t *testing.T) {
+	k := setup(t)
+	logs := newLogCapture()
+	cfg := config(k, "g-missing-in")
+	cfg.Topics = []string{"orders-missing"}
+	cfg.Logger = slog.New(logs)
+	r, err := txn.New(cfg, txn.Options{TransactionalID: "missing-in-1"}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	testenv.WaitFor(t, 20*time.Second, "a warning naming the missing input topic", func() bool {
+		return len(logs.matching("WARN", "orders-missing", "does not exist")) > 0
+	})
+	if err := k.CreateTopic(context.Background(), "orders-missing", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(context.Background(), &kgo.Record{Topic: "orders-missing", Value: []byte("late-order")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the record of the created topic handled", func() bool { return r.Stats().Records == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.matching("orders-missing", "does not exist"); len(got) != 1 {
+		t.Fatalf("the missing input topic was reported %d times, want once: %q", len(got), got)
+	}
+}
+
+// An output to a topic that does not exist aborts the transaction with an
+// error, and a log line, that names the missing output topic and says to
+// create it.
+func TestMissingOutputTopicIsNamed(t *testing.T) {
+	k := setup(t)
+	logs := newLogCapture()
+	cfg := config(k, "g-missing-out")
+	cfg.Logger = slog.New(logs)
+	h := txn.HandlerFunc(func(_ context.Context, r *consumer.Record, out txn.Emitter) error {
+		out.Emit(&kgo.Record{Topic: "shipments-missing", Key: r.Key, Value: r.Value})
+		return nil
+	})
+	if err := k.Produce(context.Background(), &kgo.Record{Topic: "in", Key: []byte("k"), Value: []byte("order-1")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := txn.New(cfg, txn.Options{TransactionalID: "missing-out-1"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	testenv.WaitFor(t, 40*time.Second, "an error naming the missing output topic", func() bool {
+		return len(logs.matching("output topic", "shipments-missing", "does not exist", "create it")) > 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if r.Stats().Records != 0 {
+		t.Fatalf("%d records committed with their output missing", r.Stats().Records)
+	}
 }

@@ -76,6 +76,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -359,10 +360,20 @@ func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, 
 	t.wg.Add(1)
 	sess.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if err != nil {
-			t.fail(fmt.Errorf("producing %s: %w", what, err))
+			t.fail(produceError(rec.Topic, what, err))
 		}
 		t.wg.Done()
 	})
+}
+
+// produceError describes the failure to produce what to topic, naming the
+// topic and what to do when it does not exist.
+func produceError(topic, what string, err error) error {
+	if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
+		return fmt.Errorf("output topic %s does not exist (producing %s): create it, or enable automatic topic creation "+
+			"(auto.create.topics.enable on the broker and kgo.AllowAutoTopicCreation() in Config.ClientOptions): %w", topic, what, err)
+	}
+	return fmt.Errorf("producing %s to %s: %w", what, topic, err)
 }
 
 // item is one unit of work for a key-shard worker: an input record, or a
@@ -452,6 +463,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("kscope: initialising the producer ID of transactional id %s: %w", r.o.TransactionalID, err)
 	}
+	r.warnMissingInputs(ctx, cl)
 	f := consumer.NewFailures(r.cfg, cl, r.log)
 
 	var mu sync.Mutex
@@ -653,6 +665,22 @@ func (r *Runner) ensureTopics(ctx context.Context, retryTopics bool) error {
 	return nil
 }
 
+// warnMissingInputs logs, once, every input topic that does not exist:
+// the consumer waits for it to be created, and would otherwise wait
+// silently.
+func (r *Runner) warnMissingInputs(ctx context.Context, cl *kgo.Client) {
+	td, err := kadm.NewClient(cl).ListTopics(ctx, r.cfg.Topics...)
+	if err != nil {
+		r.log.Debug("kscope: could not look the input topics up", "err", err)
+		return
+	}
+	for _, t := range r.cfg.Topics {
+		if d, ok := td[t]; !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+			r.log.Warn("kscope: input topic "+t+" does not exist; the runner waits until it is created (create it, or correct Config.Topics)", "topic", t)
+		}
+	}
+}
+
 // restore loads the version state of the input partitions this member owns
 // and has not loaded yet, retrying with backoff while the changelog cannot
 // be read; it fails only when ctx is done.
@@ -773,7 +801,7 @@ func (r *Runner) route(ctx context.Context, sess *kgo.GroupTransactSession, f *c
 	sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
 		obs.Route(consumer.Route{Topic: rec.Topic, Kind: kind, Class: class, Target: out.Topic, Err: err})
 		if err != nil {
-			tx.fail(fmt.Errorf("producing the %s record of %s[%d]@%d: %w", kind, rec.Topic, rec.Partition, rec.Offset, err))
+			tx.fail(produceError(out.Topic, fmt.Sprintf("the %s record of %s[%d]@%d", kind, rec.Topic, rec.Partition, rec.Offset), err))
 		}
 		tx.wg.Done()
 	})
