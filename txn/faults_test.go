@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/sequence"
 	"github.com/kscope-dev/kscope/txn"
 )
 
@@ -216,5 +218,107 @@ func TestMissingOutputTopicIsNamed(t *testing.T) {
 	}
 	if r.Stats().Records != 0 {
 		t.Fatalf("%d records committed with their output missing", r.Stats().Records)
+	}
+}
+
+// The version changelog is restored only once the group's offsets are
+// stable: when the previous owner's last transaction is still open as the
+// partition is assigned (its markers not written yet), the new owner does
+// not restore the versions from before that transaction and then resume
+// after it, which would take the key's next version for a gap.
+func TestVersionsRestoredOnceTheChangelogIsStable(t *testing.T) {
+	k := setup(t)
+	const group = "g-stable"
+	cfg := config(k, group)
+	start := func(id string) (*txn.Runner, func() error) {
+		t.Helper()
+		r, err := txn.New(cfg, txn.Options{TransactionalID: id, Versions: &sequence.Config{GapTimeout: time.Hour}}, versioned(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, runFor(t, r)
+	}
+	produceVersion(t, k, "acct", "1")
+	produceVersion(t, k, "acct", "2")
+	r1, stop := start("stable-1")
+	testenv.WaitFor(t, 20*time.Second, "run 1 applied two versions", func() bool { return r1.Stats().Outputs == 2 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The previous owner applied version 3 in a transaction that has
+	// committed the offsets past it but not ended yet.
+	v3 := &kgo.Record{Topic: "in", Key: []byte("acct"), Value: []byte("acct@3"), Headers: []kgo.RecordHeader{{Key: "version", Value: []byte("3")}}}
+	if err := k.Produce(context.Background(), v3); err != nil {
+		t.Fatal(err)
+	}
+	produceVersion(t, k, "acct", "4")
+	changelog := txn.VersionsTopic(group, "in")
+	ctx := context.Background()
+	prev, err := k.Client(kgo.TransactionalID("stable-previous-owner"), kgo.TransactionTimeout(5*time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	if err := prev.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := prev.ProduceSync(ctx,
+		&kgo.Record{Topic: "out", Partition: 0, Key: []byte("acct"), Value: []byte("acct:3")},
+		&kgo.Record{Topic: changelog, Partition: v3.Partition, Key: []byte("vacct"), Value: []byte("3")},
+	).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	td, err := k.Admin().ListTopics(ctx, "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, epoch, err := prev.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc := kmsg.NewPtrTxnOffsetCommitRequest()
+	oc.TransactionalID, oc.Group, oc.ProducerID, oc.ProducerEpoch, oc.Generation = "stable-previous-owner", group, id, epoch, -1
+	ot := kmsg.NewTxnOffsetCommitRequestTopic()
+	ot.Topic, ot.TopicID = "in", td["in"].ID
+	op := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+	op.Partition, op.Offset, op.LeaderEpoch = v3.Partition, v3.Offset+1, -1
+	ot.Partitions = append(ot.Partitions, op)
+	oc.Topics = append(oc.Topics, ot)
+	if resp, err := oc.RequestWith(ctx, prev); err != nil || kerr.ErrorForCode(resp.Topics[0].Partitions[0].ErrorCode) != nil {
+		t.Fatalf("TxnOffsetCommit: %v %v", err, resp)
+	}
+
+	// The next owner is assigned the partition while that transaction is
+	// open; the transaction commits once the owner has either read the
+	// changelog or waited on the unstable offsets for a while.
+	restored, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ListOffsets}, Topic: changelog, Observe: true, Count: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetched, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Group: group, Observe: true, Count: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, stop := start("stable-2")
+	testenv.WaitFor(t, 30*time.Second, "the next owner to read the changelog or wait on the unstable offsets", func() bool {
+		return restored.Hits() > 0 || fetched.Hits() >= 3
+	})
+	if err := prev.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "run 2 handled version 4", func() bool { return r2.Stats().Records == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if s := r2.Stats(); s.GapsDetected != 0 || s.Outputs != 1 {
+		t.Fatalf("run 2: %+v; want version 4 applied after 3, no gap", s)
+	}
+	var got []string
+	for _, r := range k.ReadAll(t, "out") {
+		got = append(got, string(r.Value))
+	}
+	if fmt.Sprint(got) != "[acct:1 acct:2 acct:3 acct:4]" {
+		t.Fatalf("outputs %v, want acct:1 to acct:4 once each, in order", got)
 	}
 }

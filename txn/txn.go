@@ -71,6 +71,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/commit"
 	"github.com/kscope-dev/kscope/consumer"
@@ -430,9 +432,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	opts = append(opts,
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
 			obs.Rebalance("assigned", count(ps))
+		}),
+		// The group's offsets of newly assigned partitions are fetched
+		// with RequireStable after OnPartitionsAssigned: only then has a
+		// previous owner's last transaction ended, so only then is the
+		// version changelog restored.
+		kgo.OnOffsetsFetched(func(_ context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
 			if r.vs != nil {
-				r.vs.assigned(ps)
+				r.vs.assigned(fetchedPartitions(resp))
 			}
+			return nil
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { gone("revoked", ps) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) { gone("lost", ps) }),
@@ -961,6 +970,28 @@ func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter
 }
 
 var errAborted = errors.New("kscope: the transaction aborted; its offsets did not commit")
+
+// fetchedPartitions returns the partitions whose offsets resp holds.
+func fetchedPartitions(resp *kmsg.OffsetFetchResponse) map[string][]int32 {
+	ps := map[string][]int32{}
+	for _, g := range resp.Groups {
+		for _, t := range g.Topics {
+			for _, p := range t.Partitions {
+				if p.ErrorCode == 0 {
+					ps[t.Topic] = append(ps[t.Topic], p.Partition)
+				}
+			}
+		}
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode == 0 && !slices.Contains(ps[t.Topic], p.Partition) {
+				ps[t.Topic] = append(ps[t.Topic], p.Partition)
+			}
+		}
+	}
+	return ps
+}
 
 func count(ps map[string][]int32) int {
 	n := 0

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -233,8 +234,10 @@ type versionStore struct {
 	kick  func()
 }
 
-// assigned notes newly assigned partitions: their state is restored when
-// their first records arrive.
+// assigned notes newly assigned partitions once the group's offsets of
+// them have been fetched stably (so no transaction of a previous owner is
+// still pending on them): the poll loop restores their state before it
+// handles any of their records.
 func (s *versionStore) assigned(ps map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -373,12 +376,13 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	if err != nil {
 		return fmt.Errorf("kscope: listing the changelog start offsets: %w", err)
 	}
-	ends, err := adm.ListCommittedOffsets(ctx, topics...)
-	if err == nil {
-		err = ends.Error()
+	want := map[tp]bool{}
+	for k := range need {
+		want[tp{VersionsTopic(s.group, k.topic), k.partition}] = true
 	}
+	ends, err := stableEnds(ctx, adm, topics, want)
 	if err != nil {
-		return fmt.Errorf("kscope: listing the changelog end offsets: %w", err)
+		return err
 	}
 	state := map[tp]*partVersions{}
 	left := map[tp]int64{} // changelog partitions still to read, and their end
@@ -437,6 +441,45 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	}
 	s.mu.Unlock()
 	return nil
+}
+
+// stableEnds waits until no transaction is open on the changelog
+// partitions (the last stable offset is the high watermark) and returns
+// their end offsets. Only the partitions in want are waited for: the
+// others may carry this member's own open transaction. A previous owner's last transaction may have
+// committed without its markers having reached the changelog yet: the
+// last stable offset then lies before its records, and a restore up to it
+// would be one transaction behind the group's offsets. A transaction left
+// open by a producer that died ends when it is aborted or times out.
+func stableEnds(ctx context.Context, adm *kadm.Client, topics []string, want map[tp]bool) (kadm.ListedOffsets, error) {
+	for attempt := 1; ; attempt++ {
+		stable, err := adm.ListCommittedOffsets(ctx, topics...)
+		if err == nil {
+			err = stable.Error()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kscope: listing the changelog end offsets: %w", err)
+		}
+		hwm, err := adm.ListEndOffsets(ctx, topics...)
+		if err == nil {
+			err = hwm.Error()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kscope: listing the changelog end offsets: %w", err)
+		}
+		open := false
+		stable.Each(func(o kadm.ListedOffset) {
+			if h, ok := hwm.Lookup(o.Topic, o.Partition); ok && h.Offset > o.Offset && want[tp{o.Topic, o.Partition}] {
+				open = true
+			}
+		})
+		if !open {
+			return stable, nil
+		}
+		if !backoff.Sleep(ctx, backoff.Delay(attempt, 20*time.Millisecond, time.Second)) {
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // ensureChangelogs creates a compacted changelog for every input topic,
