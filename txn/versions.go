@@ -168,12 +168,15 @@ func (pv *partVersions) expired(now time.Time, timeout time.Duration) []*parkedR
 }
 
 // nextExpiry returns when the next parked record times out (zero if none).
-func (pv *partVersions) nextExpiry(timeout time.Duration) time.Time {
+func (pv *partVersions) nextExpiry(timeout time.Duration, skip map[*parkedRec]bool) time.Time {
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
 	var next time.Time
 	for _, m := range pv.parked {
 		for _, p := range m {
+			if skip[p] {
+				continue
+			}
 			if at := p.Since.Add(timeout); next.IsZero() || at.Before(next) {
 				next = at
 			}
@@ -232,6 +235,8 @@ type versionStore struct {
 	owned map[tp]uint64 // assigned partitions and their assignment's generation
 	gen   uint64
 	kick  func()
+
+	expiringSet map[*parkedRec]bool // parked records dispatched to be expired
 }
 
 // assigned notes newly assigned partitions once the group's offsets of
@@ -280,21 +285,45 @@ func (s *versionStore) setKick(f func()) {
 	s.mu.Unlock()
 }
 
-// expired returns the parked records of every owned partition that have
-// waited past GapTimeout.
-func (s *versionStore) expired(now time.Time) []*parkedRec {
+// takeExpired returns the parked records of every owned partition that
+// have waited past GapTimeout and are not being expired already, and notes
+// them as being expired.
+func (s *versionStore) takeExpired(now time.Time) []*parkedRec {
 	var out []*parkedRec
 	for _, pv := range s.all() {
-		out = append(out, pv.expired(now, s.cfg.GapTimeout)...)
+		for _, p := range pv.expired(now, s.cfg.GapTimeout) {
+			s.mu.Lock()
+			if !s.expiringSet[p] {
+				s.expiringSet[p] = true
+				out = append(out, p)
+			}
+			s.mu.Unlock()
+		}
 	}
 	return out
 }
 
-// nextExpiry returns when the next parked record times out (zero if none).
+// expiring notes whether p is being expired by a worker.
+func (s *versionStore) expiring(p *parkedRec, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.expiringSet[p] = true
+	} else {
+		delete(s.expiringSet, p)
+	}
+}
+
+// nextExpiry returns when the next parked record that is not being
+// expired times out (zero if none).
 func (s *versionStore) nextExpiry() time.Time {
 	var next time.Time
 	for _, pv := range s.all() {
-		if at := pv.nextExpiry(s.cfg.GapTimeout); !at.IsZero() && (next.IsZero() || at.Before(next)) {
+		s.mu.Lock()
+		skip := s.expiringSet
+		at := pv.nextExpiry(s.cfg.GapTimeout, skip)
+		s.mu.Unlock()
+		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
 			next = at
 		}
 	}
