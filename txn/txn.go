@@ -6,14 +6,26 @@
 //
 // # How
 //
-// The runner is a franz-go GroupTransactSession. It polls, begins a
-// transaction, hands the records to the key-shard workers (per-key order,
-// parallelism across keys), produces every record's outputs inside the
-// transaction, and ends it once every polled record is done, bounded by
-// Options.CommitInterval and Options.MaxRecords. Ending commits the consumed
-// offsets in the same transaction. A rebalance or a fenced producer during a
-// transaction aborts it, and the consumer rewinds to the last committed
-// offsets: the aborted outputs are never visible to read_committed readers.
+// The runner is a franz-go GroupTransactSession. It polls and hands the
+// records to the key-shard workers (per-key order, parallelism across
+// keys). A worker runs a record's handler and, once the record is
+// finished, adds its outputs (or its route) to the open transaction. The
+// transaction ends Options.CommitInterval after the first record joined
+// it, or once Options.MaxRecords did, and commits, with the outputs, each
+// partition's offset at its lowest unfinished record. A rebalance or a
+// fenced producer during a transaction aborts it, and the consumer rewinds
+// to the last committed offsets: the aborted outputs are never visible to
+// read_committed readers.
+//
+// A record retrying in place waits between its attempts outside any
+// transaction: it holds its key-shard (the later records of its key, and
+// of the keys that share the shard, wait behind it) and nothing else.
+// Records after it in its partition keep committing, so the offset of
+// that partition stays at the retrying record; the offset's metadata
+// records, atomically with it, which records above it are finished (at
+// most 256 are not: past that the partition's records wait). A member
+// that gets the partition, after a crash or a rebalance, skips those, so
+// their outputs are never produced twice.
 //
 // Failures are routed by consumer.Config.Failures inside the transaction: a
 // record is retried in place with backoff, skipped, or its dead-letter
@@ -22,10 +34,9 @@
 // policy, a record that keeps failing goes to the delayed retry topics
 // instead, also inside the transaction; the runner consumes them and holds
 // each record until its due time without committing past it (the
-// partition is paused, the transaction commits its offset at the held
-// record, and the consumer is rewound to it). Keyed records keep per-key
-// order by default, so they retry in place: there is no store to park a
-// key's later records in, as the DB scope has.
+// partition is paused and the consumer rewound to the held record). Keyed
+// records keep per-key order by default, so they retry in place: there is
+// no store to park a key's later records in, as the DB scope has.
 //
 // # Versions
 //
@@ -47,9 +58,10 @@
 // Every member of the group needs a transactional id of its own that stays
 // the same when the member restarts: Options.TransactionalID, by default
 // "<group>-<hostname>" (a StatefulSet pod name, say). A restarted member
-// then fences its previous incarnation at once and aborts its open
-// transaction, instead of leaving read_committed readers waiting for the
-// transaction timeout. Two live members with the same id fence each other:
+// initialises its producer ID before it polls: it fences its previous
+// incarnation at once and aborts its open transaction, instead of leaving
+// read_committed readers, and itself, waiting for the transaction
+// timeout. Two live members with the same id fence each other:
 // the older one's Run returns an error. Zombies from an older group
 // generation are fenced by the group metadata sent with the offsets
 // (KIP-447), so ids need not follow partitions.
@@ -129,14 +141,16 @@ type Options struct {
 	// means fewer, larger transactions and more throughput. Default 100ms.
 	CommitInterval time.Duration
 
-	// MaxRecords bounds the input records of one transaction. Default
-	// 10,000.
+	// MaxRecords bounds the input records of one transaction, and the
+	// polled records waiting for a worker. Default 10,000.
 	MaxRecords int
 
 	// TransactionTimeout is how long the broker lets a transaction stay
-	// open before aborting it; it must cover CommitInterval plus the
-	// slowest handler's in-place retries. Default 2m. Java:
-	// transaction.timeout.ms.
+	// open before aborting it (and fencing the producer: Run then returns
+	// an error that says the transaction timed out). A transaction is
+	// open for CommitInterval plus the time to produce and commit; a
+	// handler's run and its in-place retries happen outside it, so this
+	// need not cover them. Default 2m. Java: transaction.timeout.ms.
 	TransactionTimeout time.Duration
 
 	// Versions, when not nil, turns on version-gap detection with a
