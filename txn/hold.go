@@ -1,11 +1,9 @@
 package txn
 
 import (
-	"context"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/consumer"
 )
@@ -15,86 +13,60 @@ type tp struct {
 	partition int32
 }
 
-// holds keeps retry-topic records back until their due time, inside the
-// transactional loop.
+// holds keeps retry-topic records back until their due time.
 //
 // A record that is not due yet is not handled, and neither is anything
-// after it in its partition: the partition is paused until the due time,
-// the transaction commits that partition's offset at the held record (not
-// past it, as the session would), and once the transaction has committed
-// the consumer is rewound to the held record. The held record is thus
-// neither lost (its offset was never committed) nor handled early; a crash
-// at any point leaves it in its retry topic.
+// after it in its partition: the partition is paused until the due time
+// and the consumer is rewound to the held record. The held record is never
+// delivered to the partition's tracker, so the offset the transactions
+// commit for the partition stays at or below it: it is neither lost nor
+// handled early, and a crash at any point leaves it in its retry topic.
 type holds struct {
 	delays map[string]time.Duration // delay topics and the longest delay each may carry
 	paused map[tp]time.Time         // paused partitions and when they are due
-	inTxn  map[tp]kgo.EpochOffset   // partitions held in the open transaction, at the held record
+	batch  map[tp]kgo.EpochOffset   // partitions held in the records being delivered, at the held record
 }
 
 func newHolds(delays map[string]time.Duration) *holds {
-	return &holds{delays: delays, paused: map[tp]time.Time{}, inTxn: map[tp]kgo.EpochOffset{}}
+	return &holds{delays: delays, paused: map[tp]time.Time{}, batch: map[tp]kgo.EpochOffset{}}
 }
 
 // keep reports whether rec is held back: a delay-topic record that is not
-// due, or behind one held in this transaction.
+// due, or behind one held in the same poll.
 func (h *holds) keep(cl *kgo.Client, rec *kgo.Record, now time.Time) bool {
 	maxDelay, ok := h.delays[rec.Topic]
 	if !ok {
 		return false
 	}
 	k := tp{rec.Topic, rec.Partition}
-	if _, held := h.inTxn[k]; held {
+	if _, held := h.batch[k]; held {
 		return true
 	}
 	due, _ := consumer.DueOf(&consumer.Record{Record: rec}, now, maxDelay)
 	if !due.After(now) {
 		return false
 	}
-	h.inTxn[k] = kgo.EpochOffset{Epoch: rec.LeaderEpoch, Offset: rec.Offset}
+	h.batch[k] = kgo.EpochOffset{Epoch: rec.LeaderEpoch, Offset: rec.Offset}
 	h.paused[k] = due
 	cl.PauseFetchPartitions(map[string][]int32{rec.Topic: {rec.Partition}})
 	return true
 }
 
-// commitContext returns ctx for ending the transaction: the offsets it
-// commits for held partitions stop at their held record.
-func (h *holds) commitContext(ctx context.Context) context.Context {
-	if len(h.inTxn) == 0 {
-		return ctx
-	}
-	held := h.inTxn
-	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
-		for i := range req.Topics {
-			t := &req.Topics[i]
-			for j := range t.Partitions {
-				if eo, ok := held[tp{t.Topic, t.Partitions[j].Partition}]; ok {
-					t.Partitions[j].Offset = eo.Offset
-					t.Partitions[j].LeaderEpoch = eo.Epoch
-				}
-			}
-		}
-		return nil
-	})
-}
-
-// ended rewinds the held partitions to their held record after a commit
-// (after an abort the session has rewound them to the last commit) and
-// forgets the transaction's holds; the partitions stay paused until due.
-func (h *holds) ended(cl *kgo.Client, committed bool) {
-	if len(h.inTxn) == 0 {
+// rewind rewinds the partitions held in the records just delivered to
+// their held record; they stay paused until due.
+func (h *holds) rewind(cl *kgo.Client) {
+	if len(h.batch) == 0 {
 		return
 	}
-	if committed {
-		set := map[string]map[int32]kgo.EpochOffset{}
-		for k, eo := range h.inTxn {
-			if set[k.topic] == nil {
-				set[k.topic] = map[int32]kgo.EpochOffset{}
-			}
-			set[k.topic][k.partition] = eo
+	set := map[string]map[int32]kgo.EpochOffset{}
+	for k, eo := range h.batch {
+		if set[k.topic] == nil {
+			set[k.topic] = map[int32]kgo.EpochOffset{}
 		}
-		cl.SetOffsets(set)
+		set[k.topic][k.partition] = eo
 	}
-	clear(h.inTxn)
+	cl.SetOffsets(set)
+	clear(h.batch)
 }
 
 // resume resumes the paused partitions that are due and returns when the

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -167,12 +168,15 @@ func (pv *partVersions) expired(now time.Time, timeout time.Duration) []*parkedR
 }
 
 // nextExpiry returns when the next parked record times out (zero if none).
-func (pv *partVersions) nextExpiry(timeout time.Duration) time.Time {
+func (pv *partVersions) nextExpiry(timeout time.Duration, skip map[*parkedRec]bool) time.Time {
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
 	var next time.Time
 	for _, m := range pv.parked {
 		for _, p := range m {
+			if skip[p] {
+				continue
+			}
 			if at := p.Since.Add(timeout); next.IsZero() || at.Before(next) {
 				next = at
 			}
@@ -231,10 +235,14 @@ type versionStore struct {
 	owned map[tp]uint64 // assigned partitions and their assignment's generation
 	gen   uint64
 	kick  func()
+
+	expiringSet map[*parkedRec]bool // parked records dispatched to be expired
 }
 
-// assigned notes newly assigned partitions: their state is restored when
-// their first records arrive.
+// assigned notes newly assigned partitions once the group's offsets of
+// them have been fetched stably (so no transaction of a previous owner is
+// still pending on them): the poll loop restores their state before it
+// handles any of their records.
 func (s *versionStore) assigned(ps map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -277,21 +285,45 @@ func (s *versionStore) setKick(f func()) {
 	s.mu.Unlock()
 }
 
-// expired returns the parked records of every owned partition that have
-// waited past GapTimeout.
-func (s *versionStore) expired(now time.Time) []*parkedRec {
+// takeExpired returns the parked records of every owned partition that
+// have waited past GapTimeout and are not being expired already, and notes
+// them as being expired.
+func (s *versionStore) takeExpired(now time.Time) []*parkedRec {
 	var out []*parkedRec
 	for _, pv := range s.all() {
-		out = append(out, pv.expired(now, s.cfg.GapTimeout)...)
+		for _, p := range pv.expired(now, s.cfg.GapTimeout) {
+			s.mu.Lock()
+			if !s.expiringSet[p] {
+				s.expiringSet[p] = true
+				out = append(out, p)
+			}
+			s.mu.Unlock()
+		}
 	}
 	return out
 }
 
-// nextExpiry returns when the next parked record times out (zero if none).
+// expiring notes whether p is being expired by a worker.
+func (s *versionStore) expiring(p *parkedRec, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.expiringSet[p] = true
+	} else {
+		delete(s.expiringSet, p)
+	}
+}
+
+// nextExpiry returns when the next parked record that is not being
+// expired times out (zero if none).
 func (s *versionStore) nextExpiry() time.Time {
 	var next time.Time
 	for _, pv := range s.all() {
-		if at := pv.nextExpiry(s.cfg.GapTimeout); !at.IsZero() && (next.IsZero() || at.Before(next)) {
+		s.mu.Lock()
+		skip := s.expiringSet
+		at := pv.nextExpiry(s.cfg.GapTimeout, skip)
+		s.mu.Unlock()
+		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
 			next = at
 		}
 	}
@@ -373,12 +405,13 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	if err != nil {
 		return fmt.Errorf("kscope: listing the changelog start offsets: %w", err)
 	}
-	ends, err := adm.ListCommittedOffsets(ctx, topics...)
-	if err == nil {
-		err = ends.Error()
+	want := map[tp]bool{}
+	for k := range need {
+		want[tp{VersionsTopic(s.group, k.topic), k.partition}] = true
 	}
+	ends, err := stableEnds(ctx, adm, topics, want)
 	if err != nil {
-		return fmt.Errorf("kscope: listing the changelog end offsets: %w", err)
+		return err
 	}
 	state := map[tp]*partVersions{}
 	left := map[tp]int64{} // changelog partitions still to read, and their end
@@ -437,6 +470,45 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	}
 	s.mu.Unlock()
 	return nil
+}
+
+// stableEnds waits until no transaction is open on the changelog
+// partitions (the last stable offset is the high watermark) and returns
+// their end offsets. Only the partitions in want are waited for: the
+// others may carry this member's own open transaction. A previous owner's last transaction may have
+// committed without its markers having reached the changelog yet: the
+// last stable offset then lies before its records, and a restore up to it
+// would be one transaction behind the group's offsets. A transaction left
+// open by a producer that died ends when it is aborted or times out.
+func stableEnds(ctx context.Context, adm *kadm.Client, topics []string, want map[tp]bool) (kadm.ListedOffsets, error) {
+	for attempt := 1; ; attempt++ {
+		stable, err := adm.ListCommittedOffsets(ctx, topics...)
+		if err == nil {
+			err = stable.Error()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kscope: listing the changelog end offsets: %w", err)
+		}
+		hwm, err := adm.ListEndOffsets(ctx, topics...)
+		if err == nil {
+			err = hwm.Error()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kscope: listing the changelog end offsets: %w", err)
+		}
+		open := false
+		stable.Each(func(o kadm.ListedOffset) {
+			if h, ok := hwm.Lookup(o.Topic, o.Partition); ok && h.Offset > o.Offset && want[tp{o.Topic, o.Partition}] {
+				open = true
+			}
+		})
+		if !open {
+			return stable, nil
+		}
+		if !backoff.Sleep(ctx, backoff.Delay(attempt, 20*time.Millisecond, time.Second)) {
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // ensureChangelogs creates a compacted changelog for every input topic,
