@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
@@ -71,6 +73,81 @@ func (e *relRun) toRetryTopic(n int, delay time.Duration, due time.Time) {
 		e.t.Fatal(err)
 	}
 	e.faults.Add(int64(n))
+}
+
+// openTransaction leaves a transaction of txnID open, as a Kafka-scope
+// member that died between its TxnOffsetCommit and its EndTxn leaves it:
+// one output produced ("predecessor#a", never to be seen), the group's
+// offsets of the input committed at 0 in it. The client is closed when the
+// test ends, without ending the transaction.
+func (e *relRun) openTransaction(txnID string) {
+	e.t.Helper()
+	t := e.t
+	ctx := context.Background()
+	cl, err := e.k.Client(kgo.TransactionalID(txnID), kgo.TransactionTimeout(5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: e.topic + ".out", Value: []byte("predecessor#a")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	id, epoch, err := cl.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := kmsg.NewPtrAddOffsetsToTxnRequest()
+	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = txnID, id, epoch, e.group
+	addResp, err := add.RequestWith(ctx, cl)
+	if err == nil {
+		err = kerr.ErrorForCode(addResp.ErrorCode)
+	}
+	if err != nil {
+		t.Fatalf("AddOffsetsToTxn: %v", err)
+	}
+	oc := kmsg.NewPtrTxnOffsetCommitRequest()
+	oc.TransactionalID, oc.Group, oc.ProducerID, oc.ProducerEpoch, oc.Generation = txnID, e.group, id, epoch, -1
+	td, err := e.k.Admin().ListTopics(ctx, e.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ot := kmsg.NewTxnOffsetCommitRequestTopic()
+	ot.Topic, ot.TopicID = e.topic, td[e.topic].ID
+	for p := range int32(4) {
+		op := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+		op.Partition, op.Offset, op.LeaderEpoch = p, 0, -1
+		ot.Partitions = append(ot.Partitions, op)
+	}
+	oc.Topics = append(oc.Topics, ot)
+	ocResp, err := oc.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatalf("TxnOffsetCommit: %v", err)
+	}
+	for _, rt := range ocResp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				t.Fatalf("TxnOffsetCommit %s[%d]: %v", rt.Topic, rp.Partition, err)
+			}
+		}
+	}
+	e.faults.Add(1)
+}
+
+// outputEnd is the sum of the Kafka scope's output end offsets: the
+// outputs committed so far, with their transaction markers.
+func (e *relRun) outputEnd() int64 {
+	ends, err := e.k.EndOffsets(context.Background(), e.topic+".out")
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, o := range ends {
+		n += o
+	}
+	return n
 }
 
 // failFirst fails the first attempt of every record whose sequence number
@@ -131,6 +208,52 @@ func handlerScenarios() []relScenario {
 			}})
 	}
 	out = append(out,
+		relScenario{scope: "Kafka", fault: "one key retrying in place for about 7s (backoff 1s to 2s)", bound: 90 * time.Second,
+			cfg: func(c *consumer.Config) {
+				c.Failures.Backoff, c.Failures.MaxBackoff, c.Failures.InPlaceAttempts = time.Second, 2*time.Second, 6
+				c.Failures.RetryableAttempts = 10
+			},
+			before: func(e *relRun, _ context.Context, _ pgx.Tx, r *consumer.Record, attempt int32) error {
+				if key, s, _ := testenv.ParseKeyed(r.Value); key == "k003" && s == 5 && attempt <= 4 {
+					e.faults.Add(1)
+					return consumer.Retryable(errFlaky)
+				}
+				return nil
+			},
+			inject: func(e *relRun) {
+				testenv.WaitFor(e.t, time.Minute, "the key retrying", func() bool { return e.faults.Load() > 0 })
+				// The committed input offset of the key's partition stays
+				// at the retrying record; the outputs of the other records
+				// commit meanwhile.
+				start := time.Now()
+				testenv.WaitFor(e.t, time.Minute, "a quarter of the outputs committed", func() bool {
+					return e.outputEnd() >= int64(e.total()/2)
+				})
+				if el := time.Since(start); el > 5*time.Second || e.faults.Load() >= 4 {
+					e.t.Errorf("other keys waited for the retrying key: a quarter of the outputs took %s (%d failed attempts by then)", el, e.faults.Load())
+				}
+			}},
+		relScenario{scope: "Kafka", fault: "restart after a death between TxnOffsetCommit and EndTxn (the open transaction's timeout 5m)",
+			manual: true, bound: 90 * time.Second,
+			inject: func(e *relRun) {
+				e.openTransaction(e.group + "-a")
+				start := time.Now()
+				e.start("a") // the same transactional id
+				e.waitProgress(int64(e.total() / 4))
+				if el := time.Since(start); el > 30*time.Second {
+					e.t.Errorf("the restarted member waited %s for its predecessor's transaction", el)
+				}
+			}},
+		relScenario{scope: "Kafka", fault: "output topic created after the consumer started", noOutput: true, bound: 90 * time.Second,
+			inject: func(e *relRun) {
+				testenv.WaitFor(e.t, time.Minute, "an error naming the missing output topic", func() bool {
+					return strings.Contains(e.logs.String(), "output topic "+e.topic+".out does not exist")
+				})
+				e.faults.Add(1)
+				if err := e.k.CreateTopic(context.Background(), e.topic+".out", 4); err != nil {
+					e.t.Fatal(err)
+				}
+			}},
 		relScenario{scope: "DB", fault: "a failed statement ignored (nil returned), and Skip after a failed statement", skips: 12, bound: 90 * time.Second,
 			before: func(e *relRun, ctx context.Context, tx pgx.Tx, r *consumer.Record, attempt int32) error {
 				if _, s, _ := testenv.ParseKeyed(r.Value); s%19 == 4 && attempt == 1 {

@@ -253,6 +253,8 @@ type relScenario struct {
 	// poisonErr is the error poison record i's handler returns (default:
 	// a DecodeError).
 	poisonErr func(i int) error
+	// noOutput leaves creating the Kafka scope's output topic to inject.
+	noOutput bool
 	// skips adds records ("skip-<i>") whose DB-scope handler runs a
 	// failing statement and then returns a business Skip: they must be
 	// acknowledged without an effect, and without holding anything up.
@@ -559,7 +561,7 @@ func runScenario(t *testing.T, sc relScenario) {
 	if !sc.noTopic {
 		topics = append(topics, e.topic)
 	}
-	if sc.scope == "Kafka" {
+	if sc.scope == "Kafka" && !sc.noOutput {
 		topics = append(topics, e.topic+".out")
 	}
 	for _, tp := range topics {

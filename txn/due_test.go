@@ -2,6 +2,7 @@ package txn_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -51,4 +52,42 @@ func TestFarFutureDueTimeDoesNotHoldTheRetryPartition(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A rung removed from the ladder between two deployments: the record
+// waiting in it is still consumed and transformed.
+func TestRemovedRetryRungIsDrained(t *testing.T) {
+	k := setup(t)
+	cfg := config(k, "rung-removed")
+	ladder := []time.Duration{200 * time.Millisecond, 2 * time.Second}
+	cfg.Failures = retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, RetryableAttempts: 10,
+		Backoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond, Ladder: ladder}
+	if err := k.Produce(context.Background(), &kgo.Record{Topic: "in", Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	r, err := txn.New(cfg, txn.Options{TransactionalID: "rung-removed-1"}, txn.HandlerFunc(
+		func(context.Context, *consumer.Record, txn.Emitter) error {
+			calls.Add(1)
+			return consumer.Retryable(errors.New("dependency down"))
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	testenv.WaitFor(t, 20*time.Second, "the record sent to the second rung", func() bool { return r.Stats().RetryTopic >= 2 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Failures.Ladder = ladder[:1]
+	r, err = txn.New(cfg, txn.Options{TransactionalID: "rung-removed-1"}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = runFor(t, r)
+	testenv.WaitFor(t, 30*time.Second, "the record of the removed rung transformed", func() bool { return r.Stats().Records >= 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, k, []string{"v"})
 }

@@ -89,7 +89,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -668,7 +667,6 @@ func (r *Runner) Run(ctx context.Context) error {
 	opts = append(opts,
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ConsumerGroup(r.cfg.Group),
-		kgo.ConsumeTopics(topics...),
 		kgo.TransactionalID(r.o.TransactionalID),
 		kgo.TransactionTimeout(r.o.TransactionTimeout),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -747,6 +745,21 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// Retry topics the policy no longer names are drained, as the other
+	// scopes drain them.
+	left, err := consumer.LeftoverRetryTopics(ctx, r.cfg, retryTopics)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	for t, d := range left {
+		topics = append(topics, t)
+		delays[t] = d
+		r.log.Warn("kscope: a retry topic the failure policy no longer uses still holds records of this group; consuming it until it is drained", "retry_topic", t, "delay", d)
+	}
+	opts = append(opts, kgo.ConsumeTopics(topics...))
 	var f *consumer.Failures // set before the workers start
 	var sess *kgo.GroupTransactSession
 	pool = partition.NewPool(partition.PoolConfig[item]{
@@ -774,7 +787,6 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("kscope: initialising the producer ID of transactional id %s: %w", r.o.TransactionalID, err)
 	}
-	r.warnMissingInputs(ctx, cl)
 	f = consumer.NewFailures(r.cfg, cl, r.log)
 	pool.Start()
 	defer pool.Stop()
@@ -1072,22 +1084,6 @@ func (r *Runner) ensureTopics(ctx context.Context, retryTopics bool) error {
 		return ensureChangelogs(ctx, r.cfg)
 	}
 	return nil
-}
-
-// warnMissingInputs logs, once, every input topic that does not exist:
-// the consumer waits for it to be created, and would otherwise wait
-// silently.
-func (r *Runner) warnMissingInputs(ctx context.Context, cl *kgo.Client) {
-	td, err := kadm.NewClient(cl).ListTopics(ctx, r.cfg.Topics...)
-	if err != nil {
-		r.log.Debug("kscope: could not look the input topics up", "err", err)
-		return
-	}
-	for _, t := range r.cfg.Topics {
-		if d, ok := td[t]; !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
-			r.log.Warn("kscope: input topic "+t+" does not exist; the runner waits until it is created (create it, or correct Config.Topics)", "topic", t)
-		}
-	}
 }
 
 // restore loads the version state of the input partitions this member owns
