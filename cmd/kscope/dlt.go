@@ -44,6 +44,13 @@ time, original topic/partition/offset and error message. Long keys and
 messages are cut in the table; --json prints one complete JSON object per
 line instead. Records are listed partition by partition, in offset order.
 
+A record's identity (its kscope-id) can be dead-lettered twice when a
+consumer died between the DLT's acknowledgement and the transaction that
+remembers it. The table lists an identity once, at its first record, and
+ends with the identities seen more than once and their counts; in --json
+each line carries "copy", the record's number among its identity's (1 for
+the first).
+
 Examples:
   kscope dlt list --group payments
   kscope dlt list --topic payments.kscope-dlt --partition 2 --from-offset 100 --to-offset 200
@@ -60,6 +67,7 @@ Examples:
 
 // listEntry is one record in dlt list --json.
 type listEntry struct {
+	Copy      int     `json:"copy"`
 	Topic     string  `json:"topic"`
 	Partition int32   `json:"partition"`
 	Offset    int64   `json:"offset"`
@@ -155,9 +163,11 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	adm := kadm.NewClient(cl)
 
 	var (
-		n   int
-		tw  *tabwriter.Writer
-		enc = json.NewEncoder(e.stdout)
+		n, shown int
+		tw       *tabwriter.Writer
+		enc      = json.NewEncoder(e.stdout)
+		copies   = map[string]int{} // identity -> records seen
+		repeated []string           // identities seen more than once, in order
 	)
 	if !asJSON {
 		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
@@ -169,15 +179,24 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 		}
 		n++
 		warnDecode(e.stderr, r, derr)
+		copies[m.ID]++
+		if copies[m.ID] == 2 {
+			repeated = append(repeated, m.ID)
+		}
 		if asJSON {
 			k, kh := keyJSON(r.Key)
 			return enc.Encode(listEntry{
+				Copy:  copies[m.ID],
 				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 				Timestamp: timeText(r.Timestamp), Key: k, KeyHex: kh,
 				metadataJSON: toMetadataJSON(m, derr),
 			})
 		}
-		if n == 1 {
+		if copies[m.ID] > 1 {
+			return nil // listed at its first record; counted below
+		}
+		shown++
+		if shown == 1 {
 			fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tATTEMPT\tCLASS\tLAST FAILURE\tORIGINAL\tERROR")
 		}
 		last := timeText(m.LastFailure)
@@ -201,7 +220,10 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 		return err
 	}
 	if !asJSON {
-		fmt.Fprintf(e.stdout, "%s in %s\n", plural(n, "record"), topic)
+		fmt.Fprintf(e.stdout, "%s in %s, %s\n", plural(n, "record"), topic, plural(len(copies), "identity"))
+		for _, id := range repeated {
+			fmt.Fprintf(e.stdout, "  %s: %d records (dead-lettered again after a crash between the DLT's acknowledgement and its inbox row)\n", id, copies[id])
+		}
 	}
 	return nil
 }
@@ -251,6 +273,9 @@ func escape(s string) string {
 func plural(n int, noun string) string {
 	if n == 1 {
 		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "y") {
+		return strconv.Itoa(n) + " " + noun[:len(noun)-1] + "ies"
 	}
 	return strconv.Itoa(n) + " " + noun + "s"
 }

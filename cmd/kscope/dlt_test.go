@@ -320,3 +320,28 @@ func TestDLTShowEscapesMultilineHeaders(t *testing.T) {
 		want(t, exitOK, `  kscope-error: timeout\ncalling the ledger service and waiting`, `error:              timeout\ncalling the ledger`,
 			"  kafka_dlt-original-offset: 0x000000000000000c (binary)")
 }
+
+// An identity dead-lettered twice (a crash between the DLT's
+// acknowledgement and the inbox row that remembers it) is listed once, and
+// counted.
+func TestDLTListGroupsAnIdentityDeadLetteredTwice(t *testing.T) {
+	k := testenv.KafkaT(t)
+	dlt := setupDLT(t, k)
+	again := dltRecord(dlt, fixture[1]) // the same original record, dead-lettered again
+	again.Partition = 1
+	produceTo(t, k, again)
+	r := kscope(t, "dlt", "list", brokers(k), "--group", testGroup)
+	r.want(t, exitOK, "6 records in payments.kscope-dlt, 5 identities", "orders/1/11: 2 records")
+	if rows := strings.Count(r.stdout, "orders/1/11"); rows != 2 { // its row and its count
+		t.Fatalf("the identity dead-lettered twice is listed %d times:\n%s", rows, r.stdout)
+	}
+	var copies []int
+	for _, e := range listJSON(t, k, "--group", testGroup) {
+		if e.ID == "orders/1/11" {
+			copies = append(copies, e.Copy)
+		}
+	}
+	if fmt.Sprint(copies) != "[1 2]" {
+		t.Fatalf("--json copies of the identity: %v, want [1 2]", copies)
+	}
+}
