@@ -151,8 +151,6 @@ type report struct {
 	GapsHealed       int     `json:"gaps_healed"`
 	ReplayNoopRate   float64 `json:"replay_noop_rate"`
 	Seconds          float64 `json:"seconds"`
-
-	dltRecords int
 }
 
 func run() (int, error) {
