@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -212,50 +211,11 @@ func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) 
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return 0, fmt.Errorf("initialising the producer: %w", err)
 	}
-	r := pub.r
-	rd, err := kgo.NewClient(append(append([]kgo.Opt{}, r.o.ClientOptions...),
-		kgo.SeedBrokers(r.o.Brokers...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.o.PositionTopic: {int32(pub.p): kgo.NewOffset().AtStart()}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-	)...)
+	pos, err := readPositions(ctx, pub.r.o, []int{pub.p})
 	if err != nil {
 		return 0, err
 	}
-	defer rd.Close()
-	// Read to the end: the high watermark once no transaction is open on
-	// the partition (the producer ID's initialisation aborted ours).
-	end, err := adminEnds(ctx, rd, r.o.PositionTopic, int32(pub.p))
-	if err != nil {
-		return 0, err
-	}
-	pos := int64(0)
-	if end == 0 {
-		return 0, nil
-	}
-	for {
-		fs := rd.PollFetches(ctx)
-		if ctx.Err() != nil {
-			return 0, ctx.Err()
-		}
-		if err := fs.Err0(); err != nil && !errors.Is(err, context.Canceled) {
-			return 0, err
-		}
-		seen := false
-		fs.EachRecord(func(rec *kgo.Record) {
-			if !rec.Attrs.IsControl() {
-				if v, err := strconv.ParseInt(string(rec.Value), 10, 64); err == nil {
-					pos = v
-				}
-			}
-			if rec.Offset >= end-1 {
-				seen = true
-			}
-		})
-		if seen {
-			return pos, nil
-		}
-	}
+	return pos[pub.p], nil
 }
 
 // read returns the partition's rows after pos, in sequence order, at most
@@ -359,20 +319,4 @@ func (p positionPartitioner) ForTopic(t string) kgo.TopicPartitioner {
 		return kgo.ManualPartitioner().ForTopic(t)
 	}
 	return p.rest.ForTopic(t)
-}
-
-// adminEnds returns the end offset of one partition.
-func adminEnds(ctx context.Context, cl *kgo.Client, topic string, p int32) (int64, error) {
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		return 0, err
-	}
-	o, ok := ends.Lookup(topic, p)
-	if !ok {
-		return 0, fmt.Errorf("no end offset for %s[%d]", topic, p)
-	}
-	if o.Err != nil {
-		return 0, o.Err
-	}
-	return o.Offset, nil
 }

@@ -49,7 +49,7 @@ type env struct {
 }
 
 func commands() []*command {
-	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), devCmd()}
+	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), outboxStatusCmd(), devCmd()}
 }
 
 func findCommand(words []string) (*command, int) {

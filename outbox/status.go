@@ -1,0 +1,141 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// PartitionStatus is where one outbox partition stands.
+type PartitionStatus struct {
+	Partition int
+	// Position is the last sequence number a committed relay transaction
+	// published (0: none yet).
+	Position int64
+	// Pending counts the committed rows after Position, not published
+	// yet; Oldest is when the oldest of them was written (zero when none).
+	Pending int64
+	Oldest  time.Time
+}
+
+// Status reads where every partition of the outbox o names stands: the
+// relay's position from the position topic (read_committed) and the rows
+// not published yet from the database. o needs Brokers, Pool and the names
+// (Outbox, Partitions, TablePrefix, PositionTopic) the relay uses.
+func Status(ctx context.Context, o Options) ([]PartitionStatus, error) {
+	o = o.withDefaults()
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	parts := make([]int, o.Partitions)
+	for i := range parts {
+		parts[i] = i
+	}
+	pos, err := readPositions(ctx, o, parts)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: outbox status: reading the positions from %s: %w", o.PositionTopic, err)
+	}
+	return pending(ctx, o.Pool, o, pos)
+}
+
+// pending counts, per partition, the rows after its position.
+func pending(ctx context.Context, pool *pgxpool.Pool, o Options, pos map[int]int64) ([]PartitionStatus, error) {
+	out := make([]PartitionStatus, o.Partitions)
+	ps, ss := make([]int32, o.Partitions), make([]int64, o.Partitions)
+	for p := range out {
+		out[p] = PartitionStatus{Partition: p, Position: pos[p]}
+		ps[p], ss[p] = int32(p), pos[p]
+	}
+	rows, err := pool.Query(ctx, `SELECT o.partition, count(*), min(o.created_at) FROM `+o.TablePrefix+`outbox AS o
+		JOIN unnest($2::int[], $3::bigint[]) AS x(part, pos) ON o.partition = x.part
+		WHERE o.outbox = $1 AND o.seq > x.pos GROUP BY 1`, o.Outbox, ps, ss)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: outbox status: counting pending rows: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p int32
+		var n int64
+		var oldest time.Time
+		if err := rows.Scan(&p, &n, &oldest); err != nil {
+			return nil, err
+		}
+		if int(p) < len(out) {
+			out[p].Pending, out[p].Oldest = n, oldest
+		}
+	}
+	return out, rows.Err()
+}
+
+// readPositions reads the last committed position of each of parts from
+// the position topic: it reads, read_committed, every partition to the end
+// offset it has when called. A caller that publishes the partition has
+// initialised its producer first, so no transaction of an earlier
+// producer is left open on it.
+func readPositions(ctx context.Context, o Options, parts []int) (map[int]int64, error) {
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, o.ClientOptions...), kgo.SeedBrokers(o.Brokers...))...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, o.PositionTopic)
+	if err != nil {
+		return nil, err
+	}
+	if err := ends.Error(); err != nil {
+		return nil, err
+	}
+	pos := make(map[int]int64, len(parts))
+	left := map[int32]int64{}
+	from := map[int32]kgo.Offset{}
+	for _, p := range parts {
+		pos[p] = 0
+		e, ok := ends.Lookup(o.PositionTopic, int32(p))
+		if !ok {
+			return nil, fmt.Errorf("the position topic has no partition %d; it needs %d partitions", p, o.Partitions)
+		}
+		if e.Offset > 0 {
+			left[int32(p)] = e.Offset
+			from[int32(p)] = kgo.NewOffset().AtStart()
+		}
+	}
+	if len(left) == 0 {
+		return pos, nil
+	}
+	rd, err := kgo.NewClient(append(append([]kgo.Opt{}, o.ClientOptions...),
+		kgo.SeedBrokers(o.Brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{o.PositionTopic: from}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+	)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	for len(left) > 0 {
+		fs := rd.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err := fs.Err0(); err != nil && !errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+		fs.EachRecord(func(rec *kgo.Record) {
+			if !rec.Attrs.IsControl() {
+				if v, err := strconv.ParseInt(string(rec.Value), 10, 64); err == nil {
+					pos[int(rec.Partition)] = v
+				}
+			}
+			if end, ok := left[rec.Partition]; ok && rec.Offset >= end-1 {
+				delete(left, rec.Partition)
+			}
+		})
+	}
+	return pos, nil
+}
