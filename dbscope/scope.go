@@ -1012,7 +1012,9 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		st, had := prior[id]
 		switch {
 		case seen[id]:
-			res[i].out = duplicate // a second copy in the batch: the first one's outcome is its own
+			// A second copy in the batch of an identity whose earlier copy
+			// runs (or is routed again): that one's outcome is its own.
+			res[i].out = duplicate
 		case fresh[id]:
 			res[i].out, isNew[i] = toApply, true
 		case had && st.status == statusRetry && metas[i].Stage >= 0 && !metas[i].Parked && metas[i].Attempt == st.attempt:
@@ -1026,7 +1028,12 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		default:
 			res[i].out = duplicate
 		}
-		seen[id] = true
+		// An earlier copy that is a no-op (a stale hop, a crash re-send)
+		// says nothing of a later one: the live hop behind it in the same
+		// batch still runs.
+		if res[i].out == toApply || res[i].out == rerouteOutcome {
+			seen[id] = true
+		}
 	}
 	var up statusUpdates
 	var undo []string
