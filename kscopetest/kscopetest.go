@@ -35,6 +35,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -292,6 +293,23 @@ func (h *harness) until(r *dbscope.Runner, what string, cond func() bool) string
 	return ""
 }
 
+// rewind sets the group's committed offset of the scenario's topic back to
+// its start, as if the group had never committed. The group must be empty.
+func (h *harness) rewind() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var start kadm.Offsets
+	start.Add(kadm.Offset{Topic: h.topic, Partition: 0, At: 0, LeaderEpoch: -1})
+	resp, err := h.k.Admin().CommitOffsets(ctx, h.group, start)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("kscopetest: rewinding group %s to the start of %s: %w", h.group, h.topic, err)
+	}
+	return nil
+}
+
 func (h *harness) effects() int {
 	n, err := h.p.Effects(context.Background(), h.pool)
 	if err != nil {
@@ -339,16 +357,19 @@ var scenarios = []scenario{
 			h.produce(h.record(fmt.Sprintf("k%d", i), ""))
 		}
 		// Every offset commit fails: as far as Kafka knows, the consumer
-		// died before committing anything.
-		fault, err := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: h.group, Err: kerr.CoordinatorNotAvailable, Count: -1})
-		if err != nil {
-			return notApplicable // a real broker cannot be told to fail
-		}
+		// died before committing anything. A real broker cannot be told to
+		// fail; there the first runner's commits are undone once it has
+		// stopped, which leaves Kafka knowing as little.
+		fault, faultErr := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: h.group, Err: kerr.CoordinatorNotAvailable, Count: -1})
 		first := h.runner(func(c *consumer.Config) { c.DrainTimeout = 500 * time.Millisecond })
 		if d := h.until(first, "10 effects", func() bool { return h.effects() >= 10 }); d != "" {
 			return d
 		}
-		fault.Remove()
+		if faultErr == nil {
+			fault.Remove()
+		} else if err := h.rewind(); err != nil {
+			return err.Error()
+		}
 		second := h.runner(nil)
 		if d := h.until(second, "the redelivery", func() bool { return h.committed() }); d != "" {
 			return d

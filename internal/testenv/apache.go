@@ -684,11 +684,16 @@ func freePorts(n int) ([]int, error) {
 }
 
 // kafkaUUID returns a random Kafka UUID (16 bytes, URL-safe base64 without
-// padding), the form of a KRaft cluster id.
+// padding), the form of a KRaft cluster id. Like Kafka's Uuid.randomUuid it
+// never starts with '-', which the storage tool would take for an option.
 func kafkaUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
+	for {
+		var b [16]byte
+		rand.Read(b[:])
+		if s := base64.RawURLEncoding.EncodeToString(b[:]); s[0] != '-' {
+			return s
+		}
+	}
 }
 
 func fileExists(p string) bool {
