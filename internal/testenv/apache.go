@@ -46,6 +46,9 @@ type ApacheOptions struct {
 	// Settings are extra server.properties entries (name → value), applied
 	// to every node after the defaults.
 	Settings map[string]string
+	// Port is the first node's broker port; 0 picks a free one. The other
+	// listeners always take free ports.
+	Port int
 }
 
 // ApacheCluster is a running Apache Kafka cluster of one or more KRaft nodes
@@ -122,19 +125,19 @@ func startApache(ctx context.Context, o ApacheOptions) (*ApacheCluster, error) {
 	// it; a start that fails that way is tried again on new ports.
 	var lastErr error
 	for range 3 {
-		c, err := tryStartApache(ctx, java, cp, n, o.Settings)
+		c, err := tryStartApache(ctx, java, cp, n, o)
 		if err == nil {
 			return c, nil
 		}
 		lastErr = err
-		if ctx.Err() != nil || !strings.Contains(err.Error(), "Address already in use") {
+		if ctx.Err() != nil || o.Port != 0 || !strings.Contains(err.Error(), "Address already in use") {
 			break
 		}
 	}
 	return nil, lastErr
 }
 
-func tryStartApache(ctx context.Context, java, cp string, n int, settings map[string]string) (*ApacheCluster, error) {
+func tryStartApache(ctx context.Context, java, cp string, n int, o ApacheOptions) (*ApacheCluster, error) {
 	dir, err := os.MkdirTemp("", "kscope-kafka-*")
 	if err != nil {
 		return nil, err
@@ -144,6 +147,9 @@ func tryStartApache(ctx context.Context, java, cp string, n int, settings map[st
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
+	}
+	if o.Port != 0 {
+		ports[0] = o.Port
 	}
 	for i := range n {
 		nd := &apacheNode{id: int32(i + 1), port: ports[2*i], controller: ports[2*i+1], dir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1))}
@@ -156,7 +162,7 @@ func tryStartApache(ctx context.Context, java, cp string, n int, settings map[st
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		if err := c.writeConfig(nd, settings); err != nil {
+		if err := c.writeConfig(nd, o.Settings); err != nil {
 			os.RemoveAll(dir)
 			return nil, err
 		}
