@@ -46,7 +46,7 @@ reliability:
 
 ## test-kafka: the integration suites, the test kit, the library's Kafka tests, the demo and the short reliability matrix on Apache Kafka started from Maven Central (needs a JDK and Maven; the first run downloads the broker once); the last line is a JSON object
 test-kafka:
-	$(GO) run ./internal/testkafka
+	$(GO) run ./internal/testkafka -go $(GO)
 
 ## test-containers: the integration suites on real Apache Kafka and PostgreSQL (needs Docker)
 test-containers:

@@ -203,7 +203,7 @@ func (c *ApacheCluster) Brokers() []string {
 	return out
 }
 
-// NodeIDs returns the cluster's node ids (1..n).
+// nodeIDs returns the cluster's node ids (1..n).
 func (c *ApacheCluster) nodeIDs() []int32 {
 	out := make([]int32, len(c.nodes))
 	for i, nd := range c.nodes {

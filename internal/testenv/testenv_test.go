@@ -139,4 +139,38 @@ func TestApacheKafkaCluster(t *testing.T) {
 	if err := c.Restart(ctx, leader); err == nil {
 		t.Fatal("Restart of a running node did not fail")
 	}
+
+	k.Close()
+	for _, id := range []int32{1, 2, 3} {
+		if c.Running(id) {
+			t.Errorf("node %d still runs after Close", id)
+		}
+	}
+	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
+		t.Errorf("the cluster's directory %s is still there after Close (%v)", c.Dir, err)
+	}
+}
+
+func TestKafkaKindFollowsTheEnvironment(t *testing.T) {
+	for _, tc := range []struct{ brokers, kafka, want string }{
+		{"", "", "kfake"},
+		{"", "kfake", "kfake"},
+		{"", "apache", "apache"},
+		{"127.0.0.1:9092", "apache", "external"},
+		{"", "redpanda", ""},
+	} {
+		t.Setenv("KAFKA_BROKERS", tc.brokers)
+		t.Setenv(KafkaEnv, tc.kafka)
+		t.Setenv("KSCOPE_TEST_CONTAINERS", "")
+		got, err := KafkaKind()
+		if tc.want == "" {
+			if err == nil || !strings.Contains(err.Error(), "apache or kfake") {
+				t.Errorf("%s=%q: got %q, %v; want an error naming the choices", KafkaEnv, tc.kafka, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("KAFKA_BROKERS=%q %s=%q: got %q, %v; want %q", tc.brokers, KafkaEnv, tc.kafka, got, err, tc.want)
+		}
+	}
 }

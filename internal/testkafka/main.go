@@ -55,6 +55,9 @@ var rootPackages = []string{
 	"./kscopeprom/",
 }
 
+// goCmd is the go command the tests and the demo run with.
+var goCmd string
+
 // summary is the JSON line the run ends with.
 type summary struct {
 	Kafka       string  `json:"kafka"`
@@ -76,6 +79,7 @@ func main() {
 	run := flag.String("run", "", "go test -run, to run some tests only")
 	serveMode := flag.Bool("serve", false, "run no tests: serve one Apache Kafka node until interrupted")
 	port := flag.Int("port", 9092, "with -serve, the broker port")
+	flag.StringVar(&goCmd, "go", "go", "the go command")
 	flag.Parse()
 	if *serveMode {
 		if err := serve(*port); err != nil {
@@ -217,7 +221,7 @@ type testResult struct {
 // output of those that failed.
 func goTestJSON(dir string, env, args []string) (testResult, error) {
 	var r testResult
-	cmd := exec.Command("go", args...)
+	cmd := exec.Command(goCmd, args...)
 	cmd.Dir, cmd.Env = dir, env
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -225,7 +229,7 @@ func goTestJSON(dir string, env, args []string) (testResult, error) {
 	if err != nil {
 		return r, err
 	}
-	fmt.Fprintf(os.Stderr, "test-kafka: (cd %s && go %s)\n", dir, strings.Join(args, " "))
+	fmt.Fprintf(os.Stderr, "test-kafka: (cd %s && %s %s)\n", dir, goCmd, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
 		return r, err
 	}
@@ -305,7 +309,7 @@ func goTestJSON(dir string, env, args []string) (testResult, error) {
 // reports whether its JSON line says "ok":true.
 func demo(env []string) (bool, error) {
 	fmt.Fprintln(os.Stderr, "test-kafka: go run ./examples/payments")
-	cmd := exec.Command("go", "run", "./examples/payments")
+	cmd := exec.Command(goCmd, "run", "./examples/payments")
 	cmd.Env = env
 	var out bytes.Buffer
 	cmd.Stdout = io.MultiWriter(&out, os.Stderr)
