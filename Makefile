@@ -7,7 +7,7 @@ MODULES     := . integration bench
 # The race detector multiplies memory and time; the suites are sized for it.
 TESTFLAGS   ?= -race -count=1 -timeout 15m
 
-.PHONY: all demo build test vet staticcheck test-unit test-integration test-containers reliability bench bench-quick fmt
+.PHONY: all demo build test vet staticcheck test-unit test-integration test-kafka test-containers reliability bench bench-quick fmt
 
 all: test
 
@@ -43,6 +43,10 @@ test-integration:
 reliability:
 	cd integration && KSCOPE_RELIABILITY=long KSCOPE_RELIABILITY_REPORT=$(CURDIR)/RELIABILITY.md \
 		$(GO) test -race -count=1 -timeout 60m -run '^TestReliability'
+
+## test-kafka: the integration suites, the test kit, the library's Kafka tests, the demo and the short reliability matrix on Apache Kafka started from Maven Central (needs a JDK and Maven; the first run downloads the broker once); the last line is a JSON object
+test-kafka:
+	$(GO) run ./internal/testkafka -go $(GO)
 
 ## test-containers: the integration suites on real Apache Kafka and PostgreSQL (needs Docker)
 test-containers:

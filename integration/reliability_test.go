@@ -549,12 +549,14 @@ func runScenario(t *testing.T, sc relScenario) {
 	if brokers == 0 {
 		brokers = 3
 	}
+	if kind, err := testenv.KafkaKind(); err != nil {
+		t.Fatal(err)
+	} else if sc.broker && kind != "kfake" {
+		t.Skipf("broker faults need the in-process kfake cluster, this backend is %s", kind)
+	}
 	e := &relRun{t: t, sc: sc, keys: keys, perKey: perKey,
 		k:     testenv.KafkaT(t, kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(100*time.Millisecond)),
 		topic: "rel-in", group: "g-rel",
-	}
-	if sc.broker && e.k.Cluster == nil {
-		t.Skipf("broker faults need the in-process kfake cluster, this backend is %s", e.k.Kind)
 	}
 	ctx := context.Background()
 	var topics []string

@@ -47,7 +47,8 @@ type KafkaPipeline struct {
 // failure, and a broker fault on EndTxn. Duplicate inputs, version gaps and
 // replays are not part of the Kafka scope's guarantee (it does not
 // deduplicate inputs; a replay produces its outputs again) and are not run.
-// Each scenario runs on a fresh in-process cluster (or KAFKA_BROKERS).
+// Each scenario runs on a fresh in-process cluster (or KAFKA_BROKERS, or a
+// fresh Apache Kafka broker with KSCOPE_KAFKA=apache).
 func Kafka(t *testing.T, p KafkaPipeline) Report {
 	t.Helper()
 	var (

@@ -47,13 +47,18 @@ func wantContainers() (Containers, error) {
 	return containers, nil
 }
 
-// Kafka is a Kafka backend: external brokers, a kfake cluster, or a container.
+// Kafka is a Kafka backend: external brokers, a kfake cluster, an Apache
+// Kafka cluster started from its Maven Central artifacts, or a container.
 type Kafka struct {
 	Brokers []string
-	// Cluster is the in-process cluster, nil when the brokers are external
-	// or in a container. Fault injection needs it.
+	// Cluster is the in-process cluster, nil when the brokers are external,
+	// Apache Kafka or in a container. Fault injection needs it.
 	Cluster *kfake.Cluster
-	// Kind says which backend this is: "external", "kfake" or "container".
+	// Apache is the Apache Kafka cluster this process started, nil for the
+	// other backends. Broker kills and restarts need it.
+	Apache *ApacheCluster
+	// Kind says which backend this is: "external", "kfake", "apache" or
+	// "container".
 	Kind string
 
 	adminCl *kgo.Client
@@ -61,11 +66,44 @@ type Kafka struct {
 	once    sync.Once
 }
 
+// KafkaEnv is the environment variable that selects the Kafka backend when
+// KAFKA_BROKERS is not set: "kfake" (or unset) for the in-process cluster,
+// "apache" for Apache Kafka started from its Maven Central artifacts.
+const KafkaEnv = "KSCOPE_KAFKA"
+
+// KafkaKind returns the kind of backend StartKafka starts in this
+// environment, without starting it: "external", "apache", "container" or
+// "kfake".
+func KafkaKind() (string, error) {
+	if strings.TrimSpace(os.Getenv("KAFKA_BROKERS")) != "" {
+		return "external", nil
+	}
+	switch v := strings.TrimSpace(os.Getenv(KafkaEnv)); v {
+	case "apache":
+		return "apache", nil
+	case "", "kfake":
+	default:
+		return "", fmt.Errorf("testenv: %s=%q: want apache or kfake (or unset)", KafkaEnv, v)
+	}
+	if os.Getenv("KSCOPE_TEST_CONTAINERS") == "1" {
+		return "container", nil
+	}
+	return "kfake", nil
+}
+
 // StartKafka returns a Kafka backend chosen as the package doc says. opts
-// apply to a kfake cluster only.
+// apply to a kfake cluster only; Apache Kafka starts as one node (see
+// [StartApacheKafka] for a cluster of several).
 func StartKafka(ctx context.Context, opts ...kfake.Opt) (*Kafka, error) {
-	if env := strings.TrimSpace(os.Getenv("KAFKA_BROKERS")); env != "" {
-		return newKafka(strings.Split(env, ","), nil, "external", func() {})
+	kind, err := KafkaKind()
+	if err != nil {
+		return nil, err
+	}
+	switch kind {
+	case "external":
+		return newKafka(strings.Split(strings.TrimSpace(os.Getenv("KAFKA_BROKERS")), ","), nil, "external", func() {})
+	case "apache":
+		return StartApacheKafka(ctx, ApacheOptions{})
 	}
 	if c, err := wantContainers(); err != nil {
 		return nil, err
@@ -104,6 +142,19 @@ func KafkaT(t testing.TB, opts ...kfake.Opt) *Kafka {
 	return k
 }
 
+// ApacheKafkaT starts an Apache Kafka cluster for one test, whatever the
+// environment selects, and stops it when the test ends. It is for tests
+// that kill brokers; they need a JDK and Maven (see [ErrNoJava]).
+func ApacheKafkaT(t testing.TB, o ApacheOptions) *Kafka {
+	t.Helper()
+	k, err := StartApacheKafka(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return k
+}
+
 // Close stops the backend (a no-op for external brokers).
 func (k *Kafka) Close() {
 	k.once.Do(func() {
@@ -121,13 +172,43 @@ func (k *Kafka) Client(opts ...kgo.Opt) (*kgo.Client, error) {
 }
 
 // CreateTopic creates topic with the given partition count (replication
-// factor 1 on kfake, the broker default elsewhere).
+// factor 1 on kfake, the broker default elsewhere) and waits until every
+// partition has a leader in the metadata: a real broker answers
+// CreateTopics before the other brokers know the topic.
 func (k *Kafka) CreateTopic(ctx context.Context, topic string, partitions int32) error {
 	resp, err := k.Admin().CreateTopic(ctx, partitions, -1, nil, topic)
 	if err != nil {
 		return err
 	}
-	return resp.Err
+	if resp.Err != nil {
+		return resp.Err
+	}
+	return k.WaitTopic(ctx, topic, partitions)
+}
+
+// WaitTopic waits (bounded by ctx and 30 s) until topic has partitions
+// partitions, each with a leader, in the metadata.
+func (k *Kafka) WaitTopic(ctx context.Context, topic string, partitions int32) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		md, err := k.Admin().Metadata(ctx, topic)
+		if err == nil {
+			td := md.Topics[topic]
+			ready := td.Err == nil && len(td.Partitions) == int(partitions)
+			for _, p := range td.Partitions {
+				ready = ready && p.Err == nil && p.Leader >= 0 && len(p.Replicas) > 0
+			}
+			if ready {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("testenv: topic %s has no leader for each of its %d partitions: %w", topic, partitions, ctx.Err())
+		case <-time.After(20 * time.Millisecond): // the next metadata request
+		}
+	}
 }
 
 // Produce writes records synchronously and returns the first error.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -69,5 +70,107 @@ func TestKafkaBackend(t *testing.T) {
 func TestRedactHidesPassword(t *testing.T) {
 	if got := redact("postgres://u:secret@h:5432/db"); strings.Contains(got, "secret") {
 		t.Fatalf("redact left the password: %s", got)
+	}
+}
+
+// TestApacheKafkaCluster kills and restarts brokers of a 3-node Apache
+// Kafka cluster: acknowledged writes survive the leader's death, the
+// coordinators can be found, and a restarted broker rejoins. It runs when
+// KSCOPE_KAFKA=apache (make test-kafka).
+func TestApacheKafkaCluster(t *testing.T) {
+	if kind, _ := KafkaKind(); kind != "apache" {
+		t.Skipf("the Apache Kafka backend is selected with %s=apache", KafkaEnv)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	k := ApacheKafkaT(t, ApacheOptions{Nodes: 3})
+	c := k.Apache
+	if k.Kind != "apache" || len(k.Brokers) != 3 {
+		t.Fatalf("kind %s with brokers %v, want apache with 3", k.Kind, k.Brokers)
+	}
+	if err := k.CreateTopic(ctx, "ha", 1); err != nil {
+		t.Fatal(err)
+	}
+	md, err := k.Admin().Metadata(ctx, "ha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := md.Topics["ha"].Partitions[0]; len(p.Replicas) != 3 {
+		t.Fatalf("partition replicas %v, want 3", p.Replicas)
+	}
+	k.ProduceKeyed(t, "ha", 2, 5)
+
+	leader, err := c.Leader(ctx, "ha", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killing leader %d", leader)
+	if err := c.Kill(leader); err != nil {
+		t.Fatal(err)
+	}
+	if c.Running(leader) {
+		t.Fatalf("node %d still runs after Kill", leader)
+	}
+	WaitFor(t, time.Minute, "a new leader", func() bool {
+		l, err := c.Leader(ctx, "ha", 0)
+		return err == nil && l != leader && l > 0
+	})
+	// With two of three replicas in sync, acks=all writes go on.
+	k.ProduceKeyed(t, "ha", 2, 5)
+	if n := len(k.ReadAll(t, "ha")); n != 20 {
+		t.Fatalf("read %d records after the leader was killed, want 20", n)
+	}
+	gc, err := c.GroupCoordinator(ctx, "some-group")
+	if err != nil || gc == leader {
+		t.Fatalf("group coordinator %d (%v), want a live node", gc, err)
+	}
+	tc, err := c.TxnCoordinator(ctx, "some-txn")
+	if err != nil || tc == leader {
+		t.Fatalf("transaction coordinator %d (%v), want a live node", tc, err)
+	}
+
+	if err := c.Restart(ctx, leader); err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, time.Minute, "the restarted broker back in the ISR", func() bool {
+		md, err := k.Admin().Metadata(ctx, "ha")
+		return err == nil && len(md.Topics["ha"].Partitions[0].ISR) == 3
+	})
+	if err := c.Restart(ctx, leader); err == nil {
+		t.Fatal("Restart of a running node did not fail")
+	}
+
+	k.Close()
+	for _, id := range []int32{1, 2, 3} {
+		if c.Running(id) {
+			t.Errorf("node %d still runs after Close", id)
+		}
+	}
+	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
+		t.Errorf("the cluster's directory %s is still there after Close (%v)", c.Dir, err)
+	}
+}
+
+func TestKafkaKindFollowsTheEnvironment(t *testing.T) {
+	for _, tc := range []struct{ brokers, kafka, want string }{
+		{"", "", "kfake"},
+		{"", "kfake", "kfake"},
+		{"", "apache", "apache"},
+		{"127.0.0.1:9092", "apache", "external"},
+		{"", "redpanda", ""},
+	} {
+		t.Setenv("KAFKA_BROKERS", tc.brokers)
+		t.Setenv(KafkaEnv, tc.kafka)
+		t.Setenv("KSCOPE_TEST_CONTAINERS", "")
+		got, err := KafkaKind()
+		if tc.want == "" {
+			if err == nil || !strings.Contains(err.Error(), "apache or kfake") {
+				t.Errorf("%s=%q: got %q, %v; want an error naming the choices", KafkaEnv, tc.kafka, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("KAFKA_BROKERS=%q %s=%q: got %q, %v; want %q", tc.brokers, KafkaEnv, tc.kafka, got, err, tc.want)
+		}
 	}
 }
