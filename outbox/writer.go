@@ -95,22 +95,6 @@ func (w Writer) Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, e
 	return id, nil
 }
 
-// Queue queues the statement that adds rec to the outbox on q, for a
-// dbscope.QueueHandler: it runs in the record's transaction with the other
-// queued statements, as Add would. The identity is assigned in the
-// statement; Identity computes nothing before it runs.
-func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
-	w = w.withDefaults()
-	if err := w.validate(); err != nil {
-		return err
-	}
-	if rec == nil || rec.Topic == "" {
-		return errors.New("kscope: outbox.Queue: the record has no Topic; set the topic it is to be published to")
-	}
-	q.Exec(w.insertSQL(), w.args(rec)...)
-	return nil
-}
-
 // Add adds rec to the default outbox inside tx; see Writer.Add.
 func Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, error) {
 	return Writer{}.Add(ctx, tx, rec)
