@@ -588,7 +588,14 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			delete(calls, stop.rec) // its next attempt calls the handler again
 			// A record's handler failed transiently (a statement
 			// timeout, a deadlock): the records before it committed, and
-			// it goes again, with the rest, after a backoff.
+			// it goes again, with the rest, after a backoff. The backoff
+			// grows only while the same record fails first: when records
+			// before it committed, the batch made progress and it starts
+			// over, so a batch whose records time out one by one is not
+			// slowed down more and more.
+			if len(pending) > 0 && stop.rec != pending[0] {
+				attempt = 0
+			}
 			attempt++
 			s.txRetries.Add(1)
 			d := backoff.Delay(attempt, retryBase, retryCap)
