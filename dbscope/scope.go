@@ -1244,6 +1244,19 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			_, err := q.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, metas[i].OriginalTopic, r.Key, versions[i])
 			return err
 		}
+		// succeed records the record's success, or its business skip
+		// (herr): its version advances and it leaves the parking.
+		succeed := func(i int, herr error) error {
+			res[i].out = applied
+			if herr != nil {
+				res[i].out = skipped
+			}
+			if err := saveVersion(tx); err != nil {
+				return err
+			}
+			setStatus(i, statusApplied, 0, 0)
+			return unpark(i)
+		}
 		var herr error
 		if s.qh != nil {
 			c := calls[r]
@@ -1265,15 +1278,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 			if herr == nil || (known[i] == nil && s.f.Class(herr) == consumer.ClassSkip) {
 				// Success, or a business skip: what it queued is sent.
 				q.add(i, &c.q)
-				res[i].out = applied
-				if herr != nil {
-					res[i].out = skipped
-				}
-				if err := saveVersion(tx); err != nil {
-					return nil, nil, err
-				}
-				setStatus(i, statusApplied, 0, 0)
-				if err := unpark(i); err != nil {
+				if err := succeed(i, herr); err != nil {
 					return nil, nil, err
 				}
 				continue
@@ -1316,15 +1321,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 				ok = true
 			}
 			if ok {
-				res[i].out = applied
-				if herr != nil {
-					res[i].out = skipped
-				}
-				if err := saveVersion(tx); err != nil {
-					return nil, nil, err
-				}
-				setStatus(i, statusApplied, 0, 0)
-				if err := unpark(i); err != nil {
+				if err := succeed(i, herr); err != nil {
 					return nil, nil, err
 				}
 				continue
