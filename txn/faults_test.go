@@ -21,66 +21,6 @@ import (
 	"github.com/kscope-dev/kscope/txn"
 )
 
-// openTransaction leaves transactional id txnID with an open transaction
-// that produced one record to "out" and committed group's offsets of
-// topic's partitions at offset, as a member that died between its
-// TxnOffsetCommit and its EndTxn leaves it. The client is closed when the
-// test ends, without ending the transaction.
-func openTransaction(t *testing.T, k *testenv.Kafka, txnID, group, topic string, partitions int32, offset int64, extra ...*kgo.Record) {
-	t.Helper()
-	ctx := context.Background()
-	cl, err := k.Client(kgo.TransactionalID(txnID), kgo.TransactionTimeout(5*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	if err := cl.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	recs := append([]*kgo.Record{{Topic: "out", Value: []byte("predecessor#a")}}, extra...)
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	id, epoch, err := cl.ProducerID(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	add := kmsg.NewPtrAddOffsetsToTxnRequest()
-	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = txnID, id, epoch, group
-	addResp, err := add.RequestWith(ctx, cl)
-	if err == nil {
-		err = kerr.ErrorForCode(addResp.ErrorCode)
-	}
-	if err != nil {
-		t.Fatalf("AddOffsetsToTxn: %v", err)
-	}
-	oc := kmsg.NewPtrTxnOffsetCommitRequest()
-	oc.TransactionalID, oc.Group, oc.ProducerID, oc.ProducerEpoch, oc.Generation = txnID, group, id, epoch, -1
-	td, err := k.Admin().ListTopics(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ot := kmsg.NewTxnOffsetCommitRequestTopic()
-	ot.Topic, ot.TopicID = topic, td[topic].ID
-	for p := range partitions {
-		op := kmsg.NewTxnOffsetCommitRequestTopicPartition()
-		op.Partition, op.Offset, op.LeaderEpoch = p, offset, -1
-		ot.Partitions = append(ot.Partitions, op)
-	}
-	oc.Topics = append(oc.Topics, ot)
-	ocResp, err := oc.RequestWith(ctx, cl)
-	if err != nil {
-		t.Fatalf("TxnOffsetCommit: %v", err)
-	}
-	for _, rt := range ocResp.Topics {
-		for _, rp := range rt.Partitions {
-			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-				t.Fatalf("TxnOffsetCommit %s[%d]: %v", rt.Topic, rp.Partition, err)
-			}
-		}
-	}
-}
-
 // A member restarted after it died between committing its offsets and
 // ending its transaction fences its predecessor and aborts that
 // transaction at once, instead of waiting for the broker to time it out:
@@ -89,7 +29,7 @@ func openTransaction(t *testing.T, k *testenv.Kafka, txnID, group, topic string,
 func TestRestartFencesThePredecessorsOpenTransaction(t *testing.T) {
 	k := setup(t)
 	good := produceInputs(t, k, 30, 0)
-	openTransaction(t, k, "restart-1", "g-restart", "in", 3, 0)
+	k.OpenTransaction(t, "restart-1", "g-restart", "in", 3, 0, &kgo.Record{Topic: "out", Value: []byte("predecessor#a")})
 
 	r, err := txn.New(config(k, "g-restart"), txn.Options{TransactionalID: "restart-1", TransactionTimeout: 5 * time.Minute}, enrich)
 	if err != nil {

@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Containers starts backends in containers. The integration module provides
@@ -325,4 +327,63 @@ func (k *Kafka) CaughtUp(ctx context.Context, group, topic string) bool {
 		}
 	}
 	return true
+}
+
+// OpenTransaction leaves a transaction of txnID open, as a Kafka-scope
+// member that died between its TxnOffsetCommit and its EndTxn leaves it:
+// recs produced in it, and group's offsets of topic's partitions
+// committed at offset in it. The client is closed when the test ends,
+// without ending the transaction.
+func (k *Kafka) OpenTransaction(t testing.TB, txnID, group, topic string, partitions int32, offset int64, recs ...*kgo.Record) {
+	t.Helper()
+	ctx := context.Background()
+	cl, err := k.Client(kgo.TransactionalID(txnID), kgo.TransactionTimeout(5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	id, epoch, err := cl.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := kmsg.NewPtrAddOffsetsToTxnRequest()
+	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = txnID, id, epoch, group
+	addResp, err := add.RequestWith(ctx, cl)
+	if err == nil {
+		err = kerr.ErrorForCode(addResp.ErrorCode)
+	}
+	if err != nil {
+		t.Fatalf("AddOffsetsToTxn: %v", err)
+	}
+	oc := kmsg.NewPtrTxnOffsetCommitRequest()
+	oc.TransactionalID, oc.Group, oc.ProducerID, oc.ProducerEpoch, oc.Generation = txnID, group, id, epoch, -1
+	td, err := k.Admin().ListTopics(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ot := kmsg.NewTxnOffsetCommitRequestTopic()
+	ot.Topic, ot.TopicID = topic, td[topic].ID
+	for p := range partitions {
+		op := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+		op.Partition, op.Offset, op.LeaderEpoch = p, offset, -1
+		ot.Partitions = append(ot.Partitions, op)
+	}
+	oc.Topics = append(oc.Topics, ot)
+	ocResp, err := oc.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatalf("TxnOffsetCommit: %v", err)
+	}
+	for _, rt := range ocResp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				t.Fatalf("TxnOffsetCommit %s[%d]: %v", rt.Topic, rp.Partition, err)
+			}
+		}
+	}
 }
