@@ -18,6 +18,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 	"github.com/kscope-dev/kscope/txn"
@@ -190,8 +191,15 @@ func TestStoredOffsetsIgnoreAnotherRouting(t *testing.T) {
 	for i := range 20 {
 		vals = append(vals, fmt.Sprintf("null/%d", i))
 	}
-	for i := range 40 {
-		vals = append(vals, fmt.Sprintf("k%d/0", i))
+	// The keyed records avoid the null-key records' shard: under the
+	// first routing they are applied whatever the fetch boundaries, while
+	// the null-key records keep failing ahead of them on their own shard.
+	nullShard := partition.Shard(topic, 0, 0, nil, 8, partition.NullKeyOrdered)
+	for i := 0; len(vals) < 60; i++ {
+		key := fmt.Sprintf("k%d", i)
+		if partition.Shard(topic, 0, 0, []byte(key), 8, partition.NullKeyOrdered) != nullShard {
+			vals = append(vals, key+"/0")
+		}
 	}
 	produceValues(t, k, topic, vals...)
 	cfg := baseConfig(k, group, topic)
