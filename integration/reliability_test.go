@@ -68,12 +68,16 @@ type relRow struct {
 	Duration time.Duration `json:"-"`
 	Passed   bool          `json:"passed"`
 	// Table is the report table the row belongs to: the fault matrix
-	// ("") or handler and operator faults (tableHandler).
+	// (""), handler and operator faults (tableHandler) or Apache Kafka
+	// broker kills (tableApache).
 	Table string `json:"table,omitempty"`
 	// Bound is the row's time bound (handler and operator faults): a
 	// scenario that takes longer hung somewhere.
 	Bound time.Duration `json:"-"`
 	Hang  bool          `json:"hang,omitempty"`
+	// Nodes is the size of the Apache Kafka cluster the row ran on (0:
+	// the suite's backend).
+	Nodes int `json:"nodes,omitempty"`
 	// RetryPerFailed is, for ordered retries, the retry-topic records
 	// written per record that failed into the retry topics.
 	RetryPerFailed float64 `json:"retry_records_per_failed,omitempty"`
@@ -108,6 +112,10 @@ type relSummary struct {
 	// table; Hangs those that missed their time bound.
 	HandlerFaults int `json:"handler_faults"`
 	Hangs         int `json:"hangs"`
+	// ApacheKafka counts the rows of the Apache Kafka table, and
+	// ApacheNodes is the largest cluster they ran on.
+	ApacheKafka int `json:"apache_kafka"`
+	ApacheNodes int `json:"apache_kafka_nodes,omitempty"`
 	// RetryPerFailed is the most retry-topic records a failed record
 	// caused in the ordered-retries scenario (bound: the ladder plus one).
 	RetryPerFailed float64 `json:"retry_records_per_failed"`
@@ -138,8 +146,12 @@ func finishReliability() error {
 		if !r.Passed {
 			s.Failed++
 		}
-		if r.Table == tableHandler {
+		switch r.Table {
+		case tableHandler:
 			s.HandlerFaults++
+		case tableApache:
+			s.ApacheKafka++
+			s.ApacheNodes = max(s.ApacheNodes, r.Nodes)
 		}
 		if r.Hang {
 			s.Hangs++
@@ -206,6 +218,27 @@ func reliabilityMarkdown(rows []relRow, line string) string {
 		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %.1fs | %.0fs | %s |\n",
 			r.Scope, r.Fault, r.Records, r.Faults, r.Kills, r.Lost, r.Dups, r.Order, r.Duration.Seconds(), r.Bound.Seconds(), res)
 	}
+	b.WriteString("\n## Apache Kafka\n\n")
+	b.WriteString("Faults only a real cluster has (`TestReliabilityApacheKafka`), on Apache Kafka\n")
+	b.WriteString(testenv.ApacheKafkaVersion + " started from its Maven Central artifacts: brokers SIGKILLed\n")
+	b.WriteString("while records flow and restarted. On 3 nodes (KRaft, each broker and\n")
+	b.WriteString("controller; replication factor 3, min.insync.replicas=2) the stream goes on\n")
+	b.WriteString("while the node is down. The transaction coordinator's broker is killed\n")
+	b.WriteString("while the member's transaction is Ongoing; the DB scope uses no Kafka\n")
+	b.WriteString("transaction, so that row is the Kafka scope's only. Kills are broker kills.\n\n")
+	b.WriteString("| scope | fault | records | kills | lost | duplicates | order violations | time | result |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, r := range rows {
+		if r.Table != tableApache {
+			continue
+		}
+		res := "pass"
+		if !r.Passed {
+			res = "FAIL"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %.1fs | %s |\n",
+			r.Scope, r.Fault, r.Records, r.Kills, r.Lost, r.Dups, r.Order, r.Duration.Seconds(), res)
+	}
 	b.WriteString("\nThe same run also checks, each as a test that fails it when broken:\n")
 	b.WriteString("TLS with SASL PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 to Kafka, and a wrong\n")
 	b.WriteString("password ending Run with an error (TestReliabilityTLSAndSASL); PostgreSQL\n")
@@ -224,6 +257,10 @@ type relScenario struct {
 	fault   string // what is injected, as the report shows it
 	poison  int    // poison records added to the stream (they must reach the DLT)
 	brokers int    // kfake brokers; default 3
+	// apache runs the scenario on an Apache Kafka cluster of that many
+	// nodes, started for it whatever the backend (its inject kills
+	// brokers).
+	apache int
 	// broker marks a fault injected into the in-process kfake cluster: it
 	// is skipped on external brokers and containers.
 	broker bool
@@ -314,7 +351,8 @@ func (e *relRun) waitProgress(n int64) {
 }
 
 // relLogger discards the runners' logs unless KSCOPE_RELIABILITY_LOG is
-// set: the faults make them noisy on purpose.
+// set (to "kgo" for the Kafka client's log too): the faults make them
+// noisy on purpose.
 func relLogger() *slog.Logger {
 	if os.Getenv(reliabilityLogEnv) != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -367,6 +405,12 @@ func (e *relRun) config(name string) consumer.Config {
 			Backoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 			InPlaceAttempts: 2, Ladder: []time.Duration{200 * time.Millisecond},
 		},
+	}
+	if os.Getenv(reliabilityLogEnv) == "kgo" {
+		// The client's own log, for a scenario that stalls.
+		cfg.ClientOptions = append(cfg.ClientOptions, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelInfo, func() string {
+			return name + " " + time.Now().Format("15:04:05.000") + " "
+		})))
 	}
 	if e.sc.cfg != nil {
 		e.sc.cfg(&cfg)
@@ -554,9 +598,11 @@ func runScenario(t *testing.T, sc relScenario) {
 	} else if sc.broker && kind != "kfake" {
 		t.Skipf("broker faults need the in-process kfake cluster, this backend is %s", kind)
 	}
-	e := &relRun{t: t, sc: sc, keys: keys, perKey: perKey,
-		k:     testenv.KafkaT(t, kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(100*time.Millisecond)),
-		topic: "rel-in", group: "g-rel",
+	e := &relRun{t: t, sc: sc, keys: keys, perKey: perKey, topic: "rel-in", group: "g-rel"}
+	if sc.apache > 0 {
+		e.k = testenv.ApacheKafkaT(t, testenv.ApacheOptions{Nodes: sc.apache})
+	} else {
+		e.k = testenv.KafkaT(t, kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	}
 	ctx := context.Background()
 	var topics []string
@@ -662,7 +708,7 @@ func runScenario(t *testing.T, sc relScenario) {
 	}
 
 	row := relRow{Scope: sc.scope, Fault: sc.fault, Records: e.total() + sc.poison + sc.skips,
-		Faults: e.faults.Load() + int64(sc.skips), Kills: e.kills.Load(), Table: sc.table, Bound: sc.bound}
+		Faults: e.faults.Load() + int64(sc.skips), Kills: e.kills.Load(), Table: sc.table, Bound: sc.bound, Nodes: sc.apache}
 	if sc.scope == "DB" {
 		row.Lost, row.Dups, row.Order = e.checkDB()
 	} else {

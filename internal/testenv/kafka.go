@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -63,7 +64,9 @@ type Kafka struct {
 	// "container".
 	Kind string
 
+	adminMu sync.Mutex
 	adminCl *kgo.Client
+	retired []*kgo.Client
 	stop    func()
 	once    sync.Once
 }
@@ -160,13 +163,47 @@ func ApacheKafkaT(t testing.TB, o ApacheOptions) *Kafka {
 // Close stops the backend (a no-op for external brokers).
 func (k *Kafka) Close() {
 	k.once.Do(func() {
+		k.adminMu.Lock()
 		k.adminCl.Close()
+		for _, cl := range k.retired {
+			cl.Close()
+		}
+		k.adminMu.Unlock()
 		k.stop()
 	})
 }
 
 // Admin returns an admin client on the backend.
-func (k *Kafka) Admin() *kadm.Client { return kadm.NewClient(k.adminCl) }
+func (k *Kafka) Admin() *kadm.Client { return kadm.NewClient(k.admin()) }
+
+func (k *Kafka) admin() *kgo.Client {
+	k.adminMu.Lock()
+	defer k.adminMu.Unlock()
+	return k.adminCl
+}
+
+// checkAdmin replaces the admin client after err, when err says that a
+// broker could not be dialed: franz-go keeps a group coordinator that died
+// cached for the sharded requests (OffsetFetch, ListOffsets) and dials it
+// until the client is closed, so a test that kills brokers would otherwise
+// never read the group's offsets again. It returns err.
+func (k *Kafka) checkAdmin(err error) error {
+	var op *net.OpError
+	if err == nil || !errors.As(err, &op) || op.Op != "dial" {
+		return err
+	}
+	fresh, nerr := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if nerr != nil {
+		return err
+	}
+	k.adminMu.Lock()
+	// The old client is closed with the backend, not now: a request still
+	// on it (a produce, say) must not fail because of the swap.
+	k.retired = append(k.retired, k.adminCl)
+	k.adminCl = fresh
+	k.adminMu.Unlock()
+	return err
+}
 
 // Client returns a new client on the backend's brokers; the caller closes it.
 func (k *Kafka) Client(opts ...kgo.Opt) (*kgo.Client, error) {
@@ -215,7 +252,7 @@ func (k *Kafka) WaitTopic(ctx context.Context, topic string, partitions int32) e
 
 // Produce writes records synchronously and returns the first error.
 func (k *Kafka) Produce(ctx context.Context, recs ...*kgo.Record) error {
-	return k.adminCl.ProduceSync(ctx, recs...).FirstErr()
+	return k.checkAdmin(k.admin().ProduceSync(ctx, recs...).FirstErr())
 }
 
 // Fault installs faults on the in-process cluster. It fails when the backend
@@ -232,7 +269,7 @@ func (k *Kafka) Fault(faults ...kfake.Fault) (*kfake.FaultHandle, error) {
 func (k *Kafka) CommittedOffsets(ctx context.Context, group, topic string) (map[int32]int64, error) {
 	resp, err := k.Admin().FetchOffsets(ctx, group)
 	if err != nil {
-		return nil, err
+		return nil, k.checkAdmin(err)
 	}
 	if err := resp.Error(); err != nil {
 		return nil, err
@@ -247,7 +284,7 @@ func (k *Kafka) CommittedOffsets(ctx context.Context, group, topic string) (map[
 // EndOffsets returns the end offset (high watermark) per partition of topic.
 func (k *Kafka) EndOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
 	resp, err := k.Admin().ListEndOffsets(ctx, topic)
-	if err != nil {
+	if err = k.checkAdmin(err); err != nil {
 		return nil, err
 	}
 	if err := resp.Error(); err != nil {

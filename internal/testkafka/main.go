@@ -71,6 +71,11 @@ type summary struct {
 	RelOrder    int     `json:"reliability_order_violations"`
 	RelFailed   int     `json:"reliability_failed_scenarios"`
 	RelScenario int     `json:"reliability_scenarios"`
+	// BrokerKills counts the reliability scenarios that SIGKILL brokers
+	// of their own clusters (one node, and three nodes with replication
+	// factor 3); ClusterBrokers is the largest of those clusters.
+	BrokerKills    int `json:"broker_kill_scenarios"`
+	ClusterBrokers int `json:"cluster_brokers"`
 	Seconds     float64 `json:"seconds"`
 }
 
@@ -145,6 +150,8 @@ func testKafka(timeout time.Duration, run string) (summary, error) {
 		s.RelDups += r.DupEffects + r.DupOutputs
 		s.RelOrder += r.OrderBroken
 		s.RelFailed += r.Failed
+		s.BrokerKills += r.ApacheKafka
+		s.ClusterBrokers = max(s.ClusterBrokers, r.ApacheNodes)
 	}
 	if run == "" && len(rel) == 0 {
 		errs = append(errs, errors.New("the reliability suite printed no summary line"))
@@ -209,6 +216,8 @@ type relSummary struct {
 	DupOutputs  int `json:"duplicate_outputs"`
 	OrderBroken int `json:"order_violations"`
 	Failed      int `json:"failed_scenarios"`
+	ApacheKafka int `json:"apache_kafka"`
+	ApacheNodes int `json:"apache_kafka_nodes"`
 }
 
 type testResult struct {

@@ -1,0 +1,142 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// tableApache names the report table of faults only a real cluster has.
+const tableApache = "Apache Kafka"
+
+// TestReliabilityApacheKafka kills Apache Kafka brokers under the DB scope
+// and the Kafka scope while records flow: a single broker SIGKILLed and
+// restarted, and on a 3-node KRaft cluster (replication factor 3,
+// min.insync.replicas=2) the input partition's leader, the group
+// coordinator's broker and, in the Kafka scope, the transaction
+// coordinator's broker while a transaction is open. Each cluster is
+// started from Apache Kafka's Maven Central artifacts (a JDK and Maven are
+// needed). It runs in make test-kafka (KSCOPE_KAFKA=apache) and make
+// reliability; make test, on kfake, leaves it out.
+func TestReliabilityApacheKafka(t *testing.T) {
+	kind, err := testenv.KafkaKind()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case kind == "external" || kind == "container":
+		t.Skipf("broker kills need brokers this process starts; the backend is %s", kind)
+	case kind != "apache" && !reliabilityLong():
+		t.Skipf("runs in make test-kafka (%s=apache) and make reliability", testenv.KafkaEnv)
+	}
+	for _, sc := range apacheScenarios() {
+		t.Run(sc.scope+"/"+sc.fault, func(t *testing.T) { runScenario(t, sc) })
+	}
+}
+
+func apacheScenarios() []relScenario {
+	var out []relScenario
+	for _, scope := range []string{"DB", "Kafka"} {
+		out = append(out,
+			relScenario{scope: scope, fault: "broker SIGKILLed and restarted (1 node)", apache: 1, poison: 2,
+				inject: killBrokers(func(e *relRun) (int32, error) { return 1, nil })},
+			relScenario{scope: scope, fault: "partition leader SIGKILLed (3 nodes)", apache: 3, poison: 2,
+				inject: killBrokers(func(e *relRun) (int32, error) { return e.k.Apache.Leader(context.Background(), e.topic, 0) })},
+			relScenario{scope: scope, fault: "group coordinator's broker SIGKILLed (3 nodes)", apache: 3, poison: 2,
+				inject: killBrokers(func(e *relRun) (int32, error) { return e.k.Apache.GroupCoordinator(context.Background(), e.group) })},
+		)
+	}
+	// The DB scope uses no Kafka transaction: it has no transaction
+	// coordinator to lose.
+	out = append(out, relScenario{scope: "Kafka", fault: "transaction coordinator's broker SIGKILLed mid-transaction (3 nodes)", apache: 3, poison: 2,
+		inject: killBrokers(func(e *relRun) (int32, error) {
+			id := e.group + "-a"
+			if err := e.waitOpenTransaction(id); err != nil {
+				return 0, err
+			}
+			return e.k.Apache.TxnCoordinator(context.Background(), id)
+		})})
+	for i := range out {
+		out[i].table = tableApache
+	}
+	return out
+}
+
+func brokerKills() int {
+	if reliabilityLong() {
+		return 3
+	}
+	return 2
+}
+
+// killBrokers SIGKILLs the node pick names, several times while records
+// flow. On a cluster of three the stream must go on while the node is
+// down; then the node is restarted and rejoins before the next kill. A
+// single node is restarted at once.
+func killBrokers(pick func(e *relRun) (int32, error)) func(e *relRun) {
+	return func(e *relRun) {
+		e.t.Helper()
+		c := e.k.Apache
+		for i := range brokerKills() {
+			// The first kill waits for the stream to be well under way;
+			// the next ones come soon after the restart.
+			if i == 0 {
+				e.waitProgress(int64(e.total() / 8))
+			} else {
+				e.waitProgress(int64(e.total() / 20))
+			}
+			if e.progress() >= int64(e.total()) {
+				break
+			}
+			id, err := pick(e)
+			if errors.Is(err, errStreamDone) {
+				break
+			}
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			if err := c.Kill(id); err != nil {
+				e.t.Fatal(err)
+			}
+			e.kills.Add(1)
+			if len(e.k.Brokers) >= 3 {
+				e.waitProgress(int64(e.total() / 10))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			err = c.Restart(ctx, id)
+			cancel()
+			if err != nil {
+				e.t.Fatalf("restarting node %d: %v\n%s", id, err, c.LogTail(id, 40))
+			}
+		}
+	}
+}
+
+// errStreamDone ends a kill loop whose stream is done before the next kill.
+var errStreamDone = errors.New("the stream is done")
+
+// waitOpenTransaction waits until the transactional id has a transaction
+// open (Ongoing) on its coordinator, so that a kill lands mid-transaction,
+// or until the stream is done (errStreamDone).
+func (e *relRun) waitOpenTransaction(txnID string) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		d, err := e.k.Admin().DescribeTransactions(ctx, txnID)
+		cancel()
+		if err == nil {
+			if s, ok := d[txnID]; ok && s.Err == nil && s.State == "Ongoing" {
+				return nil
+			}
+		}
+		if e.progress() >= int64(e.total()) {
+			return errStreamDone
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return fmt.Errorf("transactional id %s had no open transaction for a minute", txnID)
+}
