@@ -60,23 +60,23 @@ var goCmd string
 
 // summary is the JSON line the run ends with.
 type summary struct {
-	Kafka       string  `json:"kafka"`
-	Brokers     int     `json:"brokers"`
-	Tests       int     `json:"tests"`
-	Failed      int     `json:"failed"`
-	Skipped     int     `json:"skipped"`
-	DemoOK      bool    `json:"demo_ok"`
-	RelLost     int     `json:"reliability_lost"`
-	RelDups     int     `json:"reliability_duplicates"`
-	RelOrder    int     `json:"reliability_order_violations"`
-	RelFailed   int     `json:"reliability_failed_scenarios"`
-	RelScenario int     `json:"reliability_scenarios"`
+	Kafka       string `json:"kafka"`
+	Brokers     int    `json:"brokers"`
+	Tests       int    `json:"tests"`
+	Failed      int    `json:"failed"`
+	Skipped     int    `json:"skipped"`
+	DemoOK      bool   `json:"demo_ok"`
+	RelLost     int    `json:"reliability_lost"`
+	RelDups     int    `json:"reliability_duplicates"`
+	RelOrder    int    `json:"reliability_order_violations"`
+	RelFailed   int    `json:"reliability_failed_scenarios"`
+	RelScenario int    `json:"reliability_scenarios"`
 	// BrokerKills counts the reliability scenarios that SIGKILL brokers
 	// of their own clusters (one node, and three nodes with replication
 	// factor 3); ClusterBrokers is the largest of those clusters.
-	BrokerKills    int `json:"broker_kill_scenarios"`
-	ClusterBrokers int `json:"cluster_brokers"`
-	Seconds     float64 `json:"seconds"`
+	BrokerKills    int     `json:"broker_kill_scenarios"`
+	ClusterBrokers int     `json:"cluster_brokers"`
+	Seconds        float64 `json:"seconds"`
 }
 
 func main() {
