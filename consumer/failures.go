@@ -316,15 +316,17 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 		need = append(need, f.policy.RetryTopics()...)
 	}
 	td, err := adm.ListTopics(ctx, append(append([]string{}, need...), sources...)...)
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
+		return fmt.Errorf("%w: looking up the failure topics: SASL authentication failed; check the mechanism, user and password in Config.ClientOptions (kgo.SASL): %w", ErrBrokerSetup, err)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		// This is a runner's first request: a broker that hangs up on it
 		// most often refused the client's TLS or SASL setup.
-		return fmt.Errorf("kscope: looking up the failure topics: the broker closed the connection; check the TLS and SASL settings in Config.ClientOptions (mechanism, user, password, CA): %w", err)
-	}
-	if err != nil && ctx.Err() == nil && f.cl.OptValue(kgo.DialTLSConfig) != nil {
+		return fmt.Errorf("%w: looking up the failure topics: the broker closed the connection; check the TLS and SASL settings in Config.ClientOptions (mechanism, user, password, CA): %w", ErrBrokerSetup, err)
+	case err != nil && ctx.Err() == nil && f.cl.OptValue(kgo.DialTLSConfig) != nil:
 		// A TLS client whose handshake gets no answer: most often the
 		// listener speaks plaintext.
-		return fmt.Errorf("kscope: looking up the failure topics: no TLS connection to the brokers %v could be made; check that their listener speaks TLS (or remove kgo.DialTLSConfig from Config.ClientOptions for a plaintext listener): %w", f.cl.OptValue(kgo.SeedBrokers), err)
+		return fmt.Errorf("%w: looking up the failure topics: no TLS connection to the brokers %v could be made; check that their listener speaks TLS (or remove kgo.DialTLSConfig from Config.ClientOptions for a plaintext listener): %w", ErrBrokerSetup, f.cl.OptValue(kgo.SeedBrokers), err)
 	}
 	if err != nil {
 		return fmt.Errorf("kscope: looking up the failure topics: %w", err)

@@ -224,8 +224,8 @@ func TestTLSAgainstPlaintextBrokerFailsRun(t *testing.T) {
 	if ctx.Err() != nil {
 		t.Fatalf("Run waited until its context ended (returned %v)", err)
 	}
-	if err == nil || !strings.Contains(err.Error(), "TLS") {
-		t.Fatalf("Run returned %v, want an error naming the TLS settings", err)
+	if !errors.Is(err, consumer.ErrBrokerSetup) || !strings.Contains(err.Error(), "TLS") {
+		t.Fatalf("Run returned %v, want consumer.ErrBrokerSetup naming the TLS settings", err)
 	}
 }
 

@@ -235,7 +235,7 @@ func TestReliabilityTLSAndSASL(t *testing.T) {
 			runCtx, runCancel := context.WithTimeout(context.Background(), time.Minute)
 			defer runCancel()
 			err = bad.Run(runCtx)
-			if err == nil || runCtx.Err() != nil || !strings.Contains(strings.ToUpper(err.Error()), "SASL") {
+			if !errors.Is(err, consumer.ErrBrokerSetup) || runCtx.Err() != nil || !strings.Contains(strings.ToUpper(err.Error()), "SASL") {
 				t.Fatalf("Run with a wrong password returned %v, want an authentication error before its deadline", err)
 			}
 			mustNotLeak(t, "Run's error", err.Error(), secretPassword)

@@ -234,8 +234,7 @@ func TestTransactionTimeoutIsReportedAsSuch(t *testing.T) {
 	go func() { errc <- r.Run(context.Background()) }()
 	select {
 	case err := <-errc:
-		if err == nil || !strings.Contains(err.Error(), "transaction timeout") || !strings.Contains(err.Error(), "TransactionTimeout") ||
-			strings.Contains(err.Error(), "another producer") {
+		if !errors.Is(err, txn.ErrTransactionTimedOut) || errors.Is(err, txn.ErrFenced) || !strings.Contains(err.Error(), "TransactionTimeout") {
 			t.Fatalf("Run returned %v; want an error that names the transaction timeout", err)
 		}
 		t.Log(err)

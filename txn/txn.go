@@ -994,9 +994,9 @@ func (r *Runner) timedOut(open time.Duration, err error) error {
 	if open < r.o.TransactionTimeout {
 		return nil
 	}
-	return fmt.Errorf("kscope: transaction timeout: the transaction was open for %s, longer than Options.TransactionTimeout (%s), "+
+	return fmt.Errorf("%w: the transaction was open for %s, longer than Options.TransactionTimeout (%s), "+
 		"so the broker aborted it and fenced this producer; raise Options.TransactionTimeout (the broker caps it at transaction.max.timeout.ms) "+
-		"or find what made producing or committing that slow: %w", open.Round(time.Millisecond), r.o.TransactionTimeout, err)
+		"or find what made producing or committing that slow: %w", ErrTransactionTimedOut, open.Round(time.Millisecond), r.o.TransactionTimeout, err)
 }
 
 // fenced describes a fenced producer: by a transaction timeout when the
@@ -1006,7 +1006,7 @@ func (r *Runner) fenced(err error, open time.Duration) error {
 	if terr := r.timedOut(open, err); terr != nil {
 		return terr
 	}
-	return fmt.Errorf("kscope: fenced: another producer uses transactional id %s; give every member its own (Options.TransactionalID): %w", r.o.TransactionalID, err)
+	return fmt.Errorf("%w: another producer uses transactional id %s; give every member its own (Options.TransactionalID): %w", ErrFenced, r.o.TransactionalID, err)
 }
 
 // fetchedOffset is a committed offset and its metadata.

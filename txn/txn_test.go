@@ -268,8 +268,8 @@ func TestFencing(t *testing.T) {
 	close(block)
 	select {
 	case err := <-firstErr:
-		if err == nil || !strings.Contains(err.Error(), "fenced") {
-			t.Fatalf("the fenced instance's Run returned %v", err)
+		if !errors.Is(err, txn.ErrFenced) {
+			t.Fatalf("the fenced instance's Run returned %v, want txn.ErrFenced", err)
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the fenced instance kept running")
