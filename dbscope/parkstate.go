@@ -1,0 +1,258 @@
+package dbscope
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// parkRow is a row of the parked table.
+type parkRow struct {
+	id      string
+	offset  int64
+	stage   int
+	version int64 // 0 when versions are not checked
+}
+
+// pairKey names a (original topic, key) pair.
+type pairKey struct{ topic, key string }
+
+// parking is the parked state of the keys of one transaction's records, as
+// read at its start and changed by it.
+type parking map[pairKey][]parkRow
+
+func (p parking) head(k pairKey) (parkRow, bool) {
+	rows := p[k]
+	if len(rows) == 0 {
+		return parkRow{}, false
+	}
+	h := rows[0]
+	for _, r := range rows[1:] {
+		if r.offset < h.offset {
+			h = r
+		}
+	}
+	return h, true
+}
+
+func (p parking) has(k pairKey, id string) bool {
+	for _, r := range p[k] {
+		if r.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (p parking) set(k pairKey, row parkRow) {
+	for i, r := range p[k] {
+		if r.id == row.id {
+			p[k][i] = row
+			return
+		}
+	}
+	p[k] = append(p[k], row)
+}
+
+func (p parking) remove(k pairKey, id string) {
+	rows := p[k]
+	for i, r := range rows {
+		if r.id == id {
+			p[k] = append(rows[:i], rows[i+1:]...)
+			return
+		}
+	}
+}
+
+// ordered reports whether later records of a key wait behind one that is in
+// the retry topics.
+func (s *scope) ordered() bool {
+	p := s.f.Policy()
+	return !p.Unordered && !p.DisableRetryTopics && len(p.Ladder) > 0
+}
+
+// parkedKeys returns the (original topic, key) pairs of the keyed records of
+// work, whose parked rows the transaction reads.
+func parkedKeys(work []*consumer.Record, metas []retrytopic.Metadata) (topics []string, keys [][]byte) {
+	for i, r := range work {
+		if r.Key != nil {
+			topics = append(topics, metas[i].OriginalTopic)
+			keys = append(keys, r.Key)
+		}
+	}
+	return topics, keys
+}
+
+// scanParking reads the rows of sqlLoadParked.
+func scanParking(rows pgx.Rows) (parking, error) {
+	defer rows.Close()
+	p := parking{}
+	for rows.Next() {
+		var topic string
+		var key []byte
+		var row parkRow
+		if err := rows.Scan(&topic, &key, &row.id, &row.offset, &row.stage, &row.version); err != nil {
+			return nil, err
+		}
+		k := pairKey{topic, string(key)}
+		p[k] = append(p[k], row)
+	}
+	return p, rows.Err()
+}
+
+// begin opens the transaction, inserts the inbox rows of ids and reads
+// what the transaction needs to know of the batch: which ids are new, the
+// outcome the inbox remembers for the others, and, when the pipeline is
+// ordered, the parked heads and waiting records of the batch's keys. The
+// common case — every id new, no key of the batch parked or waiting —
+// costs one round trip (BEGIN, the inbox rows, one lookup of the keys) and
+// takes no lock. Otherwise a second round trip locks the busy keys (so the
+// worker of a key's retry topic and the one of its source topic do not
+// interleave on it) and reads their state under the lock, with the
+// remembered outcomes of the ids that were not new. A key found idle needs
+// no lock: only a transaction that already sees it busy (a head or waiting
+// records, both committed before any retry record of the key exists) can
+// change its state concurrently.
+func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
+	tx, fresh, busy, err := s.openTx(ctx, ids, work, metas, ordered)
+	if err != nil {
+		return tx, nil, nil, nil, nil, err
+	}
+	var seenBefore []string
+	if len(fresh) < len(ids) {
+		for _, id := range ids {
+			if !fresh[id] {
+				seenBefore = append(seenBefore, id)
+			}
+		}
+	}
+	known, park, waiting, err = s.loadState(ctx, tx, busy, seenBefore)
+	return tx, fresh, known, park, waiting, err
+}
+
+// busyKeys are the keys of a batch that have a parked head or waiting
+// records, as two parallel arrays for the SQL.
+type busyKeys struct {
+	topics []string
+	keys   [][]byte
+}
+
+// openTx is begin's first round trip: BEGIN, the inbox rows of ids (fresh
+// names those that are new), and, for an ordered pipeline, which keys of
+// the batch are busy.
+func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, busy busyKeys, err error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	var topics []string
+	var keys [][]byte
+	if ordered {
+		topics, keys = parkedKeys(work, metas)
+	}
+	b.Queue(s.sqlInbox, s.o.Consumer, ids)
+	if len(keys) > 0 {
+		b.Queue(s.sqlBusyKeys, s.o.Consumer, topics, keys)
+	}
+	br := s.o.Pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return tx, nil, busy, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return tx, nil, busy, err
+	}
+	newIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return tx, nil, busy, err
+	}
+	fresh = make(map[string]bool, len(ids))
+	for _, id := range newIDs {
+		fresh[id] = true
+	}
+	if len(keys) > 0 {
+		if rows, err = br.Query(); err != nil {
+			return tx, nil, busy, err
+		}
+		_, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
+			var topic string
+			var key []byte
+			err := row.Scan(&topic, &key)
+			busy.topics, busy.keys = append(busy.topics, topic), append(busy.keys, key)
+			return struct{}{}, err
+		})
+	}
+	return tx, fresh, busy, err
+}
+
+// loadState is begin's second round trip, when there is something to
+// read: it locks the busy keys and reads their parked heads and waiting
+// records, and reads the remembered outcomes of the ids seen before.
+func (s *scope) loadState(ctx context.Context, tx pgx.Tx, busy busyKeys, seenBefore []string) (known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
+	known, park, waiting = map[string]inboxStatus{}, parking{}, map[pairKey]bool{}
+	if len(seenBefore) == 0 && len(busy.keys) == 0 {
+		return known, park, waiting, nil
+	}
+	b := &pgx.Batch{}
+	if len(busy.keys) > 0 {
+		b.Queue(s.sqlLockKeys, s.o.Consumer, busy.topics, busy.keys)
+		b.Queue(s.sqlLoadParked, s.o.Consumer, busy.topics, busy.keys)
+		b.Queue(s.sqlLoadWaitingKeys, s.o.Consumer, busy.topics, busy.keys)
+	}
+	if len(seenBefore) > 0 {
+		b.Queue(s.sqlStatus, s.o.Consumer, seenBefore)
+	}
+	br := tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if len(busy.keys) > 0 {
+		if _, err := br.Exec(); err != nil { // the locks
+			return nil, nil, nil, err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if park, err = scanParking(rows); err != nil {
+			return nil, nil, nil, err
+		}
+		if rows, err = br.Query(); err != nil {
+			return nil, nil, nil, err
+		}
+		if _, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
+			var topic string
+			var key []byte
+			err := row.Scan(&topic, &key)
+			waiting[pairKey{topic, string(key)}] = true
+			return struct{}{}, err
+		}); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if len(seenBefore) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if _, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
+			var id string
+			var st inboxStatus
+			err := row.Scan(&id, &st.status, &st.attempt, &st.stage, &st.via)
+			known[id] = st
+			return struct{}{}, err
+		}); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return known, park, waiting, nil
+}

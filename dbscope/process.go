@@ -1,0 +1,297 @@
+package dbscope
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// failure is what is known of one record's failures in this Process call.
+type failure struct {
+	attempts int
+	first    time.Time
+}
+
+// result is what one transaction decided for one record.
+type result struct {
+	out       outcome
+	gap       gapNote
+	gapDetail string          // the versions, for the version-gap event
+	err       error           // failedOutcome: the handler's error; skipped: a note on lost writes
+	step      retrytopic.Step // failedOutcome: what the failure policy decided
+	st        inboxStatus     // rerouteOutcome: the outcome to route again
+	release   bool            // the record was its key's head: the key's waiting records are released
+}
+
+// Process implements consumer.Scope.
+func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
+	obs := s.f.Observer()
+	for _, r := range batch {
+		obs.Start(ctx, r)
+	}
+	defer func() {
+		for _, r := range batch {
+			obs.End(r, consumer.OutcomeAborted, nil) // a no-op for the records that ended
+		}
+	}()
+	pending := batch
+	limit := s.txLimit(len(pending)) // the next transaction takes pending[:limit]
+	fails := map[*consumer.Record]*failure{}
+	var calls map[*consumer.Record]*queuedCall
+	if s.qh != nil {
+		calls = make(map[*consumer.Record]*queuedCall, len(batch))
+	}
+	for attempt := 0; len(pending) > 0; {
+		if ctx.Err() != nil || pending[0].Revoked() {
+			return
+		}
+		work, res, stop, err := s.apply(ctx, pending[:limit], done, fails, calls)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			var te *transientError
+			if errors.As(err, &te) {
+				delete(calls, te.rec) // its statement failed: its handler runs again
+				if cut := slices.Index(pending[:limit], te.rec); cut > 0 {
+					limit = cut
+				}
+			}
+			attempt++
+			s.txRetries.Add(1)
+			d := backoff.Delay(attempt, retryBase, retryCap)
+			s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", limit,
+				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
+			done(nil) // what is durable may commit while the batch waits
+			if !backoff.SleepOr(ctx, d, pending[0].RevokedCh()) {
+				return
+			}
+			continue
+		}
+		rest := pending[limit:] // after a transient failure: not tried yet
+		// The transaction committed. Carry out what it decided for the
+		// records that did not apply: a parked record is stored in
+		// PostgreSQL and done; a failed one is retried in place, sent to a
+		// retry topic or dead-lettered, and done once the broker has it.
+		// A key whose head resolved has its waiting records released.
+		var wait time.Duration
+		var kept []*consumer.Record
+		type heldKey struct {
+			topic string
+			key   []byte
+		}
+		var release []heldKey
+		for i, r := range work {
+			if res[i].release {
+				release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
+			}
+			switch res[i].out {
+			case parkedOutcome:
+				obs.End(r, consumer.OutcomeParked, nil)
+				done(r)
+			case rerouteOutcome:
+				if err := s.reroute(ctx, r, res[i].st); err != nil {
+					return
+				}
+				if res[i].st.status == statusDLT && r.Key != nil && s.ordered() {
+					release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
+				}
+				obs.End(r, consumer.OutcomeDuplicate, nil)
+				done(r)
+			case failedOutcome:
+				delete(calls, r) // its next attempt calls the handler again
+				fi := fails[r]
+				if fi == nil {
+					fi = &failure{first: time.Now()}
+					fails[r] = fi
+				}
+				fi.attempts++
+				step := res[i].step
+				if err := s.f.Route(ctx, r, res[i].err, step, fi.attempts, fi.first); err != nil {
+					return // ctx done while routing: not done, redelivered
+				}
+				if step.Action == retrytopic.ActionDeadLetter {
+					// The DLT has it: the inbox remembers it, and its key's
+					// waiting records go on.
+					meta := s.f.Metadata(r)
+					if err := s.markDead(ctx, s.identity.Of(r), meta.OriginalTopic, r.Key); err != nil {
+						return
+					}
+					if r.Key != nil && s.ordered() {
+						release = append(release, heldKey{meta.OriginalTopic, r.Key})
+					}
+				}
+				if step.Action != retrytopic.ActionRetry {
+					out := consumer.OutcomeOf(step.Action)
+					if g := res[i].gap; (g == gapDetected || g == gapWaiting) && step.Action == retrytopic.ActionRetryTopic {
+						out = consumer.OutcomeGap
+					}
+					obs.End(r, out, res[i].err)
+					done(r)
+					continue
+				}
+				kept = append(kept, r)
+				if wait == 0 || step.Delay < wait {
+					wait = step.Delay
+				}
+			case deferred, notTried:
+				kept = append(kept, r)
+			}
+		}
+		for _, k := range release {
+			if err := s.release(ctx, k.topic, k.key); err != nil {
+				return
+			}
+		}
+		if stop != nil {
+			delete(calls, stop.rec) // its next attempt calls the handler again
+			// A record's handler failed transiently (a statement
+			// timeout, a deadlock): the records before it committed, and
+			// it goes again, with the rest, after a backoff. The backoff
+			// grows only while the same record fails first: when records
+			// before it committed, the batch made progress and it starts
+			// over, so a batch whose records time out one by one is not
+			// slowed down more and more.
+			if len(pending) > 0 && stop.rec != pending[0] {
+				attempt = 0
+			}
+			attempt++
+			s.txRetries.Add(1)
+			d := backoff.Delay(attempt, retryBase, retryCap)
+			s.log.Warn("kscope: a record failed transiently; the records before it committed, retrying from it", "err", stop.err,
+				"topic", stop.rec.Topic, "partition", stop.rec.Partition, "offset", stop.rec.Offset, "attempt", attempt, "retry_in", d)
+			wait = max(wait, d)
+		} else {
+			attempt = 0
+		}
+		if len(kept) == 0 && len(rest) == 0 {
+			return
+		}
+		// What is left goes again, in order: the records kept for a retry
+		// in place, those deferred behind them and those the transaction
+		// did not reach, with the rest of the batch behind them.
+		pending = append(kept, rest...)
+		limit = s.txLimit(len(pending))
+		done(nil) // what is durable may commit while the rest waits
+		if wait > 0 && !backoff.SleepOr(ctx, wait, pending[0].RevokedCh()) {
+			return
+		}
+	}
+}
+
+// txLimit returns how many of n pending records the next transaction
+// takes: all of them for a QueueHandler, at most maxSavepoints for a
+// Handler, each of whose records may take a savepoint. (Records left out
+// would have their inbox rows inserted and deleted again.)
+func (s *scope) txLimit(n int) int {
+	if s.qh == nil {
+		return min(n, maxSavepoints)
+	}
+	return n
+}
+
+// apply runs one transaction over recs and calls done for every record it
+// made durable (applied, skipped or found duplicate), in order. It returns
+// the records it worked on with what it decided for each, and the
+// transient error, if any, that ended the transaction early (the records
+// before it committed; it and those after it were not tried). A non-nil
+// error means the transaction did not commit.
+func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall) ([]*consumer.Record, []result, *transientError, error) {
+	work := recs[:0:0]
+	if s.o.StoreOffsets {
+		for _, r := range recs {
+			if m, ok := s.mark(r); ok && r.Offset < m {
+				s.replaySkipped.Add(1)
+				s.f.Observer().End(r, consumer.OutcomeDuplicate, nil)
+				done(r)
+				continue
+			}
+			work = append(work, r)
+		}
+	} else {
+		work = recs
+	}
+	if len(work) == 0 {
+		return nil, nil, nil, nil
+	}
+	ids := make([]string, len(work))
+	for i, r := range work {
+		ids[i] = s.identity.Of(r)
+	}
+	// A queued statement that fails aborts the transaction: it runs again
+	// without that record's statements, each of which fails its record.
+	var known map[int]error
+	var res []result
+	var stop *transientError
+	var err error
+	for {
+		res, stop, err = s.runTx(ctx, work, ids, fails, calls, known)
+		var ie *isolateError
+		if !errors.As(err, &ie) || known[ie.i] != nil {
+			break
+		}
+		if known == nil {
+			known = make(map[int]error)
+		}
+		known[ie.i] = ie.err
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	s.transactions.Add(1)
+	obs := s.f.Observer()
+	for i, r := range work {
+		switch res[i].gap {
+		case gapDetected, gapAccepted, gapDead:
+			obs.Event(r, consumer.EventVersionGap, res[i].gapDetail)
+		case gapHealed:
+			obs.Event(r, consumer.EventVersionHeal, "")
+		}
+		switch res[i].out {
+		case applied:
+			s.applied.Add(1)
+			obs.End(r, consumer.OutcomeSuccess, nil)
+			done(r)
+		case skipped:
+			s.skipped.Add(1)
+			if res[i].err != nil {
+				s.log.Warn("kscope: record skipped without its writes", "err", res[i].err,
+					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+			}
+			obs.End(r, consumer.OutcomeSkipped, res[i].err)
+			done(r)
+		case duplicate:
+			s.duplicates.Add(1)
+			obs.Event(r, consumer.EventDuplicate, "")
+			obs.End(r, consumer.OutcomeDuplicate, nil)
+			done(r)
+		case staleOutcome:
+			s.stale.Add(1)
+			obs.End(r, consumer.OutcomeStale, nil)
+			done(r)
+		case failedOutcome:
+			s.failed.Add(1)
+		case parkedOutcome:
+			s.parked.Add(1)
+		}
+		switch res[i].gap {
+		case gapDetected:
+			s.gapsDetected.Add(1)
+		case gapHealed:
+			s.gapsHealed.Add(1)
+		case gapAccepted:
+			s.gapsDetected.Add(1)
+			s.gapsAccepted.Add(1)
+		case gapTimedOut:
+			s.gapsTimedOut.Add(1)
+		case gapDead:
+			s.gapsDetected.Add(1)
+		}
+	}
+	return work, res, stop, nil
+}

@@ -1,0 +1,528 @@
+package dbscope
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/sequence"
+)
+
+// runTx runs one transaction over work. A Handler's writes follow a
+// savepoint of their record's (see recordTx), so a failing record is rolled
+// back alone and the others' handlers are not called again; at most
+// maxSavepoints records take one, the rest are left for the next
+// transaction (notTried). A QueueHandler's statements are sent together
+// before COMMIT; known holds the records whose statement failed in an
+// earlier try, and calls the handlers' results, so that a try runs no
+// handler twice. A transient error raised by a record's handler with the
+// connection alive ends the transaction early: the records before it
+// commit, it and those after it are notTried, and it is returned as stop.
+func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
+	b := &batchTx{s: s, ctx: ctx, work: work, ids: ids, fails: fails, calls: calls, known: known,
+		ordered: s.ordered(), vers: s.o.Versions, cut: len(work)}
+	b.metas = make([]retrytopic.Metadata, len(work))
+	for i, r := range work {
+		b.metas[i] = s.f.Metadata(r)
+	}
+	var fresh map[string]bool
+	var prior map[string]inboxStatus
+	b.tx, fresh, prior, b.park, b.waiting, err = s.begin(ctx, ids, work, b.metas, b.ordered)
+	defer b.tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	defer func() {
+		if err != nil && (b.tx.Conn() == nil || b.tx.Conn().IsClosed()) {
+			// The connection is gone with the transaction: the queued
+			// handlers' statements are not trusted to be what killed it.
+			clear(calls)
+		}
+	}()
+	if err != nil {
+		return nil, nil, err
+	}
+	b.classify(fresh, prior)
+	b.q = newPipeline()
+	b.rtx = &recordTx{tx: b.tx}
+	if b.vers != nil {
+		b.versions = make([]int64, len(work))
+	}
+	for i := range work {
+		if s.qh == nil && b.savepoints >= maxSavepoints {
+			b.cut = i
+			break
+		}
+		if err := b.record(i); err != nil {
+			return nil, nil, err
+		}
+		if b.stop != nil {
+			break
+		}
+	}
+	if err := b.commit(); err != nil {
+		return nil, nil, err
+	}
+	return b.res, b.stop, nil
+}
+
+// batchTx is one transaction over a batch of records: the state it read at
+// its start (inbox rows, parked heads, waiting keys) and what it decides
+// for each record. It lives for one runTx call.
+type batchTx struct {
+	s       *scope
+	ctx     context.Context
+	tx      pgx.Tx
+	work    []*consumer.Record
+	ids     []string
+	metas   []retrytopic.Metadata
+	fails   map[*consumer.Record]*failure
+	calls   map[*consumer.Record]*queuedCall
+	known   map[int]error
+	ordered bool
+	vers    *sequence.Config
+
+	park    parking
+	waiting map[pairKey]bool
+
+	res []result
+	// isNew[i]: record i's inbox row is new in this transaction; it is
+	// deleted again if the record ends without an outcome (retried in
+	// place, deferred, not tried), so that its next delivery runs it.
+	isNew []bool
+	up    statusUpdates
+	undo  []string
+	// q holds the statements sent, pipelined, before COMMIT: the queued
+	// handlers' and the scope's own closing ones.
+	q          *pipeline
+	rtx        *recordTx
+	savepoints int
+	cut        int // the records from cut on are notTried
+	// versions[i] is record i's version when versions are checked.
+	versions    []int64
+	blocked     map[string]bool // keys with a failed record in this transaction
+	blockedNull bool
+	stop        *transientError
+}
+
+// classify decides, from the inbox rows read at the start, which records
+// run and which are duplicates or copies being routed again.
+func (b *batchTx) classify(fresh map[string]bool, prior map[string]inboxStatus) {
+	b.res = make([]result, len(b.work))
+	b.isNew = make([]bool, len(b.work))
+	seen := make(map[string]bool, len(b.ids))
+	for i, id := range b.ids {
+		r := b.work[i]
+		st, had := prior[id]
+		m := b.metas[i]
+		switch {
+		case seen[id]:
+			// A second copy in the batch of an identity whose earlier copy
+			// runs (or is routed again): that one's outcome is its own.
+			b.res[i].out = duplicate
+		case fresh[id]:
+			b.res[i].out, b.isNew[i] = toApply, true
+		case had && st.status == statusRetry && m.Stage >= 0 && !m.Parked && m.Attempt == st.attempt:
+			b.res[i].out = toApply // the hop it was sent on: it runs again
+		case had && st.status == statusDead && hasHeader(r, retrytopic.HeaderRedrive):
+			b.res[i].out = toApply // redriven from the DLT by an operator
+		case had && (st.status == statusRetry || st.status == statusDLT) && st.via == coords(r):
+			// The copy that was being routed when the process stopped:
+			// its routing may not have reached the broker.
+			b.res[i] = result{out: rerouteOutcome, st: st}
+		default:
+			b.res[i].out = duplicate
+		}
+		// An earlier copy that is a no-op (a stale hop, a crash re-send)
+		// says nothing of a later one: the live hop behind it in the same
+		// batch still runs.
+		if b.res[i].out == toApply || b.res[i].out == rerouteOutcome {
+			seen[id] = true
+		}
+	}
+}
+
+// record decides record i: it waits, is stale, fails before its handler,
+// or runs its handler and succeeds or fails. It sets b.stop when a
+// transient error ends the transaction at i.
+func (b *batchTx) record(i int) error {
+	r := b.work[i]
+	if b.res[i].out == duplicate || b.res[i].out == rerouteOutcome {
+		return nil
+	}
+	if (r.Key == nil && b.blockedNull) || (r.Key != nil && b.blocked[string(r.Key)]) {
+		b.res[i].out = deferred
+		b.forget(i)
+		return nil
+	}
+	if b.vers != nil && r.Key != nil {
+		v, err := b.vers.Version(r)
+		if err != nil {
+			herr := consumer.DecodeError(err) // poison: the DLT, with the reason
+			b.fail(i, herr, b.s.f.Decide(b.ctx, r, herr, b.attemptOf(r), false))
+			return nil
+		}
+		b.versions[i] = v
+	}
+	if waits, err := b.waitBehindHead(i); waits || err != nil {
+		return err
+	}
+	hctx := b.s.f.Observer().Context(b.ctx, r)
+	if b.vers != nil && r.Key != nil {
+		check, done, err := b.checkVersion(i)
+		if done || err != nil {
+			return err
+		}
+		hctx = sequence.WithResult(hctx, check)
+	}
+	var herr error
+	var handled bool
+	var err error
+	if b.s.qh != nil {
+		herr, handled, err = b.runQueued(i, hctx)
+	} else {
+		herr, handled, err = b.runHandler(i, hctx)
+	}
+	if handled || err != nil || b.stop != nil {
+		return err
+	}
+	return b.failed(i, herr)
+}
+
+// waitBehindHead stores record i in PostgreSQL, behind its key's head, when
+// its key has a record in the retry topics (the head) or records waiting,
+// unless it is the head or a version that fills the gap the head waits
+// for. It reports whether the record waits.
+func (b *batchTx) waitBehindHead(i int) (bool, error) {
+	r := b.work[i]
+	if !b.ordered || r.Key == nil {
+		return false, nil
+	}
+	k := pairKey{b.metas[i].OriginalTopic, string(r.Key)}
+	h, ok := b.park.head(k)
+	fills := b.versions != nil && h.version > 0 && b.versions[i] < h.version
+	if waits := (ok && h.id != b.ids[i] && !fills) || (!ok && b.waiting[k]); !waits {
+		return false, nil
+	}
+	b.q.Exec(b.s.sqlWait, b.s.waitArgs(k.topic, r, b.ids[i], b.version(i))...)
+	if b.park.has(k, b.ids[i]) {
+		// In the retry topics behind a head (parked before the waiting
+		// table): it waits in PostgreSQL now.
+		b.park.remove(k, b.ids[i])
+		if _, err := b.tx.Exec(b.ctx, b.s.sqlUnpark, b.s.o.Consumer, k.topic, r.Key, b.ids[i]); err != nil {
+			return true, err
+		}
+	}
+	b.waiting[k] = true
+	b.setStatus(i, statusParked, 0, 0)
+	b.res[i] = result{out: parkedOutcome}
+	return true, nil
+}
+
+// checkVersion checks record i's version against its key's last applied
+// one. done reports that the record's outcome is decided (stale, or a gap
+// that waits or goes to the DLT); otherwise check goes to the handler.
+func (b *batchTx) checkVersion(i int) (check sequence.Result, done bool, err error) {
+	r, m := b.work[i], b.metas[i]
+	check, err = b.s.checkVersion(b.ctx, b.tx, m.OriginalTopic, r.Key, b.versions[i])
+	if err != nil {
+		return check, true, err
+	}
+	switch {
+	case check.Outcome == sequence.Stale:
+		b.res[i].out = staleOutcome
+		b.setStatus(i, statusApplied, 0, 0)
+		return check, true, b.unpark(i)
+	case check.Outcome == sequence.Gap && b.vers.Gaps != sequence.Accept:
+		return check, true, b.gap(i, check)
+	case check.Outcome == sequence.Gap:
+		b.res[i].gap = gapAccepted
+	case m.ExpectedVersion > 0:
+		b.res[i].gap = gapHealed
+	}
+	return check, false, nil
+}
+
+// gap routes record i, found ahead of its key's next version: to the DLT
+// when the policy says so or it waited past GapTimeout, else to the next
+// retry topic with its key parked behind it (the missing versions still
+// pass).
+func (b *batchTx) gap(i int, check sequence.Result) error {
+	r, m := b.work[i], b.metas[i]
+	gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: b.versions[i]}
+	timedOut := !m.FirstFailure.IsZero() && time.Since(m.FirstFailure) > b.vers.GapTimeout
+	pol := b.s.f.Policy()
+	if b.vers.Gaps == sequence.DeadLetter || timedOut || pol.DisableRetryTopics || len(pol.Ladder) == 0 {
+		herr := consumer.Terminal(gap)
+		b.fail(i, herr, b.s.f.Decide(b.ctx, r, herr, b.attemptOf(r), false))
+		b.res[i].gap, b.res[i].gapDetail = gapDead, gap.Error()
+		if timedOut {
+			b.res[i].gap = gapTimedOut
+		}
+		return nil // its head row goes once the DLT has it
+	}
+	stage := min(m.Stage+1, len(pol.Ladder)-1)
+	step := retrytopic.Step{Action: retrytopic.ActionRetryTopic, Class: consumer.ClassRetryable,
+		Delay: pol.Ladder[stage], Stage: stage, Topic: retrytopic.RetryTopic(b.s.group, pol.Ladder[stage])}
+	b.fail(i, consumer.Retryable(gap), step)
+	b.res[i].gap, b.res[i].gapDetail = gapWaiting, gap.Error()
+	if m.ExpectedVersion == 0 {
+		b.res[i].gap = gapDetected
+	}
+	if b.ordered && r.Key != nil {
+		return b.setPark(i, stage)
+	}
+	return nil
+}
+
+// runQueued runs record i's QueueHandler once per delivery (its result is
+// kept in calls across tries) and, on success or a business skip, queues
+// what it queued. handled reports that the record succeeded.
+func (b *batchTx) runQueued(i int, hctx context.Context) (herr error, handled bool, err error) {
+	r := b.work[i]
+	c := b.calls[r]
+	switch {
+	case b.known[i] != nil:
+		herr = b.known[i] // a statement of its failed in an earlier try
+	case c == nil:
+		c = &queuedCall{}
+		c.err = b.s.queue(hctx, &c.q, r)
+		b.calls[r] = c
+		herr = c.err
+	default:
+		herr = c.err
+	}
+	if herr != nil && b.known[i] == nil && b.s.transient(herr) {
+		b.cut, b.stop = i, &transientError{rec: r, err: herr}
+		return herr, false, nil
+	}
+	if herr == nil || (b.known[i] == nil && b.s.f.Class(herr) == consumer.ClassSkip) {
+		// Success, or a business skip: what it queued is sent.
+		b.q.add(i, &c.q)
+		return herr, true, b.succeed(i, herr)
+	}
+	return herr, false, nil
+}
+
+// runHandler runs record i's Handler after its savepoint (taken lazily by
+// recordTx) and rolls a failure back to it. handled reports that the
+// record succeeded, or was skipped.
+func (b *batchTx) runHandler(i int, hctx context.Context) (herr error, handled bool, err error) {
+	r := b.work[i]
+	b.rtx.reset(hctx)
+	herr = b.s.call(hctx, b.rtx, r)
+	if b.rtx.sp {
+		b.savepoints++
+	}
+	conn := b.tx.Conn()
+	if conn.IsClosed() {
+		if herr == nil {
+			herr = errConnLost
+		}
+		return herr, false, &transientError{rec: r, err: herr}
+	}
+	if herr == nil {
+		herr = b.rtx.err // it could not write: it did not apply
+	}
+	aborted := conn.PgConn().TxStatus() == 'E'
+	ok := !aborted && (herr == nil || b.s.f.Class(herr) == consumer.ClassSkip)
+	if !ok && b.rtx.sp {
+		if err := b.rtx.rollback(b.ctx); err != nil {
+			return herr, false, err
+		}
+	} else if aborted {
+		return herr, false, fmt.Errorf("dbscope: the transaction was aborted before the record's savepoint: %w", errors.Join(herr, b.rtx.err))
+	}
+	if herr != nil && b.s.transient(herr) {
+		b.cut, b.stop = i, &transientError{rec: r, err: herr}
+		return herr, false, nil
+	}
+	switch {
+	case aborted && herr == nil:
+		herr = errAborted
+	case aborted && b.s.f.Class(herr) == consumer.ClassSkip:
+		// A business skip stays one, without its writes.
+		b.res[i].err = fmt.Errorf("%w; %s", herr, lostWrites)
+		ok = true
+	}
+	if ok {
+		return herr, true, b.succeed(i, herr)
+	}
+	return herr, false, nil
+}
+
+// failed routes record i after its handler failed with herr, by the
+// failure policy: null-key records keep their partition order by retrying
+// in place, unless the pipeline is unordered.
+func (b *batchTx) failed(i int, herr error) error {
+	r := b.work[i]
+	attempt := b.attemptOf(r)
+	pol := b.s.f.Policy()
+	topics := !pol.DisableRetryTopics && (r.Key != nil || pol.Unordered)
+	step := b.s.f.Decide(b.ctx, r, herr, attempt, topics)
+	b.res[i] = result{out: failedOutcome, err: herr, step: step}
+	b.routed(i, step, attempt)
+	b.block(r)
+	switch {
+	case step.Action == retrytopic.ActionRetryTopic && b.ordered && r.Key != nil:
+		return b.setPark(i, step.Stage) // it is, or stays, its key's head
+	case step.Action == retrytopic.ActionSkip:
+		return b.unpark(i)
+	}
+	return nil
+}
+
+// commit leaves the untried records for the next transaction, sends the
+// closing statements (inbox rows forgotten or updated, the stored
+// position) with the queued ones, and commits.
+func (b *batchTx) commit() error {
+	s := b.s
+	for j := b.cut; j < len(b.work); j++ {
+		if b.res[j].out == toApply && b.isNew[j] {
+			b.undo = append(b.undo, b.ids[j]) // its inbox row goes until it is tried
+		}
+		b.res[j] = result{out: notTried}
+	}
+	if len(b.undo) > 0 {
+		b.q.Exec(s.sqlForget, s.o.Consumer, b.undo)
+	}
+	if up := b.up; len(up.ids) > 0 {
+		b.q.Exec(s.sqlSetStatus, s.o.Consumer, up.ids, up.statuses, up.attempts, up.stages, up.vias)
+	}
+	if s.o.StoreOffsets {
+		k := 0
+		for k < len(b.work) && b.res[k].out.durable() {
+			k++
+		}
+		if k > 0 {
+			r := b.work[k-1]
+			b.q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1, s.routing)
+		}
+	}
+	if err := b.q.send(b.ctx, b.tx); err != nil {
+		var se *stmtError
+		if errors.As(err, &se) && se.owner >= 0 {
+			if IsTransient(se.err) || b.tx.Conn().IsClosed() {
+				return &transientError{rec: b.work[se.owner], err: se.err}
+			}
+			// A queued statement of record se.owner failed: the batch
+			// runs again without that record's statements.
+			return &isolateError{i: se.owner, err: se.err}
+		}
+		return unwrapStmt(err)
+	}
+	return b.tx.Commit(b.ctx)
+}
+
+// setStatus records record i's outcome in its inbox row.
+func (b *batchTx) setStatus(i int, status string, attempt, stage int) {
+	if status == statusApplied && b.isNew[i] {
+		return // the new row's default
+	}
+	b.up.add(b.ids[i], status, attempt, stage, coords(b.work[i]))
+}
+
+// forget deletes record i's inbox row again if this transaction inserted
+// it: the record ends here without an outcome.
+func (b *batchTx) forget(i int) {
+	if b.isNew[i] {
+		b.undo = append(b.undo, b.ids[i])
+	}
+}
+
+// routed records the outcome of record i that step routes.
+func (b *batchTx) routed(i int, step retrytopic.Step, attempt int) {
+	total := min(b.metas[i].Attempt+attempt, retrytopic.MaxAttempt)
+	switch step.Action {
+	case retrytopic.ActionRetryTopic:
+		b.setStatus(i, statusRetry, total, step.Stage)
+	case retrytopic.ActionDeadLetter:
+		b.setStatus(i, statusDLT, total, 0)
+	case retrytopic.ActionSkip:
+		b.setStatus(i, statusApplied, 0, 0)
+	default:
+		b.forget(i)
+	}
+}
+
+// unpark deletes a record's head row once it leaves the retry pipeline;
+// the waiting records of its key are then released.
+func (b *batchTx) unpark(i int) error {
+	if !b.ordered || b.work[i].Key == nil {
+		return nil
+	}
+	k := pairKey{b.metas[i].OriginalTopic, string(b.work[i].Key)}
+	if !b.park.has(k, b.ids[i]) {
+		return nil
+	}
+	b.park.remove(k, b.ids[i])
+	if _, ok := b.park.head(k); !ok && b.waiting[k] {
+		b.res[i].release = true
+	}
+	_, err := b.tx.Exec(b.ctx, b.s.sqlUnpark, b.s.o.Consumer, k.topic, b.work[i].Key, b.ids[i])
+	return err
+}
+
+// setPark makes record i its key's head, at stage.
+func (b *batchTx) setPark(i, stage int) error {
+	k := pairKey{b.metas[i].OriginalTopic, string(b.work[i].Key)}
+	v := b.version(i)
+	b.park.set(k, parkRow{id: b.ids[i], offset: b.metas[i].OriginalOffset, stage: stage, version: v})
+	_, err := b.tx.Exec(b.ctx, b.s.sqlPark, b.s.o.Consumer, k.topic, b.work[i].Key, b.ids[i], b.metas[i].OriginalOffset, stage, v)
+	return err
+}
+
+// fail records a failure decided before the handler ran (an unreadable
+// version, a version gap) the way a handler failure is recorded.
+func (b *batchTx) fail(i int, herr error, step retrytopic.Step) {
+	b.res[i] = result{out: failedOutcome, err: herr, step: step}
+	b.routed(i, step, b.attemptOf(b.work[i]))
+	b.block(b.work[i])
+}
+
+// block holds the later records of r's key (or the null-key records) in
+// this transaction behind r's failure.
+func (b *batchTx) block(r *consumer.Record) {
+	if r.Key == nil {
+		b.blockedNull = true
+		return
+	}
+	if b.blocked == nil {
+		b.blocked = make(map[string]bool)
+	}
+	b.blocked[string(r.Key)] = true
+}
+
+// succeed records record i's success, or its business skip (herr): its
+// version advances with its effects and it leaves the parking.
+func (b *batchTx) succeed(i int, herr error) error {
+	b.res[i].out = applied
+	if herr != nil {
+		b.res[i].out = skipped
+	}
+	if b.vers != nil && b.work[i].Key != nil {
+		if _, err := b.tx.Exec(b.ctx, b.s.sqlSaveVersion, b.s.o.Consumer, b.metas[i].OriginalTopic, b.work[i].Key, b.versions[i]); err != nil {
+			return err
+		}
+	}
+	b.setStatus(i, statusApplied, 0, 0)
+	return b.unpark(i)
+}
+
+// attemptOf is the attempt number r's handler call in this transaction is.
+func (b *batchTx) attemptOf(r *consumer.Record) int {
+	if fi := b.fails[r]; fi != nil {
+		return fi.attempts + 1
+	}
+	return 1
+}
+
+// version is record i's version, 0 when versions are not checked.
+func (b *batchTx) version(i int) int64 {
+	if b.versions == nil {
+		return 0
+	}
+	return b.versions[i]
+}
