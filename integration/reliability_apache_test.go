@@ -14,14 +14,15 @@ import (
 const tableApache = "Apache Kafka"
 
 // TestReliabilityApacheKafka kills Apache Kafka brokers under the DB scope
-// and the Kafka scope while records flow: a single broker SIGKILLed and
-// restarted, and on a 3-node KRaft cluster (replication factor 3,
-// min.insync.replicas=2) the input partition's leader, the group
-// coordinator's broker and, in the Kafka scope, the transaction
-// coordinator's broker while a transaction is open. Each cluster is
-// started from Apache Kafka's Maven Central artifacts (a JDK and Maven are
-// needed). It runs in make test-kafka (KSCOPE_KAFKA=apache) and make
-// reliability; make test, on kfake, leaves it out.
+// and the Kafka scope while records flow: on a 3-node KRaft cluster
+// (replication factor 3, min.insync.replicas=2) brokers one after another,
+// the input partition's leader, the group coordinator's broker and, in the
+// Kafka scope, the transaction coordinator's broker while a transaction is
+// open; in the DB scope also the only broker of a 1-node cluster. Each
+// killed broker is restarted. Each cluster is started from Apache Kafka's
+// Maven Central artifacts (a JDK and Maven are needed). It runs in make
+// test-kafka (KSCOPE_KAFKA=apache) and make reliability; make test, on
+// kfake, leaves it out.
 func TestReliabilityApacheKafka(t *testing.T) {
 	kind, err := testenv.KafkaKind()
 	if err != nil {
@@ -39,11 +40,20 @@ func TestReliabilityApacheKafka(t *testing.T) {
 }
 
 func apacheScenarios() []relScenario {
-	var out []relScenario
+	// A single broker's crash: the DB scope only. In the Kafka scope it
+	// can lose a committed transaction, and no client can prevent it:
+	// while the restarted broker has no partition leader yet, its
+	// transaction coordinator completes the transactions it loads without
+	// writing their markers to partitions that have no leader (it takes
+	// them for deleted topics), and the producer's next abort then hides
+	// those committed outputs from read_committed readers. The README's
+	// Kafka scope section says so: exactly-once needs replicated topics.
+	out := []relScenario{{scope: "DB", fault: "broker SIGKILLed and restarted (1 node)", apache: 1, poison: 2,
+		inject: killBrokers(func(e *relRun) (int32, error) { return 1, nil })}}
 	for _, scope := range []string{"DB", "Kafka"} {
 		out = append(out,
-			relScenario{scope: scope, fault: "broker SIGKILLed and restarted (1 node)", apache: 1, poison: 2,
-				inject: killBrokers(func(e *relRun) (int32, error) { return 1, nil })},
+			relScenario{scope: scope, fault: "brokers SIGKILLed and restarted one after another (3 nodes)", apache: 3, poison: 2,
+				inject: killBrokers(func(e *relRun) (int32, error) { return int32(e.kills.Load()%3) + 1, nil })},
 			relScenario{scope: scope, fault: "partition leader SIGKILLed (3 nodes)", apache: 3, poison: 2,
 				inject: killBrokers(func(e *relRun) (int32, error) { return e.k.Apache.Leader(context.Background(), e.topic, 0) })},
 			relScenario{scope: scope, fault: "group coordinator's broker SIGKILLed (3 nodes)", apache: 3, poison: 2,
