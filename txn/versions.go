@@ -428,6 +428,23 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	for k := range need {
 		src[VersionsTopic(s.group, k.topic)] = k.topic
 	}
+	if err := readChangelog(ctx, cl, left, state, src); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for k, pv := range state {
+		if s.owned[k] == need[k] {
+			s.parts[k] = pv
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// readChangelog reads the changelog partitions in left up to their end
+// (read_committed) and applies their records to the state of the input
+// partition each belongs to (src maps a changelog topic to its input).
+func readChangelog(ctx context.Context, cl *kgo.Client, left map[tp]int64, state map[tp]*partVersions, src map[string]string) error {
 	for len(left) > 0 {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -462,13 +479,6 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 			return aerr
 		}
 	}
-	s.mu.Lock()
-	for k, pv := range state {
-		if s.owned[k] == need[k] {
-			s.parts[k] = pv
-		}
-	}
-	s.mu.Unlock()
 	return nil
 }
 
