@@ -2,16 +2,13 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/commit"
@@ -248,38 +245,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}
 
-	r.tracker = commit.NewTracker()
-	r.doneBufs = make([]*doneBuf, r.cfg.Shards)
-	for i := range r.doneBufs {
-		d := &doneBuf{r: r}
-		d.fn = d.done
-		r.doneBufs[i] = d
-	}
-	r.pool = partition.NewPool(partition.PoolConfig[*Record]{
-		Shards:   r.cfg.Shards,
-		BatchMax: r.maxBatch,
-		Linger:   r.linger,
-		Process:  r.process,
-		Drop:     r.drop,
-	})
-
-	opts := []kgo.Opt{
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(500 * time.Millisecond),
-	}
-	opts = append(opts, r.cfg.ClientOptions...)
-	opts = append(opts, r.extra...)
-	opts = append(opts,
-		kgo.SeedBrokers(r.cfg.Brokers...),
-		kgo.ConsumerGroup(r.cfg.Group),
-		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
-		kgo.OnPartitionsAssigned(r.onAssigned),
-		kgo.OnPartitionsRevoked(r.onRevoked),
-		kgo.OnPartitionsLost(r.onLost),
-	)
+	r.newPool()
 	if _, ok := r.scope.(FailureAware); ok {
 		// The failure topics exist before the group starts consuming
 		// (the retry topics are consumed too).
@@ -290,8 +256,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	opts = append(opts, kgo.ConsumeTopics(r.topics()...))
-	cl, err := kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(r.clientOptions()...)
 	if err != nil {
 		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
 	}
@@ -335,6 +300,48 @@ func (r *Runner) Run(ctx context.Context) error {
 		return ferr
 	}
 	return err
+}
+
+// newPool builds the key-shard workers, the watermark tracker and each
+// shard's buffer of finished records.
+func (r *Runner) newPool() {
+	r.tracker = commit.NewTracker()
+	r.doneBufs = make([]*doneBuf, r.cfg.Shards)
+	for i := range r.doneBufs {
+		d := &doneBuf{r: r}
+		d.fn = d.done
+		r.doneBufs[i] = d
+	}
+	r.pool = partition.NewPool(partition.PoolConfig[*Record]{
+		Shards:   r.cfg.Shards,
+		BatchMax: r.maxBatch,
+		Linger:   r.linger,
+		Process:  r.process,
+		Drop:     r.drop,
+	})
+}
+
+// clientOptions are the runner's client options: the user's, the scope's,
+// then the ones the runner's guarantees rest on, which win.
+func (r *Runner) clientOptions() []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(500 * time.Millisecond),
+	}
+	opts = append(opts, r.cfg.ClientOptions...)
+	opts = append(opts, r.extra...)
+	return append(opts,
+		kgo.SeedBrokers(r.cfg.Brokers...),
+		kgo.ConsumerGroup(r.cfg.Group),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
+		kgo.OnPartitionsAssigned(r.onAssigned),
+		kgo.OnPartitionsRevoked(r.onRevoked),
+		kgo.OnPartitionsLost(r.onLost),
+		kgo.ConsumeTopics(r.topics()...),
+	)
 }
 
 func (r *Runner) ensureFailureTopics(ctx context.Context) error {
@@ -383,619 +390,4 @@ func (r *Runner) fatalErr() error {
 	r.fatalMu.Lock()
 	defer r.fatalMu.Unlock()
 	return r.fatal
-}
-
-func (r *Runner) pollLoop(ctx context.Context) {
-	r.shardBuf = make([][]*Record, r.cfg.Shards)
-	for ctx.Err() == nil {
-		room, _ := r.roomNow()
-		if room <= 0 {
-			r.waitForRoom(ctx)
-			continue
-		}
-		fetches := r.cl.PollRecords(ctx, int(room))
-		if fetches.IsClientClosed() {
-			return
-		}
-		fetches.EachError(func(topic string, p int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			if isFatal(err) {
-				r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
-				return
-			}
-			r.log.Warn("kscope: fetch error; the client retries", "topic", topic, "partition", p, "err", err)
-		})
-		if r.obs.WantsFetch() || r.obs.WantsLag() {
-			r.observeFetches(fetches)
-		}
-		var n, bytes int64
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			pn, pb := r.dispatchAll(p.Topic, p.Partition, p.Records)
-			n += pn
-			bytes += pb
-		})
-		if n > 0 {
-			if avg := r.avgSize.Load(); avg == 0 {
-				r.avgSize.Store(max(bytes/n, 1))
-			} else {
-				r.avgSize.Store(max((avg*7+bytes/n)/8, 1))
-			}
-		}
-		r.cl.AllowRebalance()
-	}
-}
-
-// pauseAfter is how long the poll loop waits at the in-flight bound before
-// it pauses the busiest partitions. Not polling already stops the client
-// from fetching more than the one response per broker it buffers; pausing
-// also makes the client drop what it buffered for the paused partitions
-// (they are fetched again on resume), so it is kept for a bound that holds
-// for longer than a burst.
-const pauseAfter = 100 * time.Millisecond
-
-// waitForRoom waits at the in-flight bound until a quarter of the capacity
-// is free again (workers signal as they finish), so that polls are not one
-// record at a time. If that takes longer than pauseAfter, it pauses the
-// busiest partitions, so that the room that frees up goes to the others.
-func (r *Runner) waitForRoom(ctx context.Context) {
-	r.waiting.Store(true)
-	defer r.waiting.Store(false)
-	pause := time.NewTimer(pauseAfter)
-	defer pause.Stop()
-	for ctx.Err() == nil {
-		room, capacity := r.roomNow()
-		if room >= max(capacity/4, 1) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-		case <-r.room:
-		case <-pause.C:
-			r.pauseBusiest(capacity)
-		}
-	}
-}
-
-// isFatal reports whether a fetch error cannot heal by retrying.
-func isFatal(err error) bool {
-	for _, e := range []error{
-		kerr.TopicAuthorizationFailed, kerr.GroupAuthorizationFailed,
-		kerr.ClusterAuthorizationFailed, kerr.SaslAuthenticationFailed,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
-
-func (r *Runner) state(topic string, p int32) *partState {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.parts[tp{topic, p}]
-}
-
-// dispatchAll hands one poll's records of one partition, in offset order, to
-// their key-shards. The per-record work is kept to the routing itself: the
-// records join the partition's watermark under one lock, are allocated in
-// one block, and reach each shard's queue under one lock per shard. It
-// returns how many records and bytes the poll held (dispatched or not).
-func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, bytes int64) {
-	n = int64(len(recs))
-	st := r.state(topic, part)
-	if st == nil || st.Revoked() {
-		// Not ours (any more): the owner consumes them.
-		for _, rec := range recs {
-			bytes += recordSize(rec)
-		}
-		return n, bytes
-	}
-	var first int
-	if r.obs.WantsLag() {
-		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
-			return recs[i].Offset, recs[i].LeaderEpoch, recs[i].Timestamp.UnixMilli()
-		})
-	} else {
-		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
-			return recs[i].Offset, recs[i].LeaderEpoch, 0
-		})
-	}
-	for _, rec := range recs[:first] {
-		bytes += recordSize(rec)
-	}
-	recs = recs[first:]
-	if len(recs) == 0 {
-		return n, bytes
-	}
-	// One block for the poll's records of this partition: one allocation
-	// instead of one per record.
-	block := make([]Record, len(recs))
-	_, delayed := r.delays[topic]
-	th := partition.HashTopic(topic)
-	var added int64
-	for i, rec := range recs {
-		kr := &block[i]
-		size := recordSize(rec)
-		added += size
-		*kr = Record{Record: rec, part: st, size: size, shard: int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))}
-	}
-	bytes += added
-	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
-	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(added))
-	r.polled.Add(int64(len(recs)))
-	for i := range block {
-		kr := &block[i]
-		if delayed && r.hold(st, kr) {
-			continue
-		}
-		r.shardBuf[kr.shard] = append(r.shardBuf[kr.shard], kr)
-	}
-	for shard, q := range r.shardBuf {
-		if len(q) == 0 {
-			continue
-		}
-		r.pool.DispatchAll(shard, st.Assignment, q)
-		clear(q)
-		r.shardBuf[shard] = q[:0]
-	}
-	return n, bytes
-}
-
-// observeFetches reports a poll's records per partition and keeps each
-// partition's high watermark for the lag hooks.
-func (r *Runner) observeFetches(fs kgo.Fetches) {
-	fs.EachPartition(func(p kgo.FetchTopicPartition) {
-		if len(p.Records) > 0 {
-			r.obs.Fetched(p.Topic, p.Partition, len(p.Records))
-		}
-		if p.HighWatermark > 0 {
-			if st := r.state(p.Topic, p.Partition); st != nil {
-				st.hwm.Store(p.HighWatermark)
-			}
-		}
-	})
-}
-
-// reportLag reports every assigned partition's lag to the lag hooks.
-func (r *Runner) reportLag() {
-	r.mu.Lock()
-	sts := make([]*partState, 0, len(r.parts))
-	for _, st := range r.parts {
-		sts = append(sts, st)
-	}
-	r.mu.Unlock()
-	now := time.Now()
-	r.pauseMu.Lock()
-	paused := make(map[*partState]bool, len(sts))
-	for _, st := range sts {
-		paused[st] = st.paused.Load() || st.holdPaused
-	}
-	r.pauseMu.Unlock()
-	for _, st := range sts {
-		next, ts, pending, ok := st.Watermark.Position()
-		hwm := st.hwm.Load()
-		if !ok && hwm == 0 {
-			continue // nothing fetched yet: the position is not known
-		}
-		l := Lag{Topic: st.Topic, Partition: st.Partition, InFlight: pending, Paused: paused[st]}
-		if ok {
-			l.Offsets = max(hwm-next, 0)
-		} else {
-			l.Offsets = hwm
-		}
-		if ts > 0 {
-			l.Age = max(now.Sub(time.UnixMilli(ts)), 0)
-		}
-		r.obs.Lag(l)
-	}
-}
-
-func storeMax(m *atomic.Int64, v int64) {
-	for {
-		cur := m.Load()
-		if v <= cur || m.CompareAndSwap(cur, v) {
-			return
-		}
-	}
-}
-
-// doneBuf coalesces the done reports of one key-shard's batches, to hand
-// them to the partition's watermark under one lock: when it holds a
-// worker batch's worth, when the batch returns, when the scope asks
-// (done(nil), before it waits), and before every offset commit, so that a
-// commit never misses a record a scope reported done.
-type doneBuf struct {
-	r       *Runner
-	fn      func(*Record) // d.done, bound once
-	mu      sync.Mutex    // the worker and the commit loop; rarely both
-	recs    []*Record
-	offsets []int64
-}
-
-// done is the callback scopes call once a record's effect is durable.
-// done(nil) hands over the reports kept so far at once.
-func (d *doneBuf) done(rec *Record) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if rec == nil {
-		d.flushLocked()
-		return
-	}
-	if rec.state != recPending {
-		return
-	}
-	rec.state = recFinished
-	d.recs = append(d.recs, rec)
-	if len(d.recs) >= atLeastOnceBatch {
-		d.flushLocked()
-	}
-}
-
-func (d *doneBuf) flush() {
-	d.mu.Lock()
-	d.flushLocked()
-	d.mu.Unlock()
-}
-
-// flushLocked marks the kept records done in their partition's watermark.
-func (d *doneBuf) flushLocked() {
-	if len(d.recs) == 0 {
-		return
-	}
-	// A batch's records are all of one partition assignment.
-	st := d.recs[0].part
-	for _, rec := range d.recs {
-		d.offsets = append(d.offsets, rec.Offset)
-	}
-	if n := st.Watermark.DoneAll(d.offsets); n > 0 {
-		d.r.done.Add(int64(n))
-	}
-	clear(d.recs)
-	d.recs, d.offsets = d.recs[:0], d.offsets[:0]
-	if st.paused.Load() && int64(st.Watermark.Pending()) <= st.resumeAt.Load() {
-		d.r.resume(st)
-	}
-}
-
-// flushDone hands every shard's kept done reports to the watermarks; the
-// committer calls it before it reads them.
-func (r *Runner) flushDone() {
-	for _, d := range r.doneBufs {
-		d.flush()
-	}
-}
-
-// process is the pool's ProcessFunc: it runs the scope over one batch, then
-// gives the batch's in-flight room back at once.
-func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*Record) {
-	if len(batch) == 0 {
-		return
-	}
-	d := r.doneBufs[batch[0].shard]
-	r.scope.Process(ctx, batch, d.fn)
-	d.flush()
-	var bytes int64
-	for _, rec := range batch {
-		bytes += rec.size
-		if rec.state == recPending && ctx.Err() == nil && !rec.Revoked() {
-			// Left undone while the partition is still ours.
-			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.scope, rec.Topic, rec.Partition, rec.Offset))
-		}
-		rec.state = recDone
-	}
-	r.releaseN(int64(len(batch)), bytes)
-}
-
-// drop is the pool's DropFunc for records that will never run here.
-func (r *Runner) drop(_ *partition.Assignment, rec *Record) {
-	if rec.state == recPending {
-		r.release(rec)
-	}
-}
-
-func (r *Runner) release(rec *Record) {
-	rec.state = recDone
-	r.releaseN(1, rec.size)
-}
-
-// releaseN gives back the in-flight room of n records of the given bytes,
-// and wakes the poll loop if it waits for room.
-func (r *Runner) releaseN(n, bytes int64) {
-	r.inflight.Add(-n)
-	r.inflightBytes.Add(-bytes)
-	if r.waiting.Load() {
-		select {
-		case r.room <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// roomNow returns how many records the next poll may take, and the capacity
-// (the bound in records, the byte bound converted at the average record
-// size). Until a record size is known, a poll takes one record.
-func (r *Runner) roomNow() (room, capacity int64) {
-	capacity = int64(r.cfg.MaxInFlightRecords)
-	avg := r.avgSize.Load()
-	if avg == 0 {
-		return min(capacity-r.inflight.Load(), 1), 1
-	}
-	room = capacity - r.inflight.Load()
-	capacity = min(capacity, max(r.cfg.MaxInFlightBytes/avg, 1))
-	room = min(room, (r.cfg.MaxInFlightBytes-r.inflightBytes.Load())/avg)
-	return room, capacity
-}
-
-// pauseBusiest pauses fetching for the partitions that hold more than their
-// fair share of the capacity (at least the busiest one), so that the room
-// that frees up goes to the others. A paused partition resumes when its
-// unfinished records fall to half its share.
-func (r *Runner) pauseBusiest(capacity int64) {
-	type cand struct {
-		st      *partState
-		pending int
-	}
-	r.mu.Lock()
-	cs := make([]cand, 0, len(r.parts))
-	for _, st := range r.parts {
-		cs = append(cs, cand{st, st.Watermark.Pending()})
-	}
-	r.mu.Unlock()
-	if len(cs) == 0 {
-		return
-	}
-	sort.Slice(cs, func(i, j int) bool { return cs[i].pending > cs[j].pending })
-	share := max(capacity/int64(len(cs)), 1)
-
-	r.pauseMu.Lock()
-	defer r.pauseMu.Unlock()
-	toPause := make(map[string][]int32)
-	for i, c := range cs {
-		if c.pending == 0 || (i > 0 && int64(c.pending) <= share) {
-			break
-		}
-		c.st.resumeAt.Store(share / 2)
-		if !c.st.paused.Load() && !c.st.Revoked() {
-			c.st.paused.Store(true)
-			r.paused.Add(1)
-			r.pauses.Add(1)
-			toPause[c.st.Topic] = append(toPause[c.st.Topic], c.st.Partition)
-		}
-	}
-	if len(toPause) > 0 {
-		r.cl.PauseFetchPartitions(toPause)
-		r.log.Debug("kscope: in-flight bound reached; paused fetching", "partitions", toPause, "in_flight", r.inflight.Load())
-	}
-	// A partition may have finished its work between the count and the
-	// pause; do not leave it paused with nothing to wake it.
-	for _, c := range cs {
-		if c.st.paused.Load() && int64(c.st.Watermark.Pending()) <= c.st.resumeAt.Load() {
-			r.resumeLocked(c.st)
-		}
-	}
-}
-
-// resume resumes fetching a partition paused for backpressure. Pausing and
-// resuming are serialized, so the client's paused set and the runner's
-// flags cannot disagree.
-func (r *Runner) resume(st *partState) {
-	r.pauseMu.Lock()
-	defer r.pauseMu.Unlock()
-	r.resumeLocked(st)
-}
-
-func (r *Runner) resumeLocked(st *partState) {
-	if st.paused.Load() {
-		st.paused.Store(false)
-		r.paused.Add(-1)
-		if !st.holdPaused {
-			r.cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
-		}
-	}
-}
-
-// setHoldPaused pauses fetching of a delay-topic partition while its head
-// record waits for its due time, and resumes it after, unless backpressure
-// still holds it.
-func (r *Runner) setHoldPaused(st *partState, on bool) {
-	r.pauseMu.Lock()
-	defer r.pauseMu.Unlock()
-	if st.holdPaused == on {
-		return
-	}
-	st.holdPaused = on
-	tps := map[string][]int32{st.Topic: {st.Partition}}
-	switch {
-	case on:
-		r.cl.PauseFetchPartitions(tps)
-	case !st.paused.Load():
-		r.cl.ResumeFetchPartitions(tps)
-	}
-}
-
-func (r *Runner) commitLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.CommitInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			r.flushDone()
-			if err := r.committer.Commit(ctx, nil); err != nil && ctx.Err() == nil {
-				r.log.Warn("kscope: offset commit failed; retrying at the next interval", "err", err)
-			}
-			if r.obs.WantsLag() {
-				r.reportLag()
-			}
-		}
-	}
-}
-
-func (r *Runner) onCommit(res commit.Result) {
-	n := 0
-	for _, ps := range res.Offsets {
-		n += len(ps)
-	}
-	r.obs.Commit(n, res.Err)
-	if res.Err != nil {
-		r.commitErrs.Add(1)
-		return
-	}
-	r.commits.Add(1)
-}
-
-func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
-	r.rebalances.Add(1)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for topic, ps := range assigned {
-		for _, p := range ps {
-			k := tp{topic, p}
-			if old := r.parts[k]; old != nil {
-				old.Revoke()
-				old.Cancel()
-			}
-			wm := r.tracker.Assign(topic, p)
-			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
-		}
-	}
-	r.obs.Rebalance("assigned", count(assigned))
-	r.log.Info("kscope: partitions assigned", "partitions", assigned)
-}
-
-// detach ends the given assignments in this process: no queued record of them
-// starts any more.
-func (r *Runner) detach(parts map[string][]int32) []*partState {
-	var out []*partState
-	r.mu.Lock()
-	for topic, ps := range parts {
-		for _, p := range ps {
-			k := tp{topic, p}
-			if st := r.parts[k]; st != nil {
-				st.Revoke()
-				delete(r.parts, k)
-				out = append(out, st)
-			}
-		}
-	}
-	r.mu.Unlock()
-	for _, st := range out {
-		r.pool.Purge(st.Assignment)
-		r.dropHeld(st)
-		r.obs.Gone(st.Topic, st.Partition)
-	}
-	return out
-}
-
-func count(ps map[string][]int32) int {
-	n := 0
-	for _, p := range ps {
-		n += len(p)
-	}
-	return n
-}
-
-// onRevoked runs with rebalances blocked from the poll loop's side: nothing
-// is being dispatched. It drains the revoked partitions' running records
-// (bounded by DrainTimeout), commits what is durable, and lets the rebalance
-// go on.
-func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	r.rebalances.Add(1)
-	r.obs.Rebalance("revoked", count(revoked))
-	sts := r.detach(revoked)
-	if len(sts) == 0 {
-		return
-	}
-	r.drain(sts)
-	r.flushDone()
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
-	if err := r.committer.Commit(ctx, revoked); err != nil {
-		r.log.Warn("kscope: committing revoked partitions failed; their next owner will see the uncommitted records again", "err", err)
-	}
-	cancel()
-	r.forget(sts)
-	r.log.Info("kscope: partitions revoked", "partitions", revoked)
-}
-
-// onLost commits nothing: another member may own the partitions already.
-func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	r.rebalances.Add(1)
-	r.obs.Rebalance("lost", count(lost))
-	sts := r.detach(lost)
-	for _, st := range sts {
-		st.Cancel()
-	}
-	r.lost.Add(int64(len(sts)))
-	r.forget(sts)
-	r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
-}
-
-// drain waits, up to DrainTimeout in all, for the running records of sts,
-// then cancels the context of those still running.
-func (r *Runner) drain(sts []*partState) {
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
-	defer cancel()
-	for _, st := range sts {
-		if err := st.WaitIdle(ctx); err != nil {
-			r.log.Warn("kscope: drain timeout passed with records still running; canceling them",
-				"topic", st.Topic, "partition", st.Partition, "running", st.Running(), "drain_timeout", r.cfg.DrainTimeout)
-			break
-		}
-	}
-	for _, st := range sts {
-		st.Cancel()
-	}
-}
-
-func (r *Runner) forget(sts []*partState) {
-	for _, st := range sts {
-		r.tracker.Remove(st.Topic, st.Partition)
-		r.resume(st)
-		r.setHoldPaused(st, false)
-	}
-}
-
-// shutdown ends every assignment the way a revoke does, stops the workers and
-// leaves the group.
-func (r *Runner) shutdown(cl *kgo.Client) error {
-	r.mu.Lock()
-	all := make(map[string][]int32)
-	for k := range r.parts {
-		all[k.topic] = append(all[k.topic], k.partition)
-	}
-	r.mu.Unlock()
-	sts := r.detach(all)
-	r.drain(sts)
-
-	// drain canceled the context of whatever still runs; a handler that
-	// honors its context returns promptly.
-	var err error
-	stopped := make(chan struct{})
-	go func() {
-		r.pool.Stop()
-		close(stopped)
-	}()
-	select {
-	case <-stopped:
-	case <-time.After(r.cfg.DrainTimeout):
-		r.hardCancel()
-		err = errors.New("kscope: a handler ignored its canceled context for DrainTimeout; Run returns with its goroutine still running")
-	}
-
-	r.flushDone()
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
-	if cerr := r.committer.Commit(ctx, all); cerr != nil {
-		r.log.Warn("kscope: final offset commit failed; the records since the last commit will be handled again", "err", cerr)
-	}
-	cancel()
-	r.forget(sts)
-	cl.Close()
-	r.log.Info("kscope: runner stopped")
-	return err
 }

@@ -1,0 +1,224 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/kscope-dev/kscope/partition"
+)
+
+// doneBuf coalesces the done reports of one key-shard's batches, to hand
+// them to the partition's watermark under one lock: when it holds a
+// worker batch's worth, when the batch returns, when the scope asks
+// (done(nil), before it waits), and before every offset commit, so that a
+// commit never misses a record a scope reported done.
+type doneBuf struct {
+	r       *Runner
+	fn      func(*Record) // d.done, bound once
+	mu      sync.Mutex    // the worker and the commit loop; rarely both
+	recs    []*Record
+	offsets []int64
+}
+
+// done is the callback scopes call once a record's effect is durable.
+// done(nil) hands over the reports kept so far at once.
+func (d *doneBuf) done(rec *Record) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rec == nil {
+		d.flushLocked()
+		return
+	}
+	if rec.state != recPending {
+		return
+	}
+	rec.state = recFinished
+	d.recs = append(d.recs, rec)
+	if len(d.recs) >= atLeastOnceBatch {
+		d.flushLocked()
+	}
+}
+
+func (d *doneBuf) flush() {
+	d.mu.Lock()
+	d.flushLocked()
+	d.mu.Unlock()
+}
+
+// flushLocked marks the kept records done in their partition's watermark.
+func (d *doneBuf) flushLocked() {
+	if len(d.recs) == 0 {
+		return
+	}
+	// A batch's records are all of one partition assignment.
+	st := d.recs[0].part
+	for _, rec := range d.recs {
+		d.offsets = append(d.offsets, rec.Offset)
+	}
+	if n := st.Watermark.DoneAll(d.offsets); n > 0 {
+		d.r.done.Add(int64(n))
+	}
+	clear(d.recs)
+	d.recs, d.offsets = d.recs[:0], d.offsets[:0]
+	if st.paused.Load() && int64(st.Watermark.Pending()) <= st.resumeAt.Load() {
+		d.r.resume(st)
+	}
+}
+
+// flushDone hands every shard's kept done reports to the watermarks; the
+// committer calls it before it reads them.
+func (r *Runner) flushDone() {
+	for _, d := range r.doneBufs {
+		d.flush()
+	}
+}
+
+// process is the pool's ProcessFunc: it runs the scope over one batch, then
+// gives the batch's in-flight room back at once.
+func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*Record) {
+	if len(batch) == 0 {
+		return
+	}
+	d := r.doneBufs[batch[0].shard]
+	r.scope.Process(ctx, batch, d.fn)
+	d.flush()
+	var bytes int64
+	for _, rec := range batch {
+		bytes += rec.size
+		if rec.state == recPending && ctx.Err() == nil && !rec.Revoked() {
+			// Left undone while the partition is still ours.
+			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.scope, rec.Topic, rec.Partition, rec.Offset))
+		}
+		rec.state = recDone
+	}
+	r.releaseN(int64(len(batch)), bytes)
+}
+
+// drop is the pool's DropFunc for records that will never run here.
+func (r *Runner) drop(_ *partition.Assignment, rec *Record) {
+	if rec.state == recPending {
+		r.release(rec)
+	}
+}
+
+func (r *Runner) release(rec *Record) {
+	rec.state = recDone
+	r.releaseN(1, rec.size)
+}
+
+// releaseN gives back the in-flight room of n records of the given bytes,
+// and wakes the poll loop if it waits for room.
+func (r *Runner) releaseN(n, bytes int64) {
+	r.inflight.Add(-n)
+	r.inflightBytes.Add(-bytes)
+	if r.waiting.Load() {
+		select {
+		case r.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// roomNow returns how many records the next poll may take, and the capacity
+// (the bound in records, the byte bound converted at the average record
+// size). Until a record size is known, a poll takes one record.
+func (r *Runner) roomNow() (room, capacity int64) {
+	capacity = int64(r.cfg.MaxInFlightRecords)
+	avg := r.avgSize.Load()
+	if avg == 0 {
+		return min(capacity-r.inflight.Load(), 1), 1
+	}
+	room = capacity - r.inflight.Load()
+	capacity = min(capacity, max(r.cfg.MaxInFlightBytes/avg, 1))
+	room = min(room, (r.cfg.MaxInFlightBytes-r.inflightBytes.Load())/avg)
+	return room, capacity
+}
+
+// pauseBusiest pauses fetching for the partitions that hold more than their
+// fair share of the capacity (at least the busiest one), so that the room
+// that frees up goes to the others. A paused partition resumes when its
+// unfinished records fall to half its share.
+func (r *Runner) pauseBusiest(capacity int64) {
+	type cand struct {
+		st      *partState
+		pending int
+	}
+	r.mu.Lock()
+	cs := make([]cand, 0, len(r.parts))
+	for _, st := range r.parts {
+		cs = append(cs, cand{st, st.Watermark.Pending()})
+	}
+	r.mu.Unlock()
+	if len(cs) == 0 {
+		return
+	}
+	sort.Slice(cs, func(i, j int) bool { return cs[i].pending > cs[j].pending })
+	share := max(capacity/int64(len(cs)), 1)
+
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	toPause := make(map[string][]int32)
+	for i, c := range cs {
+		if c.pending == 0 || (i > 0 && int64(c.pending) <= share) {
+			break
+		}
+		c.st.resumeAt.Store(share / 2)
+		if !c.st.paused.Load() && !c.st.Revoked() {
+			c.st.paused.Store(true)
+			r.paused.Add(1)
+			r.pauses.Add(1)
+			toPause[c.st.Topic] = append(toPause[c.st.Topic], c.st.Partition)
+		}
+	}
+	if len(toPause) > 0 {
+		r.cl.PauseFetchPartitions(toPause)
+		r.log.Debug("kscope: in-flight bound reached; paused fetching", "partitions", toPause, "in_flight", r.inflight.Load())
+	}
+	// A partition may have finished its work between the count and the
+	// pause; do not leave it paused with nothing to wake it.
+	for _, c := range cs {
+		if c.st.paused.Load() && int64(c.st.Watermark.Pending()) <= c.st.resumeAt.Load() {
+			r.resumeLocked(c.st)
+		}
+	}
+}
+
+// resume resumes fetching a partition paused for backpressure. Pausing and
+// resuming are serialized, so the client's paused set and the runner's
+// flags cannot disagree.
+func (r *Runner) resume(st *partState) {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	r.resumeLocked(st)
+}
+
+func (r *Runner) resumeLocked(st *partState) {
+	if st.paused.Load() {
+		st.paused.Store(false)
+		r.paused.Add(-1)
+		if !st.holdPaused {
+			r.cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
+		}
+	}
+}
+
+// setHoldPaused pauses fetching of a delay-topic partition while its head
+// record waits for its due time, and resumes it after, unless backpressure
+// still holds it.
+func (r *Runner) setHoldPaused(st *partState, on bool) {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	if st.holdPaused == on {
+		return
+	}
+	st.holdPaused = on
+	tps := map[string][]int32{st.Topic: {st.Partition}}
+	switch {
+	case on:
+		r.cl.PauseFetchPartitions(tps)
+	case !st.paused.Load():
+		r.cl.ResumeFetchPartitions(tps)
+	}
+}

@@ -1,0 +1,233 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/partition"
+)
+
+func (r *Runner) pollLoop(ctx context.Context) {
+	r.shardBuf = make([][]*Record, r.cfg.Shards)
+	for ctx.Err() == nil {
+		room, _ := r.roomNow()
+		if room <= 0 {
+			r.waitForRoom(ctx)
+			continue
+		}
+		fetches := r.cl.PollRecords(ctx, int(room))
+		if fetches.IsClientClosed() {
+			return
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			if isFatal(err) {
+				r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
+				return
+			}
+			r.log.Warn("kscope: fetch error; the client retries", "topic", topic, "partition", p, "err", err)
+		})
+		if r.obs.WantsFetch() || r.obs.WantsLag() {
+			r.observeFetches(fetches)
+		}
+		var n, bytes int64
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			pn, pb := r.dispatchAll(p.Topic, p.Partition, p.Records)
+			n += pn
+			bytes += pb
+		})
+		if n > 0 {
+			if avg := r.avgSize.Load(); avg == 0 {
+				r.avgSize.Store(max(bytes/n, 1))
+			} else {
+				r.avgSize.Store(max((avg*7+bytes/n)/8, 1))
+			}
+		}
+		r.cl.AllowRebalance()
+	}
+}
+
+// pauseAfter is how long the poll loop waits at the in-flight bound before
+// it pauses the busiest partitions. Not polling already stops the client
+// from fetching more than the one response per broker it buffers; pausing
+// also makes the client drop what it buffered for the paused partitions
+// (they are fetched again on resume), so it is kept for a bound that holds
+// for longer than a burst.
+const pauseAfter = 100 * time.Millisecond
+
+// waitForRoom waits at the in-flight bound until a quarter of the capacity
+// is free again (workers signal as they finish), so that polls are not one
+// record at a time. If that takes longer than pauseAfter, it pauses the
+// busiest partitions, so that the room that frees up goes to the others.
+func (r *Runner) waitForRoom(ctx context.Context) {
+	r.waiting.Store(true)
+	defer r.waiting.Store(false)
+	pause := time.NewTimer(pauseAfter)
+	defer pause.Stop()
+	for ctx.Err() == nil {
+		room, capacity := r.roomNow()
+		if room >= max(capacity/4, 1) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-r.room:
+		case <-pause.C:
+			r.pauseBusiest(capacity)
+		}
+	}
+}
+
+// isFatal reports whether a fetch error cannot heal by retrying.
+func isFatal(err error) bool {
+	for _, e := range []error{
+		kerr.TopicAuthorizationFailed, kerr.GroupAuthorizationFailed,
+		kerr.ClusterAuthorizationFailed, kerr.SaslAuthenticationFailed,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Runner) state(topic string, p int32) *partState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.parts[tp{topic, p}]
+}
+
+// dispatchAll hands one poll's records of one partition, in offset order, to
+// their key-shards. The per-record work is kept to the routing itself: the
+// records join the partition's watermark under one lock, are allocated in
+// one block, and reach each shard's queue under one lock per shard. It
+// returns how many records and bytes the poll held (dispatched or not).
+func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, bytes int64) {
+	n = int64(len(recs))
+	st := r.state(topic, part)
+	if st == nil || st.Revoked() {
+		// Not ours (any more): the owner consumes them.
+		for _, rec := range recs {
+			bytes += recordSize(rec)
+		}
+		return n, bytes
+	}
+	var first int
+	if r.obs.WantsLag() {
+		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+			return recs[i].Offset, recs[i].LeaderEpoch, recs[i].Timestamp.UnixMilli()
+		})
+	} else {
+		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+			return recs[i].Offset, recs[i].LeaderEpoch, 0
+		})
+	}
+	for _, rec := range recs[:first] {
+		bytes += recordSize(rec)
+	}
+	recs = recs[first:]
+	if len(recs) == 0 {
+		return n, bytes
+	}
+	// One block for the poll's records of this partition: one allocation
+	// instead of one per record.
+	block := make([]Record, len(recs))
+	_, delayed := r.delays[topic]
+	th := partition.HashTopic(topic)
+	var added int64
+	for i, rec := range recs {
+		kr := &block[i]
+		size := recordSize(rec)
+		added += size
+		*kr = Record{Record: rec, part: st, size: size, shard: int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))}
+	}
+	bytes += added
+	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
+	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(added))
+	r.polled.Add(int64(len(recs)))
+	for i := range block {
+		kr := &block[i]
+		if delayed && r.hold(st, kr) {
+			continue
+		}
+		r.shardBuf[kr.shard] = append(r.shardBuf[kr.shard], kr)
+	}
+	for shard, q := range r.shardBuf {
+		if len(q) == 0 {
+			continue
+		}
+		r.pool.DispatchAll(shard, st.Assignment, q)
+		clear(q)
+		r.shardBuf[shard] = q[:0]
+	}
+	return n, bytes
+}
+
+// observeFetches reports a poll's records per partition and keeps each
+// partition's high watermark for the lag hooks.
+func (r *Runner) observeFetches(fs kgo.Fetches) {
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) > 0 {
+			r.obs.Fetched(p.Topic, p.Partition, len(p.Records))
+		}
+		if p.HighWatermark > 0 {
+			if st := r.state(p.Topic, p.Partition); st != nil {
+				st.hwm.Store(p.HighWatermark)
+			}
+		}
+	})
+}
+
+// reportLag reports every assigned partition's lag to the lag hooks.
+func (r *Runner) reportLag() {
+	r.mu.Lock()
+	sts := make([]*partState, 0, len(r.parts))
+	for _, st := range r.parts {
+		sts = append(sts, st)
+	}
+	r.mu.Unlock()
+	now := time.Now()
+	r.pauseMu.Lock()
+	paused := make(map[*partState]bool, len(sts))
+	for _, st := range sts {
+		paused[st] = st.paused.Load() || st.holdPaused
+	}
+	r.pauseMu.Unlock()
+	for _, st := range sts {
+		next, ts, pending, ok := st.Watermark.Position()
+		hwm := st.hwm.Load()
+		if !ok && hwm == 0 {
+			continue // nothing fetched yet: the position is not known
+		}
+		l := Lag{Topic: st.Topic, Partition: st.Partition, InFlight: pending, Paused: paused[st]}
+		if ok {
+			l.Offsets = max(hwm-next, 0)
+		} else {
+			l.Offsets = hwm
+		}
+		if ts > 0 {
+			l.Age = max(now.Sub(time.UnixMilli(ts)), 0)
+		}
+		r.obs.Lag(l)
+	}
+}
+
+func storeMax(m *atomic.Int64, v int64) {
+	for {
+		cur := m.Load()
+		if v <= cur || m.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}

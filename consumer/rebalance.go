@@ -1,0 +1,194 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/commit"
+	"github.com/kscope-dev/kscope/partition"
+)
+
+func (r *Runner) commitLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.flushDone()
+			if err := r.committer.Commit(ctx, nil); err != nil && ctx.Err() == nil {
+				r.log.Warn("kscope: offset commit failed; retrying at the next interval", "err", err)
+			}
+			if r.obs.WantsLag() {
+				r.reportLag()
+			}
+		}
+	}
+}
+
+func (r *Runner) onCommit(res commit.Result) {
+	n := 0
+	for _, ps := range res.Offsets {
+		n += len(ps)
+	}
+	r.obs.Commit(n, res.Err)
+	if res.Err != nil {
+		r.commitErrs.Add(1)
+		return
+	}
+	r.commits.Add(1)
+}
+
+func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	r.rebalances.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if old := r.parts[k]; old != nil {
+				old.Revoke()
+				old.Cancel()
+			}
+			wm := r.tracker.Assign(topic, p)
+			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
+		}
+	}
+	r.obs.Rebalance("assigned", count(assigned))
+	r.log.Info("kscope: partitions assigned", "partitions", assigned)
+}
+
+// detach ends the given assignments in this process: no queued record of them
+// starts any more.
+func (r *Runner) detach(parts map[string][]int32) []*partState {
+	var out []*partState
+	r.mu.Lock()
+	for topic, ps := range parts {
+		for _, p := range ps {
+			k := tp{topic, p}
+			if st := r.parts[k]; st != nil {
+				st.Revoke()
+				delete(r.parts, k)
+				out = append(out, st)
+			}
+		}
+	}
+	r.mu.Unlock()
+	for _, st := range out {
+		r.pool.Purge(st.Assignment)
+		r.dropHeld(st)
+		r.obs.Gone(st.Topic, st.Partition)
+	}
+	return out
+}
+
+func count(ps map[string][]int32) int {
+	n := 0
+	for _, p := range ps {
+		n += len(p)
+	}
+	return n
+}
+
+// onRevoked runs with rebalances blocked from the poll loop's side: nothing
+// is being dispatched. It drains the revoked partitions' running records
+// (bounded by DrainTimeout), commits what is durable, and lets the rebalance
+// go on.
+func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	r.rebalances.Add(1)
+	r.obs.Rebalance("revoked", count(revoked))
+	sts := r.detach(revoked)
+	if len(sts) == 0 {
+		return
+	}
+	r.drain(sts)
+	r.flushDone()
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
+	if err := r.committer.Commit(ctx, revoked); err != nil {
+		r.log.Warn("kscope: committing revoked partitions failed; their next owner will see the uncommitted records again", "err", err)
+	}
+	cancel()
+	r.forget(sts)
+	r.log.Info("kscope: partitions revoked", "partitions", revoked)
+}
+
+// onLost commits nothing: another member may own the partitions already.
+func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	r.rebalances.Add(1)
+	r.obs.Rebalance("lost", count(lost))
+	sts := r.detach(lost)
+	for _, st := range sts {
+		st.Cancel()
+	}
+	r.lost.Add(int64(len(sts)))
+	r.forget(sts)
+	r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
+}
+
+// drain waits, up to DrainTimeout in all, for the running records of sts,
+// then cancels the context of those still running.
+func (r *Runner) drain(sts []*partState) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
+	defer cancel()
+	for _, st := range sts {
+		if err := st.WaitIdle(ctx); err != nil {
+			r.log.Warn("kscope: drain timeout passed with records still running; canceling them",
+				"topic", st.Topic, "partition", st.Partition, "running", st.Running(), "drain_timeout", r.cfg.DrainTimeout)
+			break
+		}
+	}
+	for _, st := range sts {
+		st.Cancel()
+	}
+}
+
+func (r *Runner) forget(sts []*partState) {
+	for _, st := range sts {
+		r.tracker.Remove(st.Topic, st.Partition)
+		r.resume(st)
+		r.setHoldPaused(st, false)
+	}
+}
+
+// shutdown ends every assignment the way a revoke does, stops the workers and
+// leaves the group.
+func (r *Runner) shutdown(cl *kgo.Client) error {
+	r.mu.Lock()
+	all := make(map[string][]int32)
+	for k := range r.parts {
+		all[k.topic] = append(all[k.topic], k.partition)
+	}
+	r.mu.Unlock()
+	sts := r.detach(all)
+	r.drain(sts)
+
+	// drain canceled the context of whatever still runs; a handler that
+	// honors its context returns promptly.
+	var err error
+	stopped := make(chan struct{})
+	go func() {
+		r.pool.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(r.cfg.DrainTimeout):
+		r.hardCancel()
+		err = errors.New("kscope: a handler ignored its canceled context for DrainTimeout; Run returns with its goroutine still running")
+	}
+
+	r.flushDone()
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
+	if cerr := r.committer.Commit(ctx, all); cerr != nil {
+		r.log.Warn("kscope: final offset commit failed; the records since the last commit will be handled again", "err", cerr)
+	}
+	cancel()
+	r.forget(sts)
+	cl.Close()
+	r.log.Info("kscope: runner stopped")
+	return err
+}
