@@ -183,147 +183,169 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 	tries := map[string]int{} // in-place attempts per identity
 	for {
-		var routed *waitingRow
-		var routedErr error
-		var step retrytopic.Step
-		var n int
-		var wait time.Duration
+		var rel released
 		err := s.retryTx(ctx, func(tx pgx.Tx) error {
-			routed, routedErr, n, wait = nil, nil, 0, 0
-			if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{topic}, [][]byte{key}); err != nil {
-				return err
-			}
-			var heads int
-			if err := tx.QueryRow(ctx, s.sqlCountHeads, s.o.Consumer, topic, key).Scan(&heads); err != nil {
-				return err
-			}
-			if heads > 0 {
-				return nil
-			}
-			rows, err := tx.Query(ctx, s.sqlLoadWaitingRows, s.o.Consumer, topic, key, maxSavepoints)
-			if err != nil {
-				return err
-			}
-			ws, err := scanWaiting(rows)
-			if err != nil {
-				return err
-			}
-			n = len(ws)
-			var up statusUpdates
-			var done []int64
-			rtx := &recordTx{tx: tx}
-			for i := range ws {
-				w := &ws[i]
-				if w.head {
-					return nil // being routed by another release: it holds the key
-				}
-				r := w.rec
-				hctx := ctx
-				herr := error(nil)
-				if s.o.Versions != nil {
-					check, err := s.checkVersion(ctx, tx, topic, key, w.version)
-					if err != nil {
-						return err
-					}
-					switch {
-					case check.Outcome == sequence.Stale:
-						up.add(w.id, statusApplied, 0, 0, "")
-						done = append(done, w.seq)
-						s.stale.Add(1)
-						continue
-					case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
-						gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: w.version}
-						herr = consumer.Retryable(gap)
-						if s.o.Versions.Gaps == sequence.DeadLetter {
-							herr = consumer.Terminal(gap)
-						}
-					}
-					hctx = sequence.WithResult(hctx, check)
-				}
-				if herr == nil {
-					herr = s.applyReleased(hctx, tx, rtx, r)
-				}
-				if herr != nil && s.transient(herr) {
-					return herr
-				}
-				if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
-					if s.o.Versions != nil {
-						if _, err := tx.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, topic, key, w.version); err != nil {
-							return err
-						}
-					}
-					up.add(w.id, statusApplied, 0, 0, "")
-					done = append(done, w.seq)
-					s.applied.Add(1)
-					continue
-				}
-				st := s.f.Decide(ctx, r, herr, tries[w.id]+1, true)
-				if st.Action == retrytopic.ActionRetry {
-					wait = st.Delay
-					tries[w.id]++
-					break
-				}
-				if st.Action == retrytopic.ActionSkip {
-					up.add(w.id, statusApplied, 0, 0, "")
-					done = append(done, w.seq)
-					continue
-				}
-				// It becomes the key's head: routed once this commits.
-				meta := s.f.Metadata(r)
-				total := min(meta.Attempt+tries[w.id]+1, retrytopic.MaxAttempt)
-				status := statusRetry
-				if st.Action == retrytopic.ActionDeadLetter {
-					status = statusDLT
-				}
-				up.add(w.id, status, total, st.Stage, viaWaiting)
-				if _, err := tx.Exec(ctx, s.sqlPark, s.o.Consumer, topic, key, w.id, meta.OriginalOffset, max(st.Stage, 0), w.version); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, s.sqlWaitingHead, w.seq); err != nil {
-					return err
-				}
-				routed, routedErr, step = w, herr, st
-				s.failed.Add(1)
-				break
-			}
-			if len(up.ids) > 0 {
-				if _, err := tx.Exec(ctx, s.sqlSetStatus, s.o.Consumer, up.ids, up.statuses, up.attempts, up.stages, up.vias); err != nil {
-					return err
-				}
-			}
-			if len(done) > 0 {
-				if _, err := tx.Exec(ctx, s.sqlDeleteWaiting, done); err != nil {
-					return err
-				}
-			}
-			return nil
+			var err error
+			rel, err = s.releaseTx(ctx, tx, topic, key, tries)
+			return err
 		})
 		if err != nil {
 			return err
 		}
-		if routed != nil {
-			attempt := tries[routed.id] + 1
-			if err := s.f.Route(ctx, routed.rec, routedErr, step, attempt, time.Now()); err != nil {
+		if rel.routed != nil {
+			attempt := tries[rel.routed.id] + 1
+			if err := s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, time.Now()); err != nil {
 				return err
 			}
-			if err := s.routedFromWaiting(ctx, routed, topic, key, step.Action == retrytopic.ActionDeadLetter); err != nil {
+			if err := s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter); err != nil {
 				return err
 			}
-			if step.Action != retrytopic.ActionDeadLetter {
+			if rel.step.Action != retrytopic.ActionDeadLetter {
 				return nil // the key's new head is in the retry topics
 			}
 			continue
 		}
-		if wait > 0 {
-			if !backoff.Sleep(ctx, wait) {
+		if rel.wait > 0 {
+			if !backoff.Sleep(ctx, rel.wait) {
 				return ctx.Err()
 			}
 			continue
 		}
-		if n < maxSavepoints {
+		if rel.n < maxSavepoints {
 			return nil
 		}
 	}
+}
+
+// released is what one release transaction did.
+type released struct {
+	n         int             // waiting rows it read
+	routed    *waitingRow     // the record that became the key's head, to route once it commits
+	routedErr error           // its handler's error
+	step      retrytopic.Step // its route
+	wait      time.Duration   // the backoff before an in-place retry
+	up        statusUpdates   // inbox rows to update
+	done      []int64         // waiting rows to delete
+}
+
+// releaseTx is one release transaction: under the key's lock, unless the
+// key has a head, it applies the key's waiting records in order until one
+// fails (it retries in place after rel.wait, or becomes the head).
+func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int) (rel released, err error) {
+	if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{topic}, [][]byte{key}); err != nil {
+		return rel, err
+	}
+	var heads int
+	if err := tx.QueryRow(ctx, s.sqlCountHeads, s.o.Consumer, topic, key).Scan(&heads); err != nil || heads > 0 {
+		return rel, err
+	}
+	rows, err := tx.Query(ctx, s.sqlLoadWaitingRows, s.o.Consumer, topic, key, maxSavepoints)
+	if err != nil {
+		return rel, err
+	}
+	ws, err := scanWaiting(rows)
+	if err != nil {
+		return rel, err
+	}
+	rel.n = len(ws)
+	rtx := &recordTx{tx: tx}
+	for i := range ws {
+		if ws[i].head {
+			return released{n: rel.n}, nil // being routed by another release: it holds the key
+		}
+		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, &rel)
+		if err != nil {
+			return rel, err
+		}
+		if stop {
+			break
+		}
+	}
+	if len(rel.up.ids) > 0 {
+		up := rel.up
+		if _, err := tx.Exec(ctx, s.sqlSetStatus, s.o.Consumer, up.ids, up.statuses, up.attempts, up.stages, up.vias); err != nil {
+			return rel, err
+		}
+	}
+	if len(rel.done) > 0 {
+		if _, err := tx.Exec(ctx, s.sqlDeleteWaiting, rel.done); err != nil {
+			return rel, err
+		}
+	}
+	return rel, nil
+}
+
+// releaseOne applies the waiting record w in a release transaction. stop
+// reports that it failed: it retries in place, or it became the key's head.
+func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic string, key []byte, w *waitingRow, tries map[string]int, rel *released) (stop bool, err error) {
+	r := w.rec
+	hctx := ctx
+	herr := error(nil)
+	if s.o.Versions != nil {
+		check, err := s.checkVersion(ctx, tx, topic, key, w.version)
+		if err != nil {
+			return true, err
+		}
+		switch {
+		case check.Outcome == sequence.Stale:
+			rel.up.add(w.id, statusApplied, 0, 0, "")
+			rel.done = append(rel.done, w.seq)
+			s.stale.Add(1)
+			return false, nil
+		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
+			gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: w.version}
+			herr = consumer.Retryable(gap)
+			if s.o.Versions.Gaps == sequence.DeadLetter {
+				herr = consumer.Terminal(gap)
+			}
+		}
+		hctx = sequence.WithResult(hctx, check)
+	}
+	if herr == nil {
+		herr = s.applyReleased(hctx, tx, rtx, r)
+	}
+	if herr != nil && s.transient(herr) {
+		return true, herr
+	}
+	if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
+		if s.o.Versions != nil {
+			if _, err := tx.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, topic, key, w.version); err != nil {
+				return true, err
+			}
+		}
+		rel.up.add(w.id, statusApplied, 0, 0, "")
+		rel.done = append(rel.done, w.seq)
+		s.applied.Add(1)
+		return false, nil
+	}
+	st := s.f.Decide(ctx, r, herr, tries[w.id]+1, true)
+	switch st.Action {
+	case retrytopic.ActionRetry:
+		rel.wait = st.Delay
+		tries[w.id]++
+		return true, nil
+	case retrytopic.ActionSkip:
+		rel.up.add(w.id, statusApplied, 0, 0, "")
+		rel.done = append(rel.done, w.seq)
+		return false, nil
+	}
+	// It becomes the key's head: routed once this commits.
+	meta := s.f.Metadata(r)
+	total := min(meta.Attempt+tries[w.id]+1, retrytopic.MaxAttempt)
+	status := statusRetry
+	if st.Action == retrytopic.ActionDeadLetter {
+		status = statusDLT
+	}
+	rel.up.add(w.id, status, total, st.Stage, viaWaiting)
+	if _, err := tx.Exec(ctx, s.sqlPark, s.o.Consumer, topic, key, w.id, meta.OriginalOffset, max(st.Stage, 0), w.version); err != nil {
+		return true, err
+	}
+	if _, err := tx.Exec(ctx, s.sqlWaitingHead, w.seq); err != nil {
+		return true, err
+	}
+	rel.routed, rel.routedErr, rel.step = w, herr, st
+	s.failed.Add(1)
+	return true, nil
 }
 
 // routedFromWaiting ends the routing of a waiting record the broker

@@ -79,69 +79,9 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		// PostgreSQL and done; a failed one is retried in place, sent to a
 		// retry topic or dead-lettered, and done once the broker has it.
 		// A key whose head resolved has its waiting records released.
-		var wait time.Duration
-		var kept []*consumer.Record
-		type heldKey struct {
-			topic string
-			key   []byte
-		}
-		var release []heldKey
-		for i, r := range work {
-			if res[i].release {
-				release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
-			}
-			switch res[i].out {
-			case parkedOutcome:
-				obs.End(r, consumer.OutcomeParked, nil)
-				done(r)
-			case rerouteOutcome:
-				if err := s.reroute(ctx, r, res[i].st); err != nil {
-					return
-				}
-				if res[i].st.status == statusDLT && r.Key != nil && s.ordered() {
-					release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
-				}
-				obs.End(r, consumer.OutcomeDuplicate, nil)
-				done(r)
-			case failedOutcome:
-				delete(calls, r) // its next attempt calls the handler again
-				fi := fails[r]
-				if fi == nil {
-					fi = &failure{first: time.Now()}
-					fails[r] = fi
-				}
-				fi.attempts++
-				step := res[i].step
-				if err := s.f.Route(ctx, r, res[i].err, step, fi.attempts, fi.first); err != nil {
-					return // ctx done while routing: not done, redelivered
-				}
-				if step.Action == retrytopic.ActionDeadLetter {
-					// The DLT has it: the inbox remembers it, and its key's
-					// waiting records go on.
-					meta := s.f.Metadata(r)
-					if err := s.markDead(ctx, s.identity.Of(r), meta.OriginalTopic, r.Key); err != nil {
-						return
-					}
-					if r.Key != nil && s.ordered() {
-						release = append(release, heldKey{meta.OriginalTopic, r.Key})
-					}
-				}
-				if step.Action != retrytopic.ActionRetry {
-					out := consumer.OutcomeOf(step.Action)
-					if g := res[i].gap; (g == gapDetected || g == gapWaiting) && step.Action == retrytopic.ActionRetryTopic {
-						out = consumer.OutcomeGap
-					}
-					obs.End(r, out, res[i].err)
-					done(r)
-					continue
-				}
-				kept = append(kept, r)
-				if wait == 0 || step.Delay < wait {
-					wait = step.Delay
-				}
-			case deferred, notTried:
-				kept = append(kept, r)
-			}
+		kept, wait, release, ok := s.settle(ctx, work, res, fails, calls, done)
+		if !ok {
+			return
 		}
 		for _, k := range release {
 			if err := s.release(ctx, k.topic, k.key); err != nil {
@@ -150,21 +90,8 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		}
 		if stop != nil {
 			delete(calls, stop.rec) // its next attempt calls the handler again
-			// A record's handler failed transiently (a statement
-			// timeout, a deadlock): the records before it committed, and
-			// it goes again, with the rest, after a backoff. The backoff
-			// grows only while the same record fails first: when records
-			// before it committed, the batch made progress and it starts
-			// over, so a batch whose records time out one by one is not
-			// slowed down more and more.
-			if len(pending) > 0 && stop.rec != pending[0] {
-				attempt = 0
-			}
-			attempt++
-			s.txRetries.Add(1)
-			d := backoff.Delay(attempt, retryBase, retryCap)
-			s.log.Warn("kscope: a record failed transiently; the records before it committed, retrying from it", "err", stop.err,
-				"topic", stop.rec.Topic, "partition", stop.rec.Partition, "offset", stop.rec.Offset, "attempt", attempt, "retry_in", d)
+			var d time.Duration
+			attempt, d = s.transientBackoff(stop, pending, attempt)
 			wait = max(wait, d)
 		} else {
 			attempt = 0
@@ -182,6 +109,115 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			return
 		}
 	}
+}
+
+// transientBackoff counts the transient failure of stop's record and
+// returns the attempt and its backoff. A record's handler
+// failed transiently (a statement timeout, a deadlock): the records before
+// it committed, and it goes again, with the rest, after a backoff. The
+// backoff grows only while the same record fails first: when records
+// before it committed, the batch made progress and it starts over, so a
+// batch whose records time out one by one is not slowed down more and
+// more.
+func (s *scope) transientBackoff(stop *transientError, pending []*consumer.Record, attempt int) (int, time.Duration) {
+	if len(pending) > 0 && stop.rec != pending[0] {
+		attempt = 0
+	}
+	attempt++
+	s.txRetries.Add(1)
+	d := backoff.Delay(attempt, retryBase, retryCap)
+	s.log.Warn("kscope: a record failed transiently; the records before it committed, retrying from it", "err", stop.err,
+		"topic", stop.rec.Topic, "partition", stop.rec.Partition, "offset", stop.rec.Offset, "attempt", attempt, "retry_in", d)
+	return attempt, d
+}
+
+// heldKey names a key whose waiting records may be released.
+type heldKey struct {
+	topic string
+	key   []byte
+}
+
+// settle carries out what a committed transaction decided for the records
+// that did not apply: a parked record is stored in PostgreSQL and done; a
+// failed one is retried in place (kept, after wait), sent to a retry topic
+// or dead-lettered, and done once the broker has it. It returns the keys
+// whose head resolved, to release their waiting records. ok is false when
+// ctx ended while routing.
+func (s *scope) settle(ctx context.Context, work []*consumer.Record, res []result, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (kept []*consumer.Record, wait time.Duration, release []heldKey, ok bool) {
+	obs := s.f.Observer()
+	for i, r := range work {
+		if res[i].release {
+			release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
+		}
+		switch res[i].out {
+		case parkedOutcome:
+			obs.End(r, consumer.OutcomeParked, nil)
+			done(r)
+		case rerouteOutcome:
+			if err := s.reroute(ctx, r, res[i].st); err != nil {
+				return nil, 0, nil, false
+			}
+			if res[i].st.status == statusDLT && r.Key != nil && s.ordered() {
+				release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
+			}
+			obs.End(r, consumer.OutcomeDuplicate, nil)
+			done(r)
+		case failedOutcome:
+			delete(calls, r) // its next attempt calls the handler again
+			step, routed, err := s.routeFailed(ctx, r, res[i], fails)
+			if err != nil {
+				return nil, 0, nil, false // ctx done while routing: not done, redelivered
+			}
+			if routed != nil {
+				release = append(release, *routed)
+			}
+			if step.Action != retrytopic.ActionRetry {
+				done(r)
+				continue
+			}
+			kept = append(kept, r)
+			if wait == 0 || step.Delay < wait {
+				wait = step.Delay
+			}
+		case deferred, notTried:
+			kept = append(kept, r)
+		}
+	}
+	return kept, wait, release, true
+}
+
+// routeFailed routes failed record r by its step and, unless it retries
+// in place, ends its delivery. A dead-lettered record is remembered by the
+// inbox, and its key (returned) has its waiting records released.
+func (s *scope) routeFailed(ctx context.Context, r *consumer.Record, res result, fails map[*consumer.Record]*failure) (retrytopic.Step, *heldKey, error) {
+	fi := fails[r]
+	if fi == nil {
+		fi = &failure{first: time.Now()}
+		fails[r] = fi
+	}
+	fi.attempts++
+	step := res.step
+	if err := s.f.Route(ctx, r, res.err, step, fi.attempts, fi.first); err != nil {
+		return step, nil, err
+	}
+	var release *heldKey
+	if step.Action == retrytopic.ActionDeadLetter {
+		meta := s.f.Metadata(r)
+		if err := s.markDead(ctx, s.identity.Of(r), meta.OriginalTopic, r.Key); err != nil {
+			return step, nil, err
+		}
+		if r.Key != nil && s.ordered() {
+			release = &heldKey{meta.OriginalTopic, r.Key}
+		}
+	}
+	if step.Action != retrytopic.ActionRetry {
+		out := consumer.OutcomeOf(step.Action)
+		if g := res.gap; (g == gapDetected || g == gapWaiting) && step.Action == retrytopic.ActionRetryTopic {
+			out = consumer.OutcomeGap
+		}
+		s.f.Observer().End(r, out, res.err)
+	}
+	return step, release, nil
 }
 
 // txLimit returns how many of n pending records the next transaction
@@ -244,6 +280,14 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		return nil, nil, nil, err
 	}
 	s.transactions.Add(1)
+	s.account(work, res, done)
+	return work, res, stop, nil
+}
+
+// account counts and reports what a committed transaction did to each
+// record, and ends the deliveries of those done (applied, skipped,
+// duplicate, stale).
+func (s *scope) account(work []*consumer.Record, res []result, done func(*consumer.Record)) {
 	obs := s.f.Observer()
 	for i, r := range work {
 		switch res[i].gap {
@@ -293,5 +337,4 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 			s.gapsDetected.Add(1)
 		}
 	}
-	return work, res, stop, nil
 }
