@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
@@ -72,16 +75,18 @@ func apacheScenarios() []relScenario {
 		})})
 	for i := range out {
 		out[i].table = tableApache
+		// Each record takes a little time, as real handlers do, so that the
+		// stream outlasts the kills and restarts (seconds each).
+		out[i].before = func(*relRun, context.Context, pgx.Tx, *consumer.Record, int32) error {
+			time.Sleep(15 * time.Millisecond)
+			return nil
+		}
 	}
 	return out
 }
 
-func brokerKills() int {
-	if reliabilityLong() {
-		return 3
-	}
-	return 2
-}
+// brokerKills is how many kills a scenario makes, while its stream lasts.
+const brokerKills = 3
 
 // killBrokers SIGKILLs the node pick names, several times while records
 // flow. On a cluster of three the stream must go on while the node is
@@ -91,13 +96,13 @@ func killBrokers(pick func(e *relRun) (int32, error)) func(e *relRun) {
 	return func(e *relRun) {
 		e.t.Helper()
 		c := e.k.Apache
-		for i := range brokerKills() {
+		for i := range brokerKills {
 			// The first kill waits for the stream to be well under way;
 			// the next ones come soon after the restart.
 			if i == 0 {
 				e.waitProgress(int64(e.total() / 8))
 			} else {
-				e.waitProgress(int64(e.total() / 20))
+				e.waitProgress(int64(e.total() / 40))
 			}
 			if e.progress() >= int64(e.total()) {
 				break
@@ -114,7 +119,7 @@ func killBrokers(pick func(e *relRun) (int32, error)) func(e *relRun) {
 			}
 			e.kills.Add(1)
 			if len(e.k.Brokers) >= 3 {
-				e.waitProgress(int64(e.total() / 10))
+				e.waitProgress(int64(e.total() / 20))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			err = c.Restart(ctx, id)

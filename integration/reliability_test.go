@@ -50,10 +50,13 @@ func reliabilityLong() bool { return os.Getenv(reliabilityModeEnv) == "long" }
 // relSize is the stream of one scenario: keys × perKey keyed records.
 func relSize() (keys, perKey int) {
 	if reliabilityLong() {
-		return 40, 150
+		return relSizeLong()
 	}
 	return 16, 40
 }
+
+// relSizeLong is the stream of the long form.
+func relSizeLong() (keys, perKey int) { return 40, 150 }
 
 // relRow is one scenario's outcome.
 type relRow struct {
@@ -594,6 +597,11 @@ func (m *relMember) leave(t *testing.T) error {
 func runScenario(t *testing.T, sc relScenario) {
 	start := time.Now()
 	keys, perKey := relSize()
+	if sc.apache > 0 {
+		// A cluster's start and its brokers' restarts take seconds: the
+		// long stream keeps records flowing through every kill.
+		keys, perKey = relSizeLong()
+	}
 	brokers := sc.brokers
 	if brokers == 0 {
 		brokers = 3
