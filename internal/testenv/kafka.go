@@ -67,6 +67,7 @@ type Kafka struct {
 	adminMu sync.Mutex
 	adminCl *kgo.Client
 	retired []*kgo.Client
+	swapped time.Time // when adminCl last replaced a client
 	stop    func()
 	once    sync.Once
 }
@@ -192,16 +193,21 @@ func (k *Kafka) checkAdmin(err error) error {
 	if err == nil || !errors.As(err, &op) || op.Op != "dial" {
 		return err
 	}
+	k.adminMu.Lock()
+	defer k.adminMu.Unlock()
+	// At most one new client a second: while a broker is down every
+	// request fails to dial it, and the helpers poll.
+	if time.Since(k.swapped) < time.Second {
+		return err
+	}
 	fresh, nerr := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
 	if nerr != nil {
 		return err
 	}
-	k.adminMu.Lock()
 	// The old client is closed with the backend, not now: a request still
 	// on it (a produce, say) must not fail because of the swap.
 	k.retired = append(k.retired, k.adminCl)
-	k.adminCl = fresh
-	k.adminMu.Unlock()
+	k.adminCl, k.swapped = fresh, time.Now()
 	return err
 }
 
