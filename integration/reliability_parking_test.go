@@ -46,6 +46,11 @@ func TestReliabilityOrderedRetriesKillsRedeliveries(t *testing.T) {
 	if _, err := pool.Exec(ctx, effectsDDL); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logParkingState(t, pool)
+		}
+	})
 	const topic, group = "payments", "g-rel-parking"
 	if err := k.CreateTopic(ctx, topic, 4); err != nil {
 		t.Fatal(err)
@@ -156,5 +161,35 @@ func TestReliabilityOrderedRetriesKillsRedeliveries(t *testing.T) {
 	}
 	if reliabilityLong() && retry < 100 {
 		t.Errorf("only %d records went through the retry topics, want at least 100", retry)
+	}
+}
+
+// logParkingState logs what the parking tables hold and the inbox rows
+// whose outcome is not final: what a stalled ordered pipeline waits on.
+func logParkingState(t *testing.T, pool *pgxpool.Pool) {
+	ctx := context.Background()
+	queries := []struct{ name, sql string }{
+		{"parked", `SELECT topic, encode(key, 'escape'), message_id, original_offset, stage, parked_at::text FROM kscope_parked ORDER BY parked_at`},
+		{"waiting", `SELECT id::text, topic, encode(key, 'escape'), message_id, src_topic || '/' || src_partition || '/' || src_offset, head::text FROM kscope_waiting ORDER BY id LIMIT 50`},
+		{"inbox", `SELECT message_id, status, attempt::text, stage::text, via FROM kscope_inbox WHERE status NOT IN ('applied', 'dead') ORDER BY message_id LIMIT 50`},
+	}
+	for _, q := range queries {
+		rows, err := pool.Query(ctx, q.sql)
+		if err != nil {
+			t.Logf("%s: %v", q.name, err)
+			continue
+		}
+		n := 0
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				t.Logf("%s: %v", q.name, err)
+				break
+			}
+			t.Logf("%s: %v", q.name, vals)
+			n++
+		}
+		rows.Close()
+		t.Logf("%s: %d rows shown", q.name, n)
 	}
 }
