@@ -31,7 +31,7 @@
 // crash or rebalance if its offset was not committed yet, so its handler's
 // effects must be idempotent. The DB scope (effects in PostgreSQL applied
 // exactly once, package dbscope) and the Kafka scope (transactional
-// Kafka-to-Kafka) build on the same runner through the [Scope] interface.
+// Kafka-to-Kafka) build on the same runner as units of work plugged into it.
 //
 // # Failures
 //

@@ -20,41 +20,37 @@ import (
 // Failures applies a runner's failure policy (Config.Failures): it
 // classifies a handler error, decides between a retry, a skip and the
 // dead-letter topic, and produces dead-letter records. Scopes receive it
-// through [FailureAware]; handlers never see it.
-type Failures struct {
+// through [failureAware]; handlers never see it.
+type failures struct {
 	policy   retrytopic.Policy
 	group    string
 	identity Identity
 	cl       *kgo.Client
 	log      *slog.Logger
-	obs      *Observer
+	obs      *observer
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed, parked                            atomic.Int64
 	topics                                    bool
 }
 
-// FailureAware is implemented by a Scope that routes failures through the
-// runner's failure policy: the runner hands it the runner's Failures when
-// Run starts, and makes sure the dead-letter topic exists.
-type FailureAware interface {
-	UseFailures(*Failures)
-}
-
-// RetryTopicUser is implemented by a FailureAware scope that sends failing
-// records to the delayed retry topics (when it returns true): the runner
-// then creates them if missing and consumes them too, holding each record
-// until its due time.
-type RetryTopicUser interface {
-	UsesRetryTopics() bool
-}
+// failureAware and retryTopicUser: see internal/engine's FailureAware and
+// RetryTopicUser.
+type (
+	failureAware interface {
+		UseFailures(any) // a *failures
+	}
+	retryTopicUser interface {
+		UsesRetryTopics() bool
+	}
+)
 
 // Class classifies err under the policy.
-func (f *Failures) Class(err error) Class { return f.policy.ClassOf(err) }
+func (f *failures) Class(err error) Class { return f.policy.ClassOf(err) }
 
 // Handle decides what follows a failed attempt of rec and carries it out:
 // it is Decide followed by Route.
-func (f *Failures) Handle(ctx context.Context, rec *Record, err error, attempt int, firstFailure time.Time, topics bool) (retrytopic.Step, error) {
+func (f *failures) Handle(ctx context.Context, rec *Record, err error, attempt int, firstFailure time.Time, topics bool) (retrytopic.Step, error) {
 	step := f.Decide(ctx, rec, err, attempt, topics)
 	return step, f.Route(ctx, rec, err, step, attempt, firstFailure)
 }
@@ -63,7 +59,7 @@ func (f *Failures) Handle(ctx context.Context, rec *Record, err error, attempt i
 // made on earlier hops (from rec's headers) plus attempt, those made here on
 // this hop. topics says whether the record may go to a retry topic. It has
 // no effect: Route carries the decision out.
-func (f *Failures) Decide(ctx context.Context, rec *Record, err error, attempt int, topics bool) retrytopic.Step {
+func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt int, topics bool) retrytopic.Step {
 	meta, herr := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	if herr != nil {
 		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", recordAttrs(rec, attempt, herr, 0)...)
@@ -78,7 +74,7 @@ func (f *Failures) Decide(ctx context.Context, rec *Record, err error, attempt i
 // produce with backoff until it succeeds or ctx is done (then it returns
 // ctx's error and the record is not done). firstFailure is when the record
 // first failed on this hop.
-func (f *Failures) Route(ctx context.Context, rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error {
+func (f *failures) Route(ctx context.Context, rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error {
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
 	switch step.Action {
@@ -117,7 +113,7 @@ func (f *Failures) Route(ctx context.Context, rec *Record, err error, step retry
 
 // routedRecord builds the record that carries rec to the retry topic or the
 // dead-letter topic of step, with its failure metadata.
-func (f *Failures) routedRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
+func (f *failures) routedRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	now := time.Now()
 	meta.Group = f.group
@@ -147,7 +143,7 @@ func (f *Failures) routedRecord(rec *Record, err error, step retrytopic.Step, at
 // DeadLetterRecord returns the dead-letter record of rec after a failure
 // that step sends to the DLT, for a scope that produces it itself (the
 // Kafka scope, inside its transaction).
-func (f *Failures) DeadLetterRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
+func (f *failures) DeadLetterRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
 	step.Action = retrytopic.ActionDeadLetter
 	return f.routedRecord(rec, err, step, attempt, firstFailure)
 }
@@ -156,7 +152,7 @@ func (f *Failures) DeadLetterRecord(rec *Record, err error, step retrytopic.Step
 // of step (an ActionRetryTopic step), with its failure metadata and due
 // time, for a scope that produces it itself (the Kafka scope, inside its
 // transaction).
-func (f *Failures) RetryTopicRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
+func (f *failures) RetryTopicRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
 	step.Action = retrytopic.ActionRetryTopic
 	return f.routedRecord(rec, err, step, attempt, firstFailure)
 }
@@ -164,18 +160,18 @@ func (f *Failures) RetryTopicRecord(rec *Record, err error, step retrytopic.Step
 // NewFailures returns the failure policy of cfg (defaults filled in, as
 // NewRunner returns them in Runner.Config) producing through cl, for a scope
 // that runs its own client (the Kafka scope).
-func NewFailures(cfg Config, cl *kgo.Client, log *slog.Logger) *Failures {
-	return &Failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log, obs: NewObserver(cfg.Group, cfg.Hooks)}
+func newFailures(cfg Config, cl *kgo.Client, log *slog.Logger) *failures {
+	return &failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log, obs: newObserver(cfg.Group, cfg.Hooks)}
 }
 
 // Observer returns the runner's hooks, for a scope to report its
 // deliveries.
-func (f *Failures) Observer() *Observer { return f.obs }
+func (f *failures) Observer() *observer { return f.obs }
 
 // EnsureFailureTopics makes sure cfg's dead-letter topic (and, when
 // retryTopics is set, its retry topics) exist, creating them unless the
 // policy says not to. cfg must have its defaults (Runner.Config).
-func EnsureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) error {
+func ensureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) error {
 	// The runner's first requests: they give up within 20s (unless the
 	// options say otherwise), so that a broker that cannot be reached or
 	// spoken to stops Run with an error instead of a silent wait.
@@ -185,7 +181,7 @@ func EnsureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) erro
 		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
 	}
 	defer adm.Close()
-	f := &Failures{policy: cfg.Failures, group: cfg.Group, cl: adm, topics: retryTopics, log: cfg.Logger}
+	f := &failures{policy: cfg.Failures, group: cfg.Group, cl: adm, topics: retryTopics, log: cfg.Logger}
 	return f.ensureTopics(ctx, cfg.Topics)
 }
 
@@ -196,7 +192,7 @@ func EnsureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) erro
 // runner keeps consuming them, holding each record until its due time, so
 // that what waits in them (and, in the DB scope, the records of its key
 // parked behind it) is not stranded.
-func LeftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map[string]time.Duration, error) {
+func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map[string]time.Duration, error) {
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
 	if err != nil {
 		return nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
@@ -257,7 +253,7 @@ func LeftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map
 
 // Metadata returns the failure metadata rec carries (or, for a record on
 // its first hop, its own coordinates and identity).
-func (f *Failures) Metadata(rec *Record) retrytopic.Metadata {
+func (f *failures) Metadata(rec *Record) retrytopic.Metadata {
 	m, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	return m
 }
@@ -265,7 +261,7 @@ func (f *Failures) Metadata(rec *Record) retrytopic.Metadata {
 // Park sends rec, which did not fail, to retry topic stage behind an
 // earlier record of its key that is in the retry topics; it runs when that
 // one has left them. It waits for the broker's acknowledgement.
-func (f *Failures) Park(ctx context.Context, rec *Record, stage int) error {
+func (f *failures) Park(ctx context.Context, rec *Record, stage int) error {
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	stage = max(0, min(stage, len(f.policy.Ladder)-1))
 	d := f.policy.Ladder[stage]
@@ -280,11 +276,11 @@ func (f *Failures) Park(ctx context.Context, rec *Record, stage int) error {
 }
 
 // Policy returns the failure policy, with its defaults.
-func (f *Failures) Policy() retrytopic.Policy { return f.policy }
+func (f *failures) Policy() retrytopic.Policy { return f.policy }
 
 // produce writes out and waits for its acknowledgement, retrying with
 // backoff; only a done ctx stops it.
-func (f *Failures) produce(ctx context.Context, source, kind, class string, out *kgo.Record) error {
+func (f *failures) produce(ctx context.Context, source, kind, class string, out *kgo.Record) error {
 	for attempt := 1; ; attempt++ {
 		err := f.cl.ProduceSync(ctx, out).FirstErr()
 		if ctx.Err() == nil {
@@ -309,7 +305,7 @@ func (f *Failures) produce(ctx context.Context, source, kind, class string, out 
 // ensureTopics checks that the dead-letter topic (and the retry topics,
 // when used) exist and, unless the policy says not to, creates the missing
 // ones with as many partitions as the largest source topic.
-func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
+func (f *failures) ensureTopics(ctx context.Context, sources []string) error {
 	adm := kadm.NewClient(f.cl)
 	need := []string{f.policy.DeadLetterTopic}
 	if f.topics {
@@ -363,7 +359,7 @@ func (f *Failures) ensureTopics(ctx context.Context, sources []string) error {
 // warnLimitedRetention logs a warning when the dead-letter topic, which
 // existed before, expires its records while the policy asks for unlimited
 // retention: unresolved dead letters would vanish silently.
-func (f *Failures) warnLimitedRetention(ctx context.Context, adm *kadm.Client) {
+func (f *failures) warnLimitedRetention(ctx context.Context, adm *kadm.Client) {
 	if f.policy.DeadLetterRetention > 0 {
 		return
 	}
@@ -391,7 +387,7 @@ type FailureStats struct {
 	Parked       int64 // records sent to a retry topic behind an earlier failing record of their key
 }
 
-func (f *Failures) stats() FailureStats {
+func (f *failures) stats() FailureStats {
 	return FailureStats{
 		Retries: f.retries.Load(), Skipped: f.skipped.Load(),
 		DeadLettered: f.deadLettered.Load(), DLTErrors: f.dltErrors.Load(),

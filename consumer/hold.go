@@ -17,7 +17,7 @@ func (r *Runner) hold(st *partState, rec *Record) bool {
 	// The due time is read once, when the record arrives, and clamped
 	// then: a forged far-future time waits at most maxDelay.
 	now := time.Now()
-	if due, ok := DueOf(rec, now, maxDelay); ok {
+	if due, ok := dueOf(rec, now, maxDelay); ok {
 		rec.due = due.UnixNano()
 	}
 	st.holdMu.Lock()
@@ -107,7 +107,7 @@ func (r *Runner) unkeepHeld(rec *Record) {
 	r.inflightBytes.Add(rec.size)
 }
 
-// DueOf reads the due time a delay-topic record carries (HeaderDue). ok is
+// dueOf reads the due time a delay-topic record carries (HeaderDue). ok is
 // false when the record has no due time or an unreadable one: it is due
 // now. A due time up to twice maxDelay ahead is clamped to now+maxDelay (a
 // producer whose clock runs somewhat ahead); one further out cannot have
@@ -117,7 +117,7 @@ func (r *Runner) unkeepHeld(rec *Record) {
 // is read again after a rewind (the Kafka scope) is never held longer than
 // its clamped time: a forged or corrupt far-future time cannot block its
 // partition.
-func DueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
+func dueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
 	v, ok := rec.Header(HeaderDue)
 	if !ok {
 		return time.Time{}, false

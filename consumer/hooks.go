@@ -169,9 +169,9 @@ type HookRetryLateness interface {
 }
 
 // Observer dispatches a runner's hooks. Scopes get theirs from
-// [Failures.Observer]; every method is a no-op (and allocation-free) when
+// the runner's failures (internal/engine.ObserverOf); every method is a no-op (and allocation-free) when
 // no hook implements its interface.
-type Observer struct {
+type observer struct {
 	group     string
 	record    []HookRecord
 	event     []HookRecordEvent
@@ -185,8 +185,8 @@ type Observer struct {
 }
 
 // NewObserver returns the Observer of group's hooks.
-func NewObserver(group string, hooks []Hook) *Observer {
-	o := &Observer{group: group}
+func newObserver(group string, hooks []Hook) *observer {
+	o := &observer{group: group}
 	for _, h := range hooks {
 		if x, ok := h.(HookRecord); ok {
 			o.record = append(o.record, x)
@@ -221,7 +221,7 @@ func NewObserver(group string, hooks []Hook) *Observer {
 
 // Start begins a delivery of r: it calls the HookRecord hooks and keeps the
 // context they return, and the start time, on r. It returns that context.
-func (o *Observer) Start(ctx context.Context, r *Record) context.Context {
+func (o *observer) Start(ctx context.Context, r *Record) context.Context {
 	if o == nil || len(o.record) == 0 {
 		return ctx
 	}
@@ -239,7 +239,7 @@ func (o *Observer) Start(ctx context.Context, r *Record) context.Context {
 
 // Context returns the delivery context Start kept on r, or ctx when there
 // is none.
-func (o *Observer) Context(ctx context.Context, r *Record) context.Context {
+func (o *observer) Context(ctx context.Context, r *Record) context.Context {
 	if r.obs != nil && r.obs.ctx != nil {
 		return r.obs.ctx
 	}
@@ -248,7 +248,7 @@ func (o *Observer) Context(ctx context.Context, r *Record) context.Context {
 
 // End ends r's delivery with outcome out (once: later calls for the same
 // delivery are ignored). err is the last handler error, if any.
-func (o *Observer) End(r *Record, out Outcome, err error) {
+func (o *observer) End(r *Record, out Outcome, err error) {
 	if o.Ended(r) {
 		return
 	}
@@ -260,12 +260,12 @@ func (o *Observer) End(r *Record, out Outcome, err error) {
 }
 
 // Ended reports whether r's delivery was ended (or never started).
-func (o *Observer) Ended(r *Record) bool {
+func (o *observer) Ended(r *Record) bool {
 	return o == nil || len(o.record) == 0 || r.obs == nil || r.obs.ctx == nil || r.obs.ended
 }
 
 // Event reports a step of r's delivery.
-func (o *Observer) Event(r *Record, ev Event, detail string) {
+func (o *observer) Event(r *Record, ev Event, detail string) {
 	if o == nil || len(o.event) == 0 {
 		return
 	}
@@ -277,7 +277,7 @@ func (o *Observer) Event(r *Record, ev Event, detail string) {
 
 // Inject lets the hooks mark out, a record produced for the delivery whose
 // context is ctx.
-func (o *Observer) Inject(ctx context.Context, out *kgo.Record) {
+func (o *observer) Inject(ctx context.Context, out *kgo.Record) {
 	if o == nil {
 		return
 	}
@@ -288,7 +288,7 @@ func (o *Observer) Inject(ctx context.Context, out *kgo.Record) {
 
 // Route reports a produce attempt of a routed record (r.Group is filled
 // in).
-func (o *Observer) Route(r Route) {
+func (o *observer) Route(r Route) {
 	if o == nil || len(o.route) == 0 {
 		return
 	}
@@ -299,7 +299,7 @@ func (o *Observer) Route(r Route) {
 }
 
 // Commit reports an offset commit request.
-func (o *Observer) Commit(partitions int, err error) {
+func (o *observer) Commit(partitions int, err error) {
 	if o == nil {
 		return
 	}
@@ -309,7 +309,7 @@ func (o *Observer) Commit(partitions int, err error) {
 }
 
 // Rebalance reports an assignment, revocation or loss.
-func (o *Observer) Rebalance(kind string, partitions int) {
+func (o *observer) Rebalance(kind string, partitions int) {
 	if o == nil {
 		return
 	}
@@ -319,7 +319,7 @@ func (o *Observer) Rebalance(kind string, partitions int) {
 }
 
 // Fetched reports the records a poll returned for one partition.
-func (o *Observer) Fetched(topic string, partition int32, n int) {
+func (o *observer) Fetched(topic string, partition int32, n int) {
 	if o == nil {
 		return
 	}
@@ -329,7 +329,7 @@ func (o *Observer) Fetched(topic string, partition int32, n int) {
 }
 
 // Lag reports one partition's position.
-func (o *Observer) Lag(l Lag) {
+func (o *observer) Lag(l Lag) {
 	if o == nil {
 		return
 	}
@@ -340,7 +340,7 @@ func (o *Observer) Lag(l Lag) {
 }
 
 // Gone reports that a partition left this member.
-func (o *Observer) Gone(topic string, partition int32) {
+func (o *observer) Gone(topic string, partition int32) {
 	if o == nil {
 		return
 	}
@@ -350,7 +350,7 @@ func (o *Observer) Gone(topic string, partition int32) {
 }
 
 // Lateness reports a released retry-topic record's lateness.
-func (o *Observer) Lateness(topic string, late time.Duration) {
+func (o *observer) Lateness(topic string, late time.Duration) {
 	if o == nil {
 		return
 	}
@@ -360,7 +360,7 @@ func (o *Observer) Lateness(topic string, late time.Duration) {
 }
 
 // WantsFetch reports whether a hook observes fetches.
-func (o *Observer) WantsFetch() bool { return o != nil && len(o.fetch) > 0 }
+func (o *observer) WantsFetch() bool { return o != nil && len(o.fetch) > 0 }
 
 // WantsLag reports whether a hook observes lag.
-func (o *Observer) WantsLag() bool { return o != nil && len(o.lag) > 0 }
+func (o *observer) WantsLag() bool { return o != nil && len(o.lag) > 0 }

@@ -32,8 +32,8 @@ type recordObs struct {
 	ended bool
 }
 
-// Shard returns the key-shard the record was routed to.
-func (r *Record) Shard() int { return int(r.shard) }
+// shardOf returns the key-shard the record was routed to.
+func shardOf(r *Record) int { return int(r.shard) }
 
 const (
 	recPending  uint8 = iota
@@ -59,11 +59,10 @@ func (r *Record) Revoked() bool {
 	return r.part != nil && r.part.Revoked()
 }
 
-// RevokedCh returns a channel that is closed when the record's partition is
-// revoked from (or lost by) this member, for a scope that waits between
-// attempts of the record: a revoke or a shutdown then does not wait for
-// the backoff. A record not consumed by a runner has none (nil).
-func (r *Record) RevokedCh() <-chan struct{} {
+// revokedCh returns a channel that is closed when the record's partition is
+// revoked from (or lost by) this member (nil for a record not consumed by
+// a runner).
+func revokedCh(r *Record) <-chan struct{} {
 	if r.part == nil {
 		return nil
 	}

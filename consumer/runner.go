@@ -66,7 +66,7 @@ type Stats struct {
 // scope package's constructor, call Run, and Close when done.
 type Runner struct {
 	cfg   Config
-	scope Scope
+	scope workScope
 	log   *slog.Logger
 
 	maxBatch int
@@ -76,9 +76,9 @@ type Runner struct {
 
 	retryTopics bool // the scope sends failures to the retry topics
 
-	obs       *Observer
+	obs       *observer
 	cl        *kgo.Client
-	failures  *Failures
+	failures  *failures
 	tracker   *commit.Tracker
 	committer *commit.Committer
 	pool      *partition.Pool[*Record]
@@ -129,16 +129,17 @@ func New(cfg Config, h Handler) (*Runner, error) {
 	return newRunner(cfg.withDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
 }
 
-// NewRunner returns a runner for a Scope. It is the building block of the
-// scope packages; services call their constructors (or [New]).
-func NewRunner(cfg Config, s Scope) (*Runner, error) {
-	if s == nil {
-		return nil, &ConfigError{Field: "Scope", Reason: "is nil"}
+// newRunnerFor returns a runner for scope s, which kscope's scope packages
+// (dbscope, txn) pass through internal/engine.
+func newRunnerFor(cfg Config, s any) (*Runner, error) {
+	ws, ok := s.(workScope)
+	if !ok || ws == nil {
+		return nil, &ConfigError{Field: "scope", Reason: "is nil or has no Process method"}
 	}
-	return newRunner(cfg.withDefaults(), s)
+	return newRunner(cfg.withDefaults(), ws)
 }
 
-func newRunner(cfg Config, s Scope) (*Runner, error) {
+func newRunner(cfg Config, s workScope) (*Runner, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -146,24 +147,24 @@ func newRunner(cfg Config, s Scope) (*Runner, error) {
 		cfg:      cfg,
 		scope:    s,
 		log:      cfg.Logger.With("group", cfg.Group),
-		obs:      NewObserver(cfg.Group, cfg.Hooks),
+		obs:      newObserver(cfg.Group, cfg.Hooks),
 		maxBatch: 1,
 		parts:    make(map[tp]*partState),
 		room:     make(chan struct{}, 1),
 	}
-	if b, ok := s.(Batcher); ok {
+	if b, ok := s.(batcher); ok {
 		r.maxBatch, r.linger = b.BatchLimits()
 		if r.maxBatch < 1 {
 			r.maxBatch = 1
 		}
 	}
-	if o, ok := s.(ClientOptioner); ok {
+	if o, ok := s.(clientOptioner); ok {
 		r.extra = o.ClientOptions()
 	}
-	if d, ok := s.(Delayer); ok {
+	if d, ok := s.(delayer); ok {
 		r.delays = d.DelayedTopics()
 	}
-	if u, ok := s.(RetryTopicUser); ok && u.UsesRetryTopics() {
+	if u, ok := s.(retryTopicUser); ok && u.UsesRetryTopics() {
 		r.retryTopics = true
 		if r.delays == nil {
 			r.delays = make(map[string]time.Duration)
@@ -236,7 +237,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	stop := r.life.Stop
 	r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer r.hardCancel()
-	if st, ok := r.scope.(Starter); ok {
+	if st, ok := r.scope.(starter); ok {
 		if err := st.Start(runCtx); err != nil {
 			if runCtx.Err() != nil {
 				return nil // stopped while starting: a clean stop
@@ -246,7 +247,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 
 	r.newPool()
-	if _, ok := r.scope.(FailureAware); ok {
+	if _, ok := r.scope.(failureAware); ok {
 		// The failure topics exist before the group starts consuming
 		// (the retry topics are consumed too).
 		if err := r.ensureFailureTopics(runCtx); err != nil {
@@ -264,11 +265,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.cl = cl
 	r.stopMu.Unlock()
 	r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
-	f := &Failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics, obs: r.obs}
+	f := &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics, obs: r.obs}
 	r.stopMu.Lock()
 	r.failures = f
 	r.stopMu.Unlock()
-	if fa, ok := r.scope.(FailureAware); ok {
+	if fa, ok := r.scope.(failureAware); ok {
 		fa.UseFailures(f)
 	}
 	r.pool.Start()
@@ -279,7 +280,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		defer bg.Done()
 		r.commitLoop(runCtx)
 	}()
-	if b, ok := r.scope.(Background); ok {
+	if b, ok := r.scope.(background); ok {
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
@@ -345,10 +346,10 @@ func (r *Runner) clientOptions() []kgo.Opt {
 }
 
 func (r *Runner) ensureFailureTopics(ctx context.Context) error {
-	if err := EnsureFailureTopics(ctx, r.cfg, r.retryTopics); err != nil {
+	if err := ensureFailureTopics(ctx, r.cfg, r.retryTopics); err != nil {
 		return err
 	}
-	left, err := LeftoverRetryTopics(ctx, r.cfg, r.retryTopics)
+	left, err := leftoverRetryTopics(ctx, r.cfg, r.retryTopics)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -87,6 +88,6 @@ func routingOf(shards int, nullKeys consumer.NullKeyPolicy) string {
 func (s *scope) mark(r *consumer.Record) (int64, bool) {
 	s.marksMu.Lock()
 	defer s.marksMu.Unlock()
-	m, ok := s.marks[shardKey{r.Topic, r.Partition, r.Shard()}]
+	m, ok := s.marks[shardKey{r.Topic, r.Partition, engine.ShardOf(r)}]
 	return m, ok
 }

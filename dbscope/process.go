@@ -8,6 +8,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -28,9 +29,9 @@ type result struct {
 	release   bool            // the record was its key's head: the key's waiting records are released
 }
 
-// Process implements consumer.Scope.
+// Process implements engine.Scope.
 func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
-	obs := s.f.Observer()
+	obs := s.obs
 	for _, r := range batch {
 		obs.Start(ctx, r)
 	}
@@ -68,7 +69,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", limit,
 				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
 			done(nil) // what is durable may commit while the batch waits
-			if !backoff.SleepOr(ctx, d, pending[0].RevokedCh()) {
+			if !backoff.SleepOr(ctx, d, engine.RevokedCh(pending[0])) {
 				return
 			}
 			continue
@@ -105,7 +106,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		pending = append(kept, rest...)
 		limit = s.txLimit(len(pending))
 		done(nil) // what is durable may commit while the rest waits
-		if wait > 0 && !backoff.SleepOr(ctx, wait, pending[0].RevokedCh()) {
+		if wait > 0 && !backoff.SleepOr(ctx, wait, engine.RevokedCh(pending[0])) {
 			return
 		}
 	}
@@ -144,7 +145,7 @@ type heldKey struct {
 // whose head resolved, to release their waiting records. ok is false when
 // ctx ended while routing.
 func (s *scope) settle(ctx context.Context, work []*consumer.Record, res []result, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (kept []*consumer.Record, wait time.Duration, release []heldKey, ok bool) {
-	obs := s.f.Observer()
+	obs := s.obs
 	for i, r := range work {
 		if res[i].release {
 			release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
@@ -211,11 +212,11 @@ func (s *scope) routeFailed(ctx context.Context, r *consumer.Record, res result,
 		}
 	}
 	if step.Action != retrytopic.ActionRetry {
-		out := consumer.OutcomeOf(step.Action)
+		out := engine.OutcomeOf(step.Action)
 		if g := res.gap; (g == gapDetected || g == gapWaiting) && step.Action == retrytopic.ActionRetryTopic {
 			out = consumer.OutcomeGap
 		}
-		s.f.Observer().End(r, out, res.err)
+		s.obs.End(r, out, res.err)
 	}
 	return step, release, nil
 }
@@ -243,7 +244,7 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		for _, r := range recs {
 			if m, ok := s.mark(r); ok && r.Offset < m {
 				s.replaySkipped.Add(1)
-				s.f.Observer().End(r, consumer.OutcomeDuplicate, nil)
+				s.obs.End(r, consumer.OutcomeDuplicate, nil)
 				done(r)
 				continue
 			}
@@ -288,7 +289,7 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 // record, and ends the deliveries of those done (applied, skipped,
 // duplicate, stale).
 func (s *scope) account(work []*consumer.Record, res []result, done func(*consumer.Record)) {
-	obs := s.f.Observer()
+	obs := s.obs
 	for i, r := range work {
 		switch res[i].gap {
 		case gapDetected, gapAccepted, gapDead:

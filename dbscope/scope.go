@@ -15,6 +15,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -73,7 +74,7 @@ func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Run
 		oerr = errors.Join(oerr, &consumer.ConfigError{Struct: "dbscope.Options", Field: "Versions",
 			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
 	}
-	r, err := consumer.NewRunner(cfg, s)
+	r, err := engine.NewRunner(cfg, s)
 	if err = errors.Join(err, oerr); err != nil {
 		return nil, err
 	}
@@ -112,15 +113,19 @@ type scope struct {
 	gapsAccepted, gapsTimedOut         atomic.Int64
 	group                              string
 
-	f         *consumer.Failures
+	f         engine.Failures
+	obs       engine.Observer
 	identity  consumer.Identity
 	useTopics bool
 }
 
-// UseFailures implements consumer.FailureAware.
-func (s *scope) UseFailures(f *consumer.Failures) { s.f = f }
+// UseFailures implements engine.FailureAware.
+func (s *scope) UseFailures(f any) {
+	s.f = engine.AsFailures(f)
+	s.obs = engine.ObserverOf(s.f)
+}
 
-// UsesRetryTopics implements consumer.RetryTopicUser.
+// UsesRetryTopics implements engine.RetryTopicUser.
 func (s *scope) UsesRetryTopics() bool { return s.useTopics }
 
 type shardKey struct {
@@ -184,7 +189,7 @@ func (s *scope) init(cfg consumer.Config) {
 		AND NOT EXISTS (SELECT 1 FROM ` + p + `parked AS k WHERE k.consumer = w.consumer AND k.topic = w.topic AND k.key = w.key)`
 }
 
-// Start implements consumer.Starter: Run fails at once with a
+// Start implements engine.Starter: Run fails at once with a
 // [*SchemaError], which says to run [Migrate], when the database lacks
 // kscope's tables or a migration of this version. A transient error (the
 // database not reachable yet) is retried with backoff; any other error of
@@ -212,10 +217,10 @@ func (s *scope) Start(ctx context.Context) error {
 	}
 }
 
-// BatchLimits implements consumer.Batcher.
+// BatchLimits implements engine.Batcher.
 func (s *scope) BatchLimits() (int, time.Duration) { return s.o.BatchSize, s.o.BatchLinger }
 
-// ClientOptions implements consumer.ClientOptioner: with StoreOffsets, the
+// ClientOptions implements engine.ClientOptioner: with StoreOffsets, the
 // positions stored in the database are loaded on every assignment.
 func (s *scope) ClientOptions() []kgo.Opt {
 	if !s.o.StoreOffsets {
@@ -224,7 +229,7 @@ func (s *scope) ClientOptions() []kgo.Opt {
 	return []kgo.Opt{kgo.AdjustFetchOffsetsFn(s.adjustOffsets)}
 }
 
-// RunBackground implements consumer.Background: inbox retention and, in
+// RunBackground implements engine.Background: inbox retention and, in
 // an ordered pipeline, the release of parked records a stopped process
 // left behind.
 func (s *scope) RunBackground(ctx context.Context) {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -169,7 +170,7 @@ func (b *batchTx) record(i int) error {
 	if waits, err := b.waitBehindHead(i); waits || err != nil {
 		return err
 	}
-	hctx := b.s.f.Observer().Context(b.ctx, r)
+	hctx := b.s.obs.Context(b.ctx, r)
 	if b.vers != nil && r.Key != nil {
 		check, done, err := b.checkVersion(i)
 		if done || err != nil {
@@ -398,7 +399,7 @@ func (b *batchTx) commit() error {
 		}
 		if k > 0 {
 			r := b.work[k-1]
-			b.q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, r.Shard(), s.shards, r.Offset+1, s.routing)
+			b.q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, engine.ShardOf(r), s.shards, r.Offset+1, s.routing)
 		}
 	}
 	if err := b.q.send(b.ctx, b.tx); err != nil {

@@ -12,18 +12,19 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
 // handle runs one work item on its key-shard worker and, once it is
 // finished, adds what it produced to the open transaction.
-func (r *Runner) handle(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, g *gate, it item) {
+func (r *Runner) handle(ctx context.Context, sess *kgo.GroupTransactSession, f engine.Failures, g *gate, it item) {
 	w := &work{part: it.part, epoch: it.epoch}
 	if w.stale(ctx) {
 		return
 	}
-	obs := f.Observer()
+	obs := engine.ObserverOf(f)
 	switch {
 	case it.expire != nil:
 		r.expire(ctx, sess, f, w, it.expire)
@@ -66,9 +67,9 @@ func (r *Runner) handle(ctx context.Context, sess *kgo.GroupTransactSession, f *
 // delivery's outcome (success, skipped, retried, dead_lettered, or aborted
 // when the runner stops or the record is no longer wanted) and the last
 // handler error.
-func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, w *work, rec *consumer.Record) (consumer.Outcome, error) {
+func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, f engine.Failures, w *work, rec *consumer.Record) (consumer.Outcome, error) {
 	var first time.Time
-	obs := f.Observer()
+	obs := engine.ObserverOf(f)
 	for attempt := 1; ; attempt++ {
 		if w.stale(ctx) {
 			return consumer.OutcomeAborted, nil
@@ -123,18 +124,18 @@ func (r *Runner) run(ctx, hctx context.Context, sess *kgo.GroupTransactSession, 
 
 // deadLetter adds rec's dead-letter record to w: it becomes visible
 // exactly when the input's offset commits.
-func (r *Runner) deadLetter(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) {
+func (r *Runner) deadLetter(ctx context.Context, sess *kgo.GroupTransactSession, f engine.Failures, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) {
 	dl := f.DeadLetterRecord(rec, err, step, attempt, first)
 	r.route(ctx, sess, f, w, rec, dl, "dlt", step.Class.String())
 	w.do(func(tx *txnState) { tx.dead.Add(1) })
-	f.Observer().Event(rec, consumer.EventDeadLetter, dl.Topic)
+	engine.ObserverOf(f).Event(rec, consumer.EventDeadLetter, dl.Topic)
 	r.log.Error("kscope: record sent to the dead-letter topic (in the transaction)",
 		"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "class", step.Class.String(), "err", err)
 }
 
 // route adds a retry or dead-letter record to w.
-func (r *Runner) route(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, w *work, rec *consumer.Record, out *kgo.Record, kind, class string) {
-	obs := f.Observer()
+func (r *Runner) route(ctx context.Context, sess *kgo.GroupTransactSession, f engine.Failures, w *work, rec *consumer.Record, out *kgo.Record, kind, class string) {
+	obs := engine.ObserverOf(f)
 	w.do(func(tx *txnState) {
 		tx.wg.Add(1)
 		sess.Produce(ctx, out, func(_ *kgo.Record, err error) {
@@ -151,9 +152,9 @@ func (r *Runner) route(ctx context.Context, sess *kgo.GroupTransactSession, f *c
 // and applies, skips, parks or dead-letters it. The key's state changes
 // when w joins a transaction; until then only this key-shard's worker
 // reads it.
-func (r *Runner) handleVersioned(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, w *work, rec *consumer.Record) {
+func (r *Runner) handleVersioned(ctx context.Context, sess *kgo.GroupTransactSession, f engine.Failures, w *work, rec *consumer.Record) {
 	vers := r.vs.cfg
-	obs := f.Observer()
+	obs := engine.ObserverOf(f)
 	hctx := obs.Start(ctx, rec)
 	now := time.Now()
 	ended := func(out consumer.Outcome, err error) {
@@ -238,7 +239,7 @@ func (r *Runner) advance(ctx context.Context, sess *kgo.GroupTransactSession, w 
 
 // releaseParked applies the parked records of rec's key that follow v, in
 // version order, in the transaction rec joins.
-func (r *Runner) releaseParked(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, w *work, pv *partVersions, rec *consumer.Record, v int64) {
+func (r *Runner) releaseParked(ctx context.Context, sess *kgo.GroupTransactSession, f engine.Failures, w *work, pv *partVersions, rec *consumer.Record, v int64) {
 	key := string(rec.Key)
 	for {
 		p := pv.parkedAt(key, v+1)
@@ -246,7 +247,7 @@ func (r *Runner) releaseParked(ctx context.Context, sess *kgo.GroupTransactSessi
 			return
 		}
 		pr := p.record()
-		obs := f.Observer()
+		obs := engine.ObserverOf(f)
 		hctx := obs.Start(ctx, pr)
 		obs.Event(pr, consumer.EventVersionHeal, "")
 		check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
@@ -267,7 +268,7 @@ func (r *Runner) releaseParked(ctx context.Context, sess *kgo.GroupTransactSessi
 }
 
 // expire sends a parked record that waited past GapTimeout to the DLT.
-func (r *Runner) expire(ctx context.Context, sess *kgo.GroupTransactSession, f *consumer.Failures, w *work, p *parkedRec) {
+func (r *Runner) expire(ctx context.Context, sess *kgo.GroupTransactSession, f engine.Failures, w *work, p *parkedRec) {
 	defer r.vs.expiring(p, false)
 	pv := r.vs.get(tp{p.Topic, p.Partition})
 	if pv == nil {
@@ -281,7 +282,7 @@ func (r *Runner) expire(ctx context.Context, sess *kgo.GroupTransactSession, f *
 	}
 	last, _ := pv.lastOf(key)
 	rec := p.record()
-	obs := f.Observer()
+	obs := engine.ObserverOf(f)
 	obs.Start(ctx, rec)
 	herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: last + 1, Actual: p.Version})
 	step := f.Decide(ctx, rec, herr, 1, false)

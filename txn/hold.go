@@ -6,6 +6,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine"
 )
 
 type tp struct {
@@ -42,7 +43,7 @@ func (h *holds) keep(cl *kgo.Client, rec *kgo.Record, now time.Time) bool {
 	if _, held := h.batch[k]; held {
 		return true
 	}
-	due, _ := consumer.DueOf(&consumer.Record{Record: rec}, now, maxDelay)
+	due, _ := engine.DueOf(&consumer.Record{Record: rec}, now, maxDelay)
 	if !due.After(now) {
 		return false
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine"
 )
 
 // lagState keeps what the lag hooks need about the partitions of the open
@@ -18,11 +19,11 @@ type lagState struct {
 	last  map[tp]time.Time
 }
 
-func newLagState(obs *consumer.Observer) *lagState {
+func newLagState(obs engine.Observer) *lagState {
 	return &lagState{on: obs.WantsLag(), fetch: obs.WantsFetch(), hwm: map[tp]int64{}, last: map[tp]time.Time{}}
 }
 
-func (l *lagState) fetched(obs *consumer.Observer, fs kgo.Fetches) {
+func (l *lagState) fetched(obs engine.Observer, fs kgo.Fetches) {
 	if !l.on && !l.fetch {
 		return
 	}
@@ -43,7 +44,7 @@ func (l *lagState) partitions() int { return len(l.hwm) }
 // records between its committed offset and its high watermark and, while
 // there are some, the age of its last committed record, an upper bound of
 // the age of the oldest unfinished one.
-func (l *lagState) report(obs *consumer.Observer, cl *kgo.Client) {
+func (l *lagState) report(obs engine.Observer, cl *kgo.Client) {
 	if !l.on || len(l.hwm) == 0 {
 		return
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kscope-dev/kscope/commit"
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -58,7 +59,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("kscope: initialising the producer ID of transactional id %s: %w", r.o.TransactionalID, err)
 	}
-	l.f = consumer.NewFailures(r.cfg, l.cl, r.log)
+	l.f = engine.NewFailures(r.cfg, l.cl, r.log)
 	l.pool.Start()
 	defer l.pool.Stop()
 	defer l.g.close() // before pool.Stop: no worker waits to join any more
@@ -80,14 +81,14 @@ func (r *Runner) Run(ctx context.Context) error {
 type runLoop struct {
 	r        *Runner
 	ctx      context.Context
-	obs      *consumer.Observer
+	obs      engine.Observer
 	g        *gate
 	backlogs atomic.Int64
 	owned    *parts
 	pool     *partition.Pool[item]
 	sess     *kgo.GroupTransactSession
 	cl       *kgo.Client
-	f        *consumer.Failures // set before the workers start
+	f        engine.Failures // set before the workers start
 	holds    *holds
 	lag      *lagState
 
@@ -100,7 +101,7 @@ func (r *Runner) newLoop(ctx context.Context) *runLoop {
 	l := &runLoop{r: r, ctx: ctx, retryTopics: r.retryTopics(), delays: map[string]time.Duration{},
 		topics: append([]string(nil), r.cfg.Topics...),
 		owned:  &parts{m: map[tp]*partState{}}, g: newGate(r.o.MaxRecords)}
-	l.obs = consumer.NewObserver(r.cfg.Group, r.cfg.Hooks)
+	l.obs = engine.NewObserver(r.cfg.Group, r.cfg.Hooks)
 	l.lag = newLagState(l.obs)
 	if l.retryTopics {
 		for i, t := range r.cfg.Failures.RetryTopics() {
@@ -119,7 +120,7 @@ func (l *runLoop) prepareTopics() error {
 	if err := r.ensureTopics(l.ctx, l.retryTopics); err != nil {
 		return err
 	}
-	left, err := consumer.LeftoverRetryTopics(l.ctx, r.cfg, l.retryTopics)
+	left, err := engine.LeftoverRetryTopics(l.ctx, r.cfg, l.retryTopics)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine"
 )
 
 // txnState is one transaction's bookkeeping, shared by the workers that
@@ -35,7 +36,7 @@ type delivery struct {
 }
 
 // end notes how rec's delivery ends if the transaction commits.
-func (t *txnState) end(obs *consumer.Observer, rec *consumer.Record, out consumer.Outcome, err error) {
+func (t *txnState) end(obs engine.Observer, rec *consumer.Record, out consumer.Outcome, err error) {
 	if obs.Ended(rec) {
 		return
 	}
@@ -45,7 +46,7 @@ func (t *txnState) end(obs *consumer.Observer, rec *consumer.Record, out consume
 }
 
 // finish ends the transaction's observed deliveries.
-func (t *txnState) finish(obs *consumer.Observer, committed bool) {
+func (t *txnState) finish(obs engine.Observer, committed bool) {
 	for _, d := range t.ends {
 		if !committed {
 			d.out = consumer.OutcomeAborted

@@ -92,6 +92,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/lifecycle"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -260,7 +261,7 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 		errs = append(errs, &consumer.ConfigError{Struct: "txn", Field: "Handler", Reason: "is nil; pass the function that turns each input into outputs"})
 	}
 	// Validate the consumer configuration the way every runner does.
-	probe, err := consumer.NewRunner(cfg, nopScope{})
+	probe, err := engine.NewRunner(cfg, nopScope{})
 	if err != nil {
 		errs = append(errs, err)
 	} else {
@@ -405,7 +406,7 @@ func (r *Runner) logFetchErrors(fs kgo.Fetches) {
 }
 
 func (r *Runner) ensureTopics(ctx context.Context, retryTopics bool) error {
-	if err := consumer.EnsureFailureTopics(ctx, r.cfg, retryTopics); err != nil {
+	if err := engine.EnsureFailureTopics(ctx, r.cfg, retryTopics); err != nil {
 		return err
 	}
 	if r.vs != nil {

@@ -1,0 +1,58 @@
+package consumer_test
+
+import (
+	"go/ast"
+	"go/doc"
+	"go/parser"
+	"go/token"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The package's exported names are what a service calls or implements:
+// configuration, handlers, failure classes, hooks, stats and the runner.
+// The plumbing kscope's own scopes plug into the runner with lives in
+// internal/engine; a name added here is a promise to every user.
+func TestExportedNamesAreTheUsersAPI(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, f := range pkgs["consumer"].Files {
+		files = append(files, f)
+	}
+	p, err := doc.NewFromFiles(fset, files, "github.com/kscope-dev/kscope/consumer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range p.Funcs {
+		got = append(got, f.Name)
+	}
+	for _, ty := range p.Types {
+		got = append(got, ty.Name)
+		for _, f := range ty.Funcs {
+			got = append(got, f.Name)
+		}
+		for _, m := range ty.Methods {
+			got = append(got, ty.Name+"."+m.Name)
+		}
+	}
+	slices.Sort(got)
+	want := []string{
+		"Class", "ClassOf", "Commit", "Config", "ConfigError", "ConfigError.Error", "DecodeError", "Event",
+		"FailureStats", "Fetch", "Handler", "HandlerFunc", "HandlerFunc.Handle", "Hook", "HookCommit", "HookFetch",
+		"HookInject", "HookLag", "HookRebalance", "HookRecord", "HookRecordEvent", "HookRetryLateness", "HookRoute",
+		"Identity", "Identity.Of", "Lag", "Lateness", "New", "NullKeyPolicy", "Outcome", "Rebalance", "Record",
+		"Record.Header", "Record.Revoked", "RecordEnd", "RecordStart", "Retryable", "Route", "Runner", "Runner.Client",
+		"Runner.Close", "Runner.Config", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("exported names changed:\n got %v\nwant %v", got, want)
+	}
+}

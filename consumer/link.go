@@ -1,0 +1,24 @@
+package consumer
+
+import (
+	"log/slog"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/internal/engine/link"
+)
+
+// The runner's internals that kscope's scope packages build on reach them
+// through internal/engine, not through this package's API.
+func init() {
+	link.NewRunner = newRunnerFor
+	link.NewFailures = func(cfg Config, cl *kgo.Client, log *slog.Logger) any { return newFailures(cfg, cl, log) }
+	link.NewObserver = func(group string, hooks []Hook) any { return newObserver(group, hooks) }
+	link.ObserverOf = func(f any) any { return f.(*failures).obs }
+	link.EnsureFailureTopics = ensureFailureTopics
+	link.LeftoverRetryTopics = leftoverRetryTopics
+	link.DueOf = dueOf
+	link.OutcomeOf = outcomeOf
+	link.ShardOf = shardOf
+	link.RevokedCh = revokedCh
+}

@@ -1,0 +1,221 @@
+// Package engine is what kscope's scope packages (dbscope, txn) use of the
+// consumer runner beyond its public API: the interfaces a unit of work
+// implements to plug into the runner, and the runner's failure routing and
+// hooks. Services use the scopes' constructors; none of this is theirs to
+// call.
+//
+// The runner (consumer.Runner) owns polling, key-shard dispatch, the
+// in-flight bound, holding not-yet-due retry records, the commit watermark,
+// lag, stats and shutdown. A scope is the unit of work it runs per batch of
+// one key-shard: it makes each record's effect durable and says so with
+// done; the runner commits offsets only up to the lowest record not done.
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine/link"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// Scope turns the records of one key-shard into durable effects: the
+// AtLeastOnce scope (consumer.New), the DB scope and the Kafka scope.
+//
+// Process receives records of one partition assignment, in offset order, and
+// is never called concurrently for one shard. It calls done(r) once each
+// record's effect is durable, from its own goroutine and before it returns;
+// the runner commits a partition's offset only up to the lowest record not
+// yet done. The runner may keep done reports to hand them to the watermark
+// together (never past an offset commit); done(nil) hands over those kept
+// so far at once, and a scope calls it before it waits (a backoff, a slow
+// call). Process must not return while a record of a live assignment is not
+// done, unless ctx is canceled (the assignment was lost, its drain timeout
+// passed, or the runner stopped); records left undone are redelivered to
+// the partition's next owner.
+type Scope interface {
+	Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record))
+}
+
+// Batcher is implemented by a Scope that wants batches of more than one
+// record: up to maxBatch records of one partition, waiting at most linger
+// to fill a batch.
+type Batcher interface {
+	BatchLimits() (maxBatch int, linger time.Duration)
+}
+
+// Background is implemented by a Scope that has periodic work to do while
+// the runner runs (an inbox cleanup, say). The runner calls RunBackground
+// in a goroutine of its own when Run starts, cancels ctx when Run stops, and
+// waits for it to return.
+type Background interface {
+	RunBackground(ctx context.Context)
+}
+
+// Delayer is implemented by a Scope that consumes delay topics: a record
+// of one of them that carries a retrytopic.HeaderDue time in the future is
+// held, with its partition paused, until that time; later records of the
+// partition wait behind it. A handler never sleeps for it. The value is the
+// longest delay records of that topic may carry: a due time further out
+// (forged or corrupt) is treated as that far out, so it cannot block the
+// partition. The runner consumes the delay topics besides Config.Topics.
+type Delayer interface {
+	DelayedTopics() map[string]time.Duration
+}
+
+// Starter is implemented by a Scope that checks what it needs before the
+// runner consumes anything (its database tables, say). Run calls Start
+// before it creates a Kafka client and returns its error, unless Run's
+// context ended meanwhile (then Run returns nil, a clean stop).
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
+// ClientOptioner is implemented by a Scope that needs options on the
+// runner's Kafka client, such as an offset adjustment on assignment. They
+// are applied after Config.ClientOptions and before kscope's own.
+type ClientOptioner interface {
+	ClientOptions() []kgo.Opt
+}
+
+// FailureAware is implemented by a Scope that routes failures through the
+// runner's failure policy: when Run starts, the runner hands it the
+// runner's failures (pass f to [AsFailures]) and makes sure the dead-letter
+// topic exists.
+type FailureAware interface {
+	UseFailures(f any)
+}
+
+// RetryTopicUser is implemented by a FailureAware scope that sends failing
+// records to the delayed retry topics (when it returns true): the runner
+// then creates them if missing and consumes them too, holding each record
+// until its due time.
+type RetryTopicUser interface {
+	UsesRetryTopics() bool
+}
+
+// Failures applies a runner's failure policy (Config.Failures): it
+// classifies a handler error, decides between a retry in place, a retry
+// topic, a skip and the dead-letter topic, and produces the records that
+// carry a failure.
+type Failures interface {
+	// Class classifies err under the policy.
+	Class(err error) consumer.Class
+	// Decide returns what follows a failed attempt of rec, counting the
+	// attempts of earlier hops (rec's headers) plus attempt, those made on
+	// this hop. topics says whether the record may go to a retry topic.
+	// It has no effect: Route carries the decision out.
+	Decide(ctx context.Context, rec *consumer.Record, err error, attempt int, topics bool) retrytopic.Step
+	// Route carries out step for rec: for a skip it logs and counts; for
+	// a retry topic or the dead-letter topic it produces the record with
+	// its failure metadata and waits for the broker's acknowledgement,
+	// retrying with backoff until it succeeds or ctx is done.
+	Route(ctx context.Context, rec *consumer.Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error
+	// Handle is Decide followed by Route.
+	Handle(ctx context.Context, rec *consumer.Record, err error, attempt int, firstFailure time.Time, topics bool) (retrytopic.Step, error)
+	// DeadLetterRecord and RetryTopicRecord return the record that carries
+	// rec to the dead-letter topic or to step's retry topic, for a scope
+	// that produces it itself (the Kafka scope, in its transaction).
+	DeadLetterRecord(rec *consumer.Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record
+	RetryTopicRecord(rec *consumer.Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record
+	// Metadata returns the failure metadata rec carries (on its first hop,
+	// its own coordinates and identity).
+	Metadata(rec *consumer.Record) retrytopic.Metadata
+	// Park sends rec, which did not fail, to retry topic stage behind an
+	// earlier record of its key; it waits for the acknowledgement.
+	Park(ctx context.Context, rec *consumer.Record, stage int) error
+	// Policy returns the failure policy, with its defaults.
+	Policy() retrytopic.Policy
+}
+
+// Observer dispatches a runner's hooks (Config.Hooks); every method is a
+// no-op, and allocation-free, when no hook implements its interface.
+type Observer interface {
+	// Start begins a delivery of r (HookRecord) and returns the context the
+	// hooks returned; Context returns it again later.
+	Start(ctx context.Context, r *consumer.Record) context.Context
+	Context(ctx context.Context, r *consumer.Record) context.Context
+	// End ends r's delivery with out, once; Ended reports whether it ended.
+	End(r *consumer.Record, out consumer.Outcome, err error)
+	Ended(r *consumer.Record) bool
+	Event(r *consumer.Record, ev consumer.Event, detail string)
+	Inject(ctx context.Context, out *kgo.Record)
+	Route(r consumer.Route)
+	Commit(partitions int, err error)
+	Rebalance(kind string, partitions int)
+	Fetched(topic string, partition int32, n int)
+	Lag(l consumer.Lag)
+	Gone(topic string, partition int32)
+	Lateness(topic string, late time.Duration)
+	WantsFetch() bool
+	WantsLag() bool
+}
+
+// NewRunner returns a runner for scope s, with cfg's defaults filled in.
+func NewRunner(cfg consumer.Config, s Scope) (*consumer.Runner, error) {
+	return link.NewRunner.(func(consumer.Config, any) (*consumer.Runner, error))(cfg, s)
+}
+
+// AsFailures returns the failures a FailureAware scope is handed.
+func AsFailures(f any) Failures { return f.(Failures) }
+
+// NewFailures returns the failure policy of cfg (defaults filled in, as a
+// runner's Config returns them) producing through cl, for a scope that runs
+// its own client (the Kafka scope).
+func NewFailures(cfg consumer.Config, cl *kgo.Client, log *slog.Logger) Failures {
+	return link.NewFailures.(func(consumer.Config, *kgo.Client, *slog.Logger) any)(cfg, cl, log).(Failures)
+}
+
+// NewObserver returns the Observer of group's hooks.
+func NewObserver(group string, hooks []consumer.Hook) Observer {
+	return link.NewObserver.(func(string, []consumer.Hook) any)(group, hooks).(Observer)
+}
+
+// ObserverOf returns the Observer that f reports through.
+func ObserverOf(f Failures) Observer {
+	return link.ObserverOf.(func(any) any)(f).(Observer)
+}
+
+// EnsureFailureTopics makes sure cfg's dead-letter topic (and, when
+// retryTopics is set, its retry topics) exist, creating them unless the
+// policy says not to. cfg must have its defaults.
+func EnsureFailureTopics(ctx context.Context, cfg consumer.Config, retryTopics bool) error {
+	return link.EnsureFailureTopics.(func(context.Context, consumer.Config, bool) error)(ctx, cfg, retryTopics)
+}
+
+// LeftoverRetryTopics returns the retry topics of cfg's group that its
+// failure policy no longer uses and that still hold records the group has
+// not consumed, with their delays: a runner keeps consuming them until
+// they are drained.
+func LeftoverRetryTopics(ctx context.Context, cfg consumer.Config, retryTopics bool) (map[string]time.Duration, error) {
+	return link.LeftoverRetryTopics.(func(context.Context, consumer.Config, bool) (map[string]time.Duration, error))(ctx, cfg, retryTopics)
+}
+
+// DueOf reads the due time a delay-topic record carries (ok is false when
+// it carries none or an unreadable one: it is due now). A due time up to
+// twice maxDelay ahead is clamped to now+maxDelay; one further out is due
+// now, so a forged or corrupt time cannot block a partition.
+func DueOf(rec *consumer.Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
+	return link.DueOf.(func(*consumer.Record, time.Time, time.Duration) (time.Time, bool))(rec, now, maxDelay)
+}
+
+// OutcomeOf returns the outcome of a delivery whose failure ended in step
+// action a: skipped, retried (a retry topic) or dead-lettered.
+func OutcomeOf(a retrytopic.Action) consumer.Outcome {
+	return link.OutcomeOf.(func(retrytopic.Action) consumer.Outcome)(a)
+}
+
+// ShardOf returns the key-shard r was routed to.
+func ShardOf(r *consumer.Record) int { return link.ShardOf.(func(*consumer.Record) int)(r) }
+
+// RevokedCh returns a channel that is closed when r's partition is revoked
+// from (or lost by) this member, for a scope that waits between attempts of
+// r: a revoke or a shutdown then does not wait for the backoff. A record
+// not consumed by a runner has none (nil).
+func RevokedCh(r *consumer.Record) <-chan struct{} {
+	return link.RevokedCh.(func(*consumer.Record) <-chan struct{})(r)
+}
