@@ -192,7 +192,7 @@ func runDB(ctx context.Context, m *meter, r *dbscope.Runner) (result, error) {
 	res := m.result()
 	// Transactions over the whole run: a close estimate of the measured
 	// window's, which holds nearly all of them.
-	res.txns = r.DBStats().Transactions
+	res.txns = r.Stats().DB.Transactions
 	return res, err
 }
 
@@ -436,6 +436,6 @@ func (b *bench) txnEmit(ctx context.Context, n int) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	err = untilDone(ctx, m, r.Run, func() int64 { return r.Stats().Records })
+	err = untilDone(ctx, m, r.Run, func() int64 { return r.Stats().Kafka.Records })
 	return m.result(), err
 }

@@ -40,26 +40,6 @@ type partState struct {
 	holdTimer *time.Timer
 }
 
-// Stats are a runner's own counters, for tests and health checks. Metrics
-// for dashboards come from the observability hooks.
-type Stats struct {
-	InFlight         int64    // records polled and not yet finished, less those Held
-	InFlightBytes    int64    // their key, value and header bytes
-	MaxInFlight      int64    // the highest InFlight seen
-	MaxInFlightBytes int64    // the highest InFlightBytes seen
-	Polled           int64    // records dispatched to key-shards
-	Done             int64    // records whose effect is durable
-	PausedPartitions int      // partitions paused for backpressure now
-	Held             int64    // records of delay topics waiting for their due time now
-	RetryLateness    Lateness // how late held records were released
-	Pauses           int64    // times a partition was paused for backpressure
-	Assigned         int      // partitions assigned now
-	Rebalances       int64    // assignments, revocations and losses seen
-	LostPartitions   int64    // partitions lost (taken without a revoke)
-	Commits          int64    // offset commit requests that succeeded
-	CommitErrors     int64    // offset commit requests that failed
-	Failures         FailureStats
-}
 
 // Runner consumes a group's partitions and hands each record to the
 // key-shard worker of its key. Build one with [New] (AtLeastOnce scope) or a
@@ -184,7 +164,7 @@ func (r *Runner) Stats() Stats {
 	r.mu.Lock()
 	assigned := len(r.parts)
 	r.mu.Unlock()
-	return Stats{
+	st := Stats{
 		InFlight:         r.inflight.Load(),
 		InFlightBytes:    r.inflightBytes.Load(),
 		MaxInFlight:      r.maxInflight.Load(),
@@ -202,6 +182,10 @@ func (r *Runner) Stats() Stats {
 		CommitErrors:     r.commitErrs.Load(),
 		Failures:         r.failureStats(),
 	}
+	if sr, ok := r.scope.(statsReporter); ok {
+		sr.ReportStats(&st)
+	}
+	return st
 }
 
 func (r *Runner) failureStats() FailureStats {

@@ -26,7 +26,8 @@ func (f HandlerFunc) Handle(ctx context.Context, r *Record) error { return f(ctx
 
 // The interfaces a scope implements to plug into the runner. Their
 // contracts are documented on internal/engine's types of the same names
-// (Scope, Batcher, Background, Delayer, Starter, ClientOptioner), which
+// (Scope, Batcher, Background, Delayer, Starter, ClientOptioner,
+// StatsReporter), which
 // kscope's scope packages implement.
 type (
 	workScope interface {
@@ -46,6 +47,9 @@ type (
 	}
 	clientOptioner interface {
 		ClientOptions() []kgo.Opt
+	}
+	statsReporter interface {
+		ReportStats(st *Stats)
 	}
 )
 

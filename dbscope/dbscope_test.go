@@ -55,7 +55,7 @@ func TestDuplicateDeliveryHasOneEffect(t *testing.T) {
 	if c := countEffects(t, pool); c.rows != 10 || c.unique != 10 {
 		t.Fatalf("effects %+v, want 10 rows for 10 unique messages", c)
 	}
-	if st := r.DBStats(); st.Duplicates != 2 || st.Applied != 10 || calls.Load() != 10 {
+	if st := r.Stats().DB; st.Duplicates != 2 || st.Applied != 10 || calls.Load() != 10 {
 		t.Fatalf("stats %+v, handler calls %d: want 10 applied, 2 duplicates, 10 calls", st, calls.Load())
 	}
 }
@@ -77,7 +77,7 @@ func TestReplayIsANoOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, first)
-	testenv.WaitFor(t, time.Minute, "first pass", func() bool { return first.DBStats().Applied == int64(total) })
+	testenv.WaitFor(t, time.Minute, "first pass", func() bool { return first.Stats().DB.Applied == int64(total) })
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestReplayIsANoOp(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if st := second.DBStats(); st.Duplicates != int64(total) || st.Applied != 0 {
+	if st := second.Stats().DB; st.Duplicates != int64(total) || st.Applied != 0 {
 		t.Fatalf("replay stats %+v: want all %d records duplicates, none applied", st, total)
 	}
 	if c := countEffects(t, pool); c.rows != total || c.unique != total {
@@ -143,8 +143,8 @@ func TestBatchPartialFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, r)
-	testenv.WaitFor(t, time.Minute, "every other record applied", func() bool { return r.DBStats().Applied == total-1 })
-	testenv.WaitFor(t, time.Minute, "the failure retried", func() bool { return r.DBStats().Failed >= 2 })
+	testenv.WaitFor(t, time.Minute, "every other record applied", func() bool { return r.Stats().DB.Applied == total-1 })
+	testenv.WaitFor(t, time.Minute, "the failure retried", func() bool { return r.Stats().DB.Failed >= 2 })
 	var poisonRows int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE key = $1`, poison).Scan(&poisonRows); err != nil {
 		t.Fatal(err)
@@ -159,11 +159,11 @@ func TestBatchPartialFailure(t *testing.T) {
 	if com[0] > 57 {
 		t.Fatalf("committed offset %d passes the failing record at offset 57", com[0])
 	}
-	if st := r.DBStats(); st.Transactions >= total {
+	if st := r.Stats().DB; st.Transactions >= total {
 		t.Fatalf("%d transactions for %d records: records were not batched", st.Transactions, total)
 	}
 	healed.Store(true)
-	testenv.WaitFor(t, time.Minute, "the failing record applied", func() bool { return r.DBStats().Applied == total })
+	testenv.WaitFor(t, time.Minute, "the failing record applied", func() bool { return r.Stats().DB.Applied == total })
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -198,7 +198,7 @@ func TestFailureHoldsItsKeyOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, r)
-	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return r.DBStats().Applied == 40 })
+	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return r.Stats().DB.Applied == 40 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

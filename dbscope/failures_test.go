@@ -128,7 +128,7 @@ func TestDBOrderedRetriesThroughRetryTopics(t *testing.T) {
 	if err := k.Produce(ctx, later...); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return r.DBStats().Applied == 9 })
+	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return r.Stats().DB.Applied == 9 })
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func TestDBOrderedRetriesThroughRetryTopics(t *testing.T) {
 	if calls["K/0"] != 5 {
 		t.Fatalf("K/0 handled %d times, want 5 (2 in place, 2 retry topics, then success)", calls["K/0"])
 	}
-	if st := r.DBStats(); st.Parked < 4 {
+	if st := r.Stats().DB; st.Parked < 4 {
 		t.Fatalf("stats %+v: K's later records were not parked behind K/0", st)
 	}
 	order := effectOrder(t, pool)
@@ -209,15 +209,15 @@ func TestDBParkedKeyReleasedByDLT(t *testing.T) {
 		&kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/2")}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, "K/1 and K/2 applied", func() bool { return r.DBStats().Applied == 2 })
+	testenv.WaitFor(t, time.Minute, "K/1 and K/2 applied", func() bool { return r.Stats().DB.Applied == 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if r.Stats().Failures.DeadLettered != 1 {
 		t.Fatalf("failures %+v: K/0 should be dead-lettered after 3 attempts", r.Stats().Failures)
 	}
-	if r.DBStats().Parked < 2 {
-		t.Fatalf("stats %+v: K/1 and K/2 did not wait behind K/0", r.DBStats())
+	if r.Stats().DB.Parked < 2 {
+		t.Fatalf("stats %+v: K/1 and K/2 did not wait behind K/0", r.Stats().DB)
 	}
 	order := effectOrder(t, pool)
 	if strings.Join(order, ",") != "K/1,K/2" {

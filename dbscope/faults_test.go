@@ -56,11 +56,11 @@ func TestConnectionLossMidBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.DBStats().Applied == int64(total) })
+	runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.Stats().DB.Applied == int64(total) })
 	if killed.Load() == 0 {
 		t.Fatal("no backend was terminated: the test did not test anything")
 	}
-	if st := r.DBStats(); st.TxRetries < killed.Load() {
+	if st := r.Stats().DB; st.TxRetries < killed.Load() {
 		t.Fatalf("%d backends terminated but %d transactions retried", killed.Load(), st.TxRetries)
 	}
 	if c := countEffects(t, pool); c.rows != total || c.unique != total {
@@ -172,7 +172,7 @@ func TestStoredOffsetsResumeAheadOfKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, first)
-	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return first.DBStats().Applied == int64(total) })
+	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return first.Stats().DB.Applied == int64(total) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -194,14 +194,14 @@ func TestStoredOffsetsResumeAheadOfKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop = run(t, second)
-	testenv.WaitFor(t, time.Minute, "the new record applied", func() bool { return second.DBStats().Applied == 1 })
+	testenv.WaitFor(t, time.Minute, "the new record applied", func() bool { return second.Stats().DB.Applied == 1 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	// The fetch resumes at the lowest shard's stored position; the few
 	// records between it and the other shard's are skipped by the stored
 	// positions too, neither reaching the inbox nor the handler.
-	if st := second.DBStats(); st.Duplicates != 0 || st.ReplaySkipped >= int64(total)/4 || calls.Load() != 1 {
+	if st := second.Stats().DB; st.Duplicates != 0 || st.ReplaySkipped >= int64(total)/4 || calls.Load() != 1 {
 		t.Fatalf("after resuming from the database: %+v, %d handler calls; want the applied records (almost all) never fetched", st, calls.Load())
 	}
 	if c := countEffects(t, pool); c.rows != total+1 {
@@ -303,7 +303,7 @@ func TestStatementTimeoutsOneByOne(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.DBStats().Applied == int64(total) })
+			runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.Stats().DB.Applied == int64(total) })
 			if c := countEffects(t, pool); c.rows != total || c.unique != total {
 				t.Fatalf("effects %+v, want %d", c, total)
 			}
@@ -313,7 +313,7 @@ func TestStatementTimeoutsOneByOne(t *testing.T) {
 			if len(behind) > 0 {
 				t.Fatalf("a timed-out record ran again before the records ahead of it were durable: %v", behind)
 			}
-			if got, want := r.DBStats().TxRetries, int64(total/20); got != want || len(checked) != total/20 {
+			if got, want := r.Stats().DB.TxRetries, int64(total/20); got != want || len(checked) != total/20 {
 				t.Fatalf("%d transaction retries and %d slow records seen timed out, want %d of each", got, len(checked), want)
 			}
 		})

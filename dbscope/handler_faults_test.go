@@ -162,7 +162,7 @@ func TestRunWithoutMigrateFails(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				cancel()
 				<-errc
-				t.Fatalf("Run still running after 20s on an unmigrated database (%d transaction retries)", r.DBStats().TxRetries)
+				t.Fatalf("Run still running after 20s on an unmigrated database (%d transaction retries)", r.Stats().DB.TxRetries)
 			}
 			if runErr == nil || !strings.Contains(runErr.Error(), `dbscope.Migrate`) || !strings.Contains(runErr.Error(), `"shop_"`) {
 				t.Fatalf("Run returned %v, want an error saying to run dbscope.Migrate with prefix \"shop_\"", runErr)
@@ -216,7 +216,7 @@ func TestStoredOffsetsIgnoreAnotherRouting(t *testing.T) {
 	}
 	stop := run(t, first)
 	testenv.WaitFor(t, time.Minute, "the keyed records applied, the null-key ones failing", func() bool {
-		return first.DBStats().Applied == 40 && first.DBStats().Failed > 0
+		return first.Stats().DB.Applied == 40 && first.Stats().DB.Failed > 0
 	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -234,7 +234,7 @@ func TestStoredOffsetsIgnoreAnotherRouting(t *testing.T) {
 	}
 	if c := countEffects(t, pool); nulls != 20 || c.rows != len(vals) || c.unique != len(vals) {
 		t.Fatalf("%d of 20 null-key records applied (effects %+v, second run %+v): stored positions skipped records never applied",
-			nulls, c, second.DBStats())
+			nulls, c, second.Stats().DB)
 	}
 }
 
@@ -295,7 +295,7 @@ func TestHandlerNetworkErrorsFollowThePolicy(t *testing.T) {
 			t.Errorf("%s handled %d times, want %d", v, got, want)
 		}
 	}
-	if st := r.DBStats(); st.TxRetries != 0 {
+	if st := r.Stats().DB; st.TxRetries != 0 {
 		t.Fatalf("%d transactions retried as if PostgreSQL had failed", st.TxRetries)
 	}
 }
@@ -521,7 +521,7 @@ func TestMigrateUpgradesStoredOffsets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runToEnd(t, r, k, group, topic, "every record applied", time.Minute, func() bool { return r.DBStats().Applied == 3 })
+	runToEnd(t, r, k, group, topic, "every record applied", time.Minute, func() bool { return r.Stats().DB.Applied == 3 })
 	var next int64
 	if err := pool.QueryRow(ctx, `SELECT next_offset FROM kscope_offsets WHERE consumer = $1 AND routing <> ''`, group).Scan(&next); err != nil {
 		t.Fatal(err)

@@ -132,7 +132,7 @@ func runToEnd(t testing.TB, r interface{ Run(context.Context) error }, k *testen
 // the given numbers of records.
 func wantOutcomes(t testing.TB, r *dbscope.Runner, applied, skipped, deadLettered int64) {
 	t.Helper()
-	st, f := r.DBStats(), r.Stats().Failures
+	st, f := r.Stats().DB, r.Stats().Failures
 	if st.Applied != applied || st.Skipped != skipped || f.DeadLettered != deadLettered {
 		t.Fatalf("stats %+v, failures %+v: want %d applied, %d skipped, %d dead-lettered", st, f, applied, skipped, deadLettered)
 	}

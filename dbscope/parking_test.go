@@ -79,12 +79,12 @@ func TestDBParkedRedeliveryKeepsOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Minute, "B parked and B' found a duplicate", func() bool {
-		return r.DBStats().Parked >= 1 && r.DBStats().Duplicates >= 1
+		return r.Stats().DB.Parked >= 1 && r.Stats().DB.Duplicates >= 1
 	})
 	if err := k.Produce(ctx, idRecord(topic, "k", "k/2", "D")); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, "A, B and D applied", func() bool { return r.DBStats().Applied >= 3 })
+	testenv.WaitFor(t, time.Minute, "A, B and D applied", func() bool { return r.Stats().DB.Applied >= 3 })
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestDBParkingBoundsRetryRecords(t *testing.T) {
 	if err := k.Produce(ctx, recs...); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, "the waiting records applied", func() bool { return r.DBStats().Applied == behind })
+	testenv.WaitFor(t, time.Minute, "the waiting records applied", func() bool { return r.Stats().DB.Applied == behind })
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -186,14 +186,14 @@ func TestDBDeadLetteredRedeliveryIsNoOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Minute, "both dead-lettered, k/1 applied", func() bool {
-		return r.Stats().Failures.DeadLettered == 2 && r.DBStats().Applied == 1
+		return r.Stats().Failures.DeadLettered == 2 && r.Stats().DB.Applied == 1
 	})
 	// Redeliveries of the dead-lettered records and of the applied one.
 	if err := k.Produce(ctx, idRecord(topic, "poison", "poison/0", "P"), idRecord(topic, "k", "k/0", "K0"),
 		idRecord(topic, "k", "k/1", "K1"), idRecord(topic, "k", "k/2", "K2")); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, "k/2 applied", func() bool { return r.DBStats().Applied == 2 })
+	testenv.WaitFor(t, time.Minute, "k/2 applied", func() bool { return r.Stats().DB.Applied == 2 })
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func TestDBDeadLetteredRedeliveryIsNoOp(t *testing.T) {
 	if dlt := k.ReadAll(t, retrytopic.DLTopic(group)); len(dlt) != 2 {
 		t.Fatalf("%d DLT records, want 2: a redelivery of a dead-lettered record is a no-op", len(dlt))
 	}
-	if d := r.DBStats().Duplicates; d != 3 {
+	if d := r.Stats().DB.Duplicates; d != 3 {
 		t.Fatalf("%d duplicates, want 3", d)
 	}
 }

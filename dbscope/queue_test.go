@@ -64,7 +64,7 @@ func TestQueuedHandlerAppliesEachRecordOnce(t *testing.T) {
 	if c := countEffects(t, pool); c.rows != total || c.unique != total {
 		t.Fatalf("effects %+v, want %d rows for %d messages", c, total, total)
 	}
-	st := r.DBStats()
+	st := r.Stats().DB
 	if st.Applied != total || st.Duplicates != 2 || calls.Load() != total {
 		t.Fatalf("stats %+v, handler calls %d: want %d applied, 2 duplicates, %d calls", st, calls.Load(), total, total)
 	}
@@ -194,9 +194,9 @@ func TestQueuedBatchSurvivesConnectionLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.DBStats().Applied == int64(total) })
-	if killed.Load() == 0 || r.DBStats().TxRetries == 0 {
-		t.Fatalf("no connection was killed (%d) or no transaction retried (%+v)", killed.Load(), r.DBStats())
+	runToEnd(t, r, k, group, topic, "every record applied", 2*time.Minute, func() bool { return r.Stats().DB.Applied == int64(total) })
+	if killed.Load() == 0 || r.Stats().DB.TxRetries == 0 {
+		t.Fatalf("no connection was killed (%d) or no transaction retried (%+v)", killed.Load(), r.Stats().DB)
 	}
 	if c := countEffects(t, pool); c.rows != total || c.unique != total {
 		t.Fatalf("effects %+v, want %d", c, total)

@@ -104,7 +104,7 @@ func TestVersionsInOrderStaleAndDuplicate(t *testing.T) {
 	if got := appliedVersions(t, pool)["K"]; got != "1,2,3,4" {
 		t.Fatalf("applied versions %s, want 1,2,3,4", got)
 	}
-	if st := r.DBStats(); st.Stale != 2 || st.Applied != 4 {
+	if st := r.Stats().DB; st.Stale != 2 || st.Applied != 4 {
 		t.Fatalf("stats %+v: want 4 applied, 2 stale", st)
 	}
 	if fmt.Sprint(firsts) != "[true false false false]" {
@@ -131,7 +131,7 @@ func TestVersionGapThenFill(t *testing.T) {
 	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 3, 0), versioned(topic, "J", 1, 0)); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, "the gap detected", func() bool { return r.DBStats().GapsDetected == 1 })
+	testenv.WaitFor(t, time.Minute, "the gap detected", func() bool { return r.Stats().DB.GapsDetected == 1 })
 	if err := k.Produce(ctx, versioned(topic, "J", 2, 0), versioned(topic, "K", 4, 0)); err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestVersionGapThenFill(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if st := r.DBStats(); st.GapsHealed != 1 || st.GapsTimedOut != 0 {
+	if st := r.Stats().DB; st.GapsHealed != 1 || st.GapsTimedOut != 0 {
 		t.Fatalf("stats %+v: want one gap healed", st)
 	}
 }
@@ -172,7 +172,7 @@ func TestVersionGapTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Minute, "the gap timed out", func() bool {
-		return r.DBStats().GapsTimedOut == 1 && r.Stats().Failures.DeadLettered == 1
+		return r.Stats().DB.GapsTimedOut == 1 && r.Stats().Failures.DeadLettered == 1
 	})
 	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
 	if len(dlt) != 1 || testenv.Header(dlt[0], retrytopic.HeaderVersionExpected) != "2" || testenv.Header(dlt[0], retrytopic.HeaderVersionActual) != "5" {
@@ -246,7 +246,7 @@ func TestVersionGapAcrossRebalance(t *testing.T) {
 	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 3, 0), versioned(topic, "K", 4, 0)); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, "the gap detected", func() bool { return a.DBStats().GapsDetected == 1 })
+	testenv.WaitFor(t, time.Minute, "the gap detected", func() bool { return a.Stats().DB.GapsDetected == 1 })
 	b := newMember()
 	stopB := run(t, b)
 	testenv.WaitFor(t, time.Minute, "b to join", func() bool { return b.Stats().Assigned > 0 })
@@ -314,8 +314,8 @@ func TestVersionGapPolicies(t *testing.T) {
 			if n := len(k.ReadAll(t, retrytopic.DLTopic(group))); n != tc.dlt {
 				t.Fatalf("%d DLT records, want %d", n, tc.dlt)
 			}
-			if tc.name == "accept" && r.DBStats().GapsAccepted != 1 {
-				t.Fatalf("stats %+v: one gap accepted", r.DBStats())
+			if tc.name == "accept" && r.Stats().DB.GapsAccepted != 1 {
+				t.Fatalf("stats %+v: one gap accepted", r.Stats().DB)
 			}
 		})
 	}
@@ -357,7 +357,7 @@ func TestSwappedVersionsWaitingBehindAHead(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if st := r.DBStats(); st.GapsTimedOut != 0 {
+	if st := r.Stats().DB; st.GapsTimedOut != 0 {
 		t.Fatalf("stats %+v: no gap may time out", st)
 	}
 }

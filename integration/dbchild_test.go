@@ -88,7 +88,7 @@ func runDBChildFailing(ctx context.Context, cfg consumer.Config, storeOffsets bo
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	st, _ := json.Marshal(r.DBStats())
+	st, _ := json.Marshal(r.Stats().DB)
 	fmt.Printf("%s%s\n", statsLinePref, st)
 	return 0
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
@@ -127,7 +128,7 @@ func TestDBCrashBetweenDBCommitAndKafkaCommit(t *testing.T) {
 			if calls := second.Handled(); calls != int64(total-applied) {
 				t.Fatalf("the restarted child called the handler %d times; %d records were left to apply", calls, total-applied)
 			}
-			var st dbscope.Stats
+			var st consumer.DBStats
 			if err := json.Unmarshal([]byte(c.stats), &st); err != nil {
 				t.Fatalf("child stats %q: %v", c.stats, err)
 			}

@@ -73,7 +73,7 @@ func TestReliabilitySoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runRunner(t, r.Run)
-	applied := func() int64 { return r.DBStats().Applied }
+	applied := func() int64 { return r.Stats().DB.Applied }
 
 	// The producer keeps a bounded lead over the consumer until the end.
 	end := start.Add(d)

@@ -346,11 +346,11 @@ func TestReliabilitySecretsStayOutOfLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runRunner(t, r.Run)
-	testenv.WaitFor(t, time.Minute, "some records applied", func() bool { return r.DBStats().Applied > 0 })
+	testenv.WaitFor(t, time.Minute, "some records applied", func() bool { return r.Stats().DB.Applied > 0 })
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return r.DBStats().Applied >= int64(total) })
+	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return r.Stats().DB.Applied >= int64(total) })
 	testenv.WaitFor(t, time.Minute, "the poison record dead-lettered", func() bool {
 		ends, err := k.EndOffsets(ctx, retrytopic.DLTopic(group))
 		return err == nil && ends[0]+ends[1] >= 1
@@ -455,7 +455,7 @@ func TestReliabilityPostgresTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runRunner(t, r.Run)
-	testenv.WaitFor(t, time.Minute, "every record applied over TLS", func() bool { return r.DBStats().Applied >= int64(total) })
+	testenv.WaitFor(t, time.Minute, "every record applied over TLS", func() bool { return r.Stats().DB.Applied >= int64(total) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -221,7 +221,7 @@ var kafkaScenarios = []kafkaScenario{
 		}
 		first := h.runner("kt-1", txn.Options{})
 		stopFirst := run(first)
-		if !waitCond(time.Minute, func() bool { return first.Stats().Records == 5 }) {
+		if !waitCond(time.Minute, func() bool { return first.Stats().Kafka.Records == 5 }) {
 			close(hang)
 			stopFirst()
 			return "the first member never committed"
@@ -245,7 +245,7 @@ var kafkaScenarios = []kafkaScenario{
 			stopSecond()
 			return "the successor never joined the group"
 		}
-		ok := waitCond(time.Minute, func() bool { return second.Stats().Committed > 0 && h.committed() })
+		ok := waitCond(time.Minute, func() bool { return second.Stats().Kafka.Committed > 0 && h.committed() })
 		stopFirst() // fenced: its error is expected
 		if !ok {
 			stopSecond()

@@ -417,7 +417,7 @@ var scenarios = []scenario{
 		if d := h.until(r, "every delivery done", func() bool { return r.Stats().Done >= 3 && h.committed() }); d != "" {
 			return d
 		}
-		return expect(h.effects() == 2 && r.DBStats().Duplicates == 1, "%d effects, %d duplicates for one message delivered twice and one other", h.effects(), r.DBStats().Duplicates)
+		return expect(h.effects() == 2 && r.Stats().DB.Duplicates == 1, "%d effects, %d duplicates for one message delivered twice and one other", h.effects(), r.Stats().DB.Duplicates)
 	}},
 	{"crash_before_offset_commit", func(h *harness) string {
 		for i := range 10 {
@@ -543,7 +543,7 @@ var scenarios = []scenario{
 		if d := h.until(replay, "the replay", func() bool { return replay.Stats().Done >= 10 }); d != "" {
 			return d
 		}
-		return expect(h.effects() == 10 && replay.DBStats().Duplicates == 10, "after the replay: %d effects, %d duplicates", h.effects(), replay.DBStats().Duplicates)
+		return expect(h.effects() == 10 && replay.Stats().DB.Duplicates == 10, "after the replay: %d effects, %d duplicates", h.effects(), replay.Stats().DB.Duplicates)
 	}},
 }
 

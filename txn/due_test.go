@@ -75,7 +75,7 @@ func TestRemovedRetryRungIsDrained(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runFor(t, r)
-	testenv.WaitFor(t, 20*time.Second, "the record sent to the second rung", func() bool { return r.Stats().RetryTopic >= 2 })
+	testenv.WaitFor(t, 20*time.Second, "the record sent to the second rung", func() bool { return r.Stats().Kafka.RetryTopic >= 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestRemovedRetryRungIsDrained(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop = runFor(t, r)
-	testenv.WaitFor(t, 30*time.Second, "the record of the removed rung transformed", func() bool { return r.Stats().Records >= 1 })
+	testenv.WaitFor(t, 30*time.Second, "the record of the removed rung transformed", func() bool { return r.Stats().Kafka.Records >= 1 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestRestartFencesThePredecessorsOpenTransaction(t *testing.T) {
 	stop := runFor(t, r)
 	// Far below the five-minute transaction timeout the predecessor's
 	// transaction would otherwise hold the group's offsets for.
-	testenv.WaitFor(t, 20*time.Second, "every input handled", func() bool { return r.Stats().Records == 30 })
+	testenv.WaitFor(t, 20*time.Second, "every input handled", func() bool { return r.Stats().Kafka.Records == 30 })
 	t.Logf("handled every input %s after the start", time.Since(start).Round(time.Millisecond))
 	testenv.WaitFor(t, 20*time.Second, "offsets committed", func() bool { return k.CommittedAll(t, "g-restart", "in") })
 	if err := stop(); err != nil {
@@ -121,7 +121,7 @@ func TestMissingInputTopicIsLoggedOnce(t *testing.T) {
 	if err := k.Produce(context.Background(), &kgo.Record{Topic: "orders-missing", Value: []byte("late-order")}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 30*time.Second, "the record of the created topic handled", func() bool { return r.Stats().Records == 1 })
+	testenv.WaitFor(t, 30*time.Second, "the record of the created topic handled", func() bool { return r.Stats().Kafka.Records == 1 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +156,8 @@ func TestMissingOutputTopicIsNamed(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if r.Stats().Records != 0 {
-		t.Fatalf("%d records committed with their output missing", r.Stats().Records)
+	if r.Stats().Kafka.Records != 0 {
+		t.Fatalf("%d records committed with their output missing", r.Stats().Kafka.Records)
 	}
 }
 
@@ -181,7 +181,7 @@ func TestVersionsRestoredOnceTheChangelogIsStable(t *testing.T) {
 	produceVersion(t, k, "acct", "1")
 	produceVersion(t, k, "acct", "2")
 	r1, stop := start("stable-1")
-	testenv.WaitFor(t, 20*time.Second, "run 1 applied two versions", func() bool { return r1.Stats().Outputs == 2 })
+	testenv.WaitFor(t, 20*time.Second, "run 1 applied two versions", func() bool { return r1.Stats().Kafka.Outputs == 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -247,11 +247,11 @@ func TestVersionsRestoredOnceTheChangelogIsStable(t *testing.T) {
 	if err := prev.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 30*time.Second, "run 2 handled version 4", func() bool { return r2.Stats().Records == 1 })
+	testenv.WaitFor(t, 30*time.Second, "run 2 handled version 4", func() bool { return r2.Stats().Kafka.Records == 1 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if s := r2.Stats(); s.GapsDetected != 0 || s.Outputs != 1 {
+	if s := r2.Stats(); s.Kafka.GapsDetected != 0 || s.Kafka.Outputs != 1 {
 		t.Fatalf("run 2: %+v; want version 4 applied after 3, no gap", s)
 	}
 	var got []string

@@ -126,14 +126,14 @@ func TestOneRetryingKeyHoldsOnlyItsShard(t *testing.T) {
 	}
 	stop := runFor(t, r)
 	testenv.WaitFor(t, 10*time.Second, "the other key-shards' records committed while stuck/0 retries", func() bool {
-		return r.Stats().Records >= int64(3*len(free))
+		return r.Stats().Kafka.Records >= int64(3*len(free))
 	})
 	if h.tries("stuck/0") < 2 {
 		t.Fatalf("stuck/0 tried %d times; it should still be retrying", h.tries("stuck/0"))
 	}
-	checkOutputs(t, k, int(r.Stats().Outputs))
+	checkOutputs(t, k, int(r.Stats().Kafka.Outputs))
 	released.Store(true)
-	testenv.WaitFor(t, 20*time.Second, "every record committed", func() bool { return r.Stats().Records == int64(total) })
+	testenv.WaitFor(t, 20*time.Second, "every record committed", func() bool { return r.Stats().Kafka.Records == int64(total) })
 	testenv.WaitFor(t, 20*time.Second, "offsets committed", func() bool { return k.CommittedAll(t, "g-stuck", "one") })
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -158,12 +158,12 @@ func TestRetryingKeyAcrossRestart(t *testing.T) {
 	}
 	stop := runFor(t, r1)
 	testenv.WaitFor(t, 10*time.Second, "the other key-shards' records committed while stuck/0 retries", func() bool {
-		return r1.Stats().Records >= int64(3*len(free))
+		return r1.Stats().Kafka.Records >= int64(3*len(free))
 	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	done := r1.Stats().Records
+	done := r1.Stats().Kafka.Records
 	com, err := k.CommittedOffsets(context.Background(), "g-stuck-restart", "one")
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +179,7 @@ func TestRetryingKeyAcrossRestart(t *testing.T) {
 	}
 	stop = runFor(t, r2)
 	testenv.WaitFor(t, 20*time.Second, "the rest committed by the next member", func() bool {
-		return r2.Stats().Records >= int64(total)-done
+		return r2.Stats().Kafka.Records >= int64(total)-done
 	})
 	testenv.WaitFor(t, 20*time.Second, "offsets committed", func() bool { return k.CommittedAll(t, "g-stuck-restart", "one") })
 	if err := stop(); err != nil {

@@ -48,6 +48,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer l.sess.Close()
 	l.cl = l.sess.Client()
+	r.clMu.Lock()
+	r.cl = l.cl
+	r.clMu.Unlock()
+	defer func() {
+		r.clMu.Lock()
+		r.cl = nil
+		r.clMu.Unlock()
+	}()
 	// Initialise the producer ID before the first poll: it fences the
 	// previous incarnation of this transactional id and aborts its open
 	// transaction. Until then the group's offsets that transaction
@@ -148,6 +156,8 @@ func (l *runLoop) clientOptions() []kgo.Opt {
 		kgo.FetchMaxWait(min(500*time.Millisecond, r.o.CommitInterval*5)),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
 			l.obs.Rebalance("assigned", count(ps))
+			r.rebalances.Add(1)
+			r.assigned.Add(int64(count(ps)))
 		}),
 		// The group's offsets of newly assigned partitions are fetched
 		// with RequireStable after OnPartitionsAssigned: only then has a
@@ -205,6 +215,8 @@ func (l *runLoop) offsetsFetched(resp *kmsg.OffsetFetchResponse) {
 // records.
 func (l *runLoop) gone(kind string, ps map[string][]int32) {
 	l.obs.Rebalance(kind, count(ps))
+	l.r.rebalances.Add(1)
+	l.r.assigned.Add(-int64(count(ps)))
 	l.owned.mu.Lock()
 	for t, parts := range ps {
 		for _, p := range parts {

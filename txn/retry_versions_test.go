@@ -67,7 +67,7 @@ func TestRetryTopicsInsideTheTransaction(t *testing.T) {
 	stop := runFor(t, r1)
 	testenv.WaitFor(t, 20*time.Second, "flaky routed and held", func() bool {
 		s := r1.Stats()
-		return s.RetryTopic == 1 && s.Held >= 1 && s.Records == 5
+		return s.Kafka.RetryTopic == 1 && s.Kafka.Held >= 1 && s.Kafka.Records == 5
 	})
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -86,7 +86,7 @@ func TestRetryTopicsInsideTheTransaction(t *testing.T) {
 	}
 	runFor(t, r2)
 	testenv.WaitFor(t, 30*time.Second, "flaky applied after two hops", func() bool {
-		return r2.Stats().Outputs >= 2 && r2.Stats().RetryTopic == 1
+		return r2.Stats().Kafka.Outputs >= 2 && r2.Stats().Kafka.RetryTopic == 1
 	})
 	mu.Lock()
 	if n := len(attempts["flaky"]); n != 3 {
@@ -174,7 +174,7 @@ func TestVersionGapsAcrossRestarts(t *testing.T) {
 	produceVersion(t, k, "acct", "1")
 	produceVersion(t, k, "acct", "2")
 	r1, stop := start("v-1", time.Hour)
-	testenv.WaitFor(t, 20*time.Second, "run 1 applied two versions", func() bool { return r1.Stats().Outputs == 2 })
+	testenv.WaitFor(t, 20*time.Second, "run 1 applied two versions", func() bool { return r1.Stats().Kafka.Outputs == 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -189,8 +189,8 @@ func TestVersionGapsAcrossRestarts(t *testing.T) {
 	produceVersion(t, k, "other", "1")
 	produceVersion(t, k, "acct", "")
 	r2, stop := start("v-2", time.Hour)
-	testenv.WaitFor(t, 20*time.Second, "run 2 checked every record", func() bool { return r2.Stats().Records == 6 })
-	if s := r2.Stats(); s.Stale != 1 || s.GapsDetected != 2 || s.DeadLettered != 1 || s.Outputs != 2 {
+	testenv.WaitFor(t, 20*time.Second, "run 2 checked every record", func() bool { return r2.Stats().Kafka.Records == 6 })
+	if s := r2.Stats(); s.Kafka.Stale != 1 || s.Kafka.GapsDetected != 2 || s.Kafka.DeadLettered != 1 || s.Kafka.Outputs != 2 {
 		t.Fatalf("run 2: %+v; want 1 stale, 2 gaps, 1 dead-lettered, 2 outputs", s)
 	}
 	if err := stop(); err != nil {
@@ -201,8 +201,8 @@ func TestVersionGapsAcrossRestarts(t *testing.T) {
 	// changelog, follows in the same transaction.
 	produceVersion(t, k, "acct", "3")
 	r3, stop := start("v-3", time.Hour)
-	testenv.WaitFor(t, 20*time.Second, "run 3 healed acct", func() bool { return r3.Stats().GapsHealed == 1 })
-	if s := r3.Stats(); s.Outputs != 2 || s.GapsTimedOut != 0 {
+	testenv.WaitFor(t, 20*time.Second, "run 3 healed acct", func() bool { return r3.Stats().Kafka.GapsHealed == 1 })
+	if s := r3.Stats(); s.Kafka.Outputs != 2 || s.Kafka.GapsTimedOut != 0 {
 		t.Fatalf("run 3: %+v; want 2 outputs and no timeout", s)
 	}
 	if err := stop(); err != nil {
@@ -213,10 +213,10 @@ func TestVersionGapsAcrossRestarts(t *testing.T) {
 	// to the DLT with the expected and actual versions, and then late's 2
 	// and a new 3 apply.
 	r4, stop := start("v-4", 50*time.Millisecond)
-	testenv.WaitFor(t, 20*time.Second, "run 4 timed late's gap out", func() bool { return r4.Stats().GapsTimedOut == 1 })
+	testenv.WaitFor(t, 20*time.Second, "run 4 timed late's gap out", func() bool { return r4.Stats().Kafka.GapsTimedOut == 1 })
 	produceVersion(t, k, "late", "2")
 	produceVersion(t, k, "late", "3")
-	testenv.WaitFor(t, 20*time.Second, "run 4 applied late 2 and 3", func() bool { return r4.Stats().Outputs == 2 })
+	testenv.WaitFor(t, 20*time.Second, "run 4 applied late 2 and 3", func() bool { return r4.Stats().Kafka.Outputs == 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -287,8 +287,8 @@ func TestVersionGapPolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			runFor(t, r)
-			testenv.WaitFor(t, 20*time.Second, "three records checked", func() bool { return r.Stats().Records == 3 })
-			if s := r.Stats(); s.Outputs != c.outputs || s.DeadLettered != c.dead {
+			testenv.WaitFor(t, 20*time.Second, "three records checked", func() bool { return r.Stats().Kafka.Records == 3 })
+			if s := r.Stats(); s.Kafka.Outputs != c.outputs || s.Kafka.DeadLettered != c.dead {
 				t.Fatalf("%+v; want %d outputs, %d dead-lettered", s, c.outputs, c.dead)
 			}
 		})

@@ -200,25 +200,8 @@ func (o Options) validate() error {
 	return errors.Join(errs...)
 }
 
-// Stats are the Kafka scope's counters.
-type Stats struct {
-	Records      int64 // input records whose outputs (or route) committed
-	Outputs      int64 // output records committed
-	Committed    int64 // transactions committed
-	Aborted      int64 // transactions aborted (rebalance, fault) and replayed
-	DeadLettered int64 // input records dead-lettered inside a transaction
-	Skipped      int64 // input records skipped as business outcomes
-	RetryTopic   int64 // input records sent to a delayed retry topic inside a transaction
-	Held         int64 // retry-topic records found not yet due (their partition paused until due)
-
-	Stale        int64 // versioned records at or below their key's last version, skipped
-	GapsDetected int64 // versioned records parked ahead of their key's next version
-	GapsHealed   int64 // parked records applied once the versions before them were
-	GapsAccepted int64 // records applied over a gap (sequence.Accept)
-	GapsTimedOut int64 // parked records that waited past GapTimeout and went to the DLT
-}
-
-// counters are the Stats of one transaction, or of the runner.
+// counters are the Kafka-scope counters (consumer.KafkaStats) of one
+// transaction, or of the runner.
 type counters struct {
 	records, outputs, dead, skipped, retryTopic, held       atomic.Int64
 	stale, gapsDetected, gapsHealed, gapsAccepted, timedOut atomic.Int64
@@ -250,6 +233,11 @@ type Runner struct {
 	statsMu           sync.Mutex // a transaction's counters join the runner's at once
 	c                 counters
 	committed, aborts atomic.Int64
+	rebalances        atomic.Int64
+	assigned          atomic.Int64 // partitions assigned now
+
+	clMu sync.Mutex
+	cl   *kgo.Client // while Run runs
 }
 
 // New returns a Kafka-scope runner. cfg is the consumer configuration
@@ -287,17 +275,30 @@ type nopScope struct{}
 
 func (nopScope) Process(context.Context, []*consumer.Record, func(*consumer.Record)) {}
 
-// Stats returns the runner's counters.
-func (r *Runner) Stats() Stats {
+// Stats returns a snapshot of the runner's counters: the Kafka scope's in
+// Stats.Kafka; of the runner-wide ones, Done (input records committed),
+// Commits (transactions committed), Assigned and Rebalances.
+func (r *Runner) Stats() consumer.Stats {
 	r.statsMu.Lock()
 	defer r.statsMu.Unlock()
-	return Stats{
+	k := consumer.KafkaStats{
 		Records: r.c.records.Load(), Outputs: r.c.outputs.Load(), Committed: r.committed.Load(),
 		Aborted: r.aborts.Load(), DeadLettered: r.c.dead.Load(), Skipped: r.c.skipped.Load(),
 		RetryTopic: r.c.retryTopic.Load(), Held: r.c.held.Load(),
 		Stale: r.c.stale.Load(), GapsDetected: r.c.gapsDetected.Load(), GapsHealed: r.c.gapsHealed.Load(),
 		GapsAccepted: r.c.gapsAccepted.Load(), GapsTimedOut: r.c.timedOut.Load(),
 	}
+	return consumer.Stats{Done: k.Records, Commits: k.Committed, Assigned: int(r.assigned.Load()),
+		Rebalances: r.rebalances.Load(), Kafka: k}
+}
+
+// Client returns the runner's transactional Kafka client while Run is
+// running, else nil. Use it for what kscope does not wrap (metadata, lag
+// queries); do not poll, produce, commit or close it.
+func (r *Runner) Client() *kgo.Client {
+	r.clMu.Lock()
+	defer r.clMu.Unlock()
+	return r.cl
 }
 
 // Close stops a running Run and waits for it; idempotent.

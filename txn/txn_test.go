@@ -145,14 +145,24 @@ func TestTransformExactlyOnceWithDLT(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runFor(t, r)
-	testenv.WaitFor(t, time.Minute, "every input committed", func() bool { return r.Stats().Records == 500 })
+	testenv.WaitFor(t, time.Minute, "every input committed", func() bool { return r.Stats().Kafka.Records == 500 })
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-enrich", "in") })
+	// The runner's Stats and Client are those of every runner.
+	if st := r.Stats(); st.Done != 500 || st.Commits != st.Kafka.Committed || st.Commits == 0 || st.Assigned == 0 {
+		t.Errorf("stats %+v: want Done 500, Commits the committed transactions, partitions assigned", st)
+	}
+	if r.Client() == nil {
+		t.Error("Client() is nil while Run runs")
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+	if r.Client() != nil {
+		t.Error("Client() is not nil after Run returned")
+	}
 	checkExactlyOnce(t, k, good)
 	dlt := k.ReadAll(t, retrytopic.DLTopic("g-enrich"))
-	if len(dlt) != 10 || r.Stats().DeadLettered != 10 {
+	if len(dlt) != 10 || r.Stats().Kafka.DeadLettered != 10 {
 		t.Fatalf("%d DLT records (stats %+v), want 10", len(dlt), r.Stats())
 	}
 	for _, d := range dlt {
@@ -244,7 +254,7 @@ func TestFencing(t *testing.T) {
 	defer cancel()
 	go func() { firstErr <- first.Run(ctx) }()
 	// The first instance owns the transactional id and commits.
-	testenv.WaitFor(t, time.Minute, "the first instance to commit", func() bool { return first.Stats().Records == 200 })
+	testenv.WaitFor(t, time.Minute, "the first instance to commit", func() bool { return first.Stats().Kafka.Records == 200 })
 	blocking.Store(true)
 	var more []string
 	for i := range 100 {
@@ -264,7 +274,7 @@ func TestFencing(t *testing.T) {
 	stop := runFor(t, second)
 	// The second instance initializes the same transactional id, which
 	// fences the first's producer epoch, and commits what it is given.
-	testenv.WaitFor(t, time.Minute, "the second instance to commit", func() bool { return second.Stats().Committed > 0 })
+	testenv.WaitFor(t, time.Minute, "the second instance to commit", func() bool { return second.Stats().Kafka.Committed > 0 })
 	close(block)
 	select {
 	case err := <-firstErr:
@@ -302,10 +312,10 @@ func TestRebalanceAbortsAndRewinds(t *testing.T) {
 	}
 	a := newMember("member-a")
 	stopA := runFor(t, a)
-	testenv.WaitFor(t, time.Minute, "a to commit", func() bool { return a.Stats().Records > 300 })
+	testenv.WaitFor(t, time.Minute, "a to commit", func() bool { return a.Stats().Kafka.Records > 300 })
 	b := newMember("member-b")
 	stopB := runFor(t, b)
-	testenv.WaitFor(t, time.Minute, "b to commit", func() bool { return b.Stats().Records > 300 })
+	testenv.WaitFor(t, time.Minute, "b to commit", func() bool { return b.Stats().Kafka.Records > 300 })
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +329,7 @@ func TestRebalanceAbortsAndRewinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkExactlyOnce(t, k, good)
-	if total := a.Stats().Records + b.Stats().Records + c.Stats().Records; total != 3000 {
+	if total := a.Stats().Kafka.Records + b.Stats().Kafka.Records + c.Stats().Kafka.Records; total != 3000 {
 		t.Fatalf("members committed %d input records in all, want exactly 3000", total)
 	}
 }
@@ -350,7 +360,7 @@ func TestOffsetCommitTimeoutAbortsAndRetries(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if st := r.Stats(); st.Aborted == 0 {
+	if st := r.Stats(); st.Kafka.Aborted == 0 {
 		t.Fatalf("no transaction was aborted: %+v", st)
 	}
 	checkExactlyOnce(t, k, good)

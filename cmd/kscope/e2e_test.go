@@ -107,11 +107,11 @@ func TestRedriveAfterFixAppliesOnce(t *testing.T) {
 		t.Fatalf("no audit header on the redriven record: %v", redriven.Headers)
 	}
 
-	dups := r.DBStats().Duplicates
+	dups := r.Stats().DB.Duplicates
 	if res := kscope(t, "dlt", "redrive", "--brokers", k.Brokers[0], "--group", group, "--to", "source"); res.code != 0 {
 		t.Fatalf("second redrive: %+v", res)
 	}
-	testenv.WaitFor(t, time.Minute, "the second redrive seen as a duplicate", func() bool { return r.DBStats().Duplicates == dups+1 })
+	testenv.WaitFor(t, time.Minute, "the second redrive seen as a duplicate", func() bool { return r.Stats().DB.Duplicates == dups+1 })
 	if got := strings.Join(ledger(), ","); got != "good,needs-fix" {
 		t.Fatalf("ledger %s: the redrive of an applied record was applied again", got)
 	}

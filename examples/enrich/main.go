@@ -100,7 +100,7 @@ func run() error {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
 	deadline := time.Now().Add(time.Minute)
-	for r.Stats().Records < orders && time.Now().Before(deadline) && ctx.Err() == nil {
+	for r.Stats().Kafka.Records < orders && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
@@ -134,7 +134,7 @@ func run() error {
 	}
 	st := r.Stats()
 	fmt.Printf("%d orders enriched in %d transactions; read_committed sees %d outputs (%d gold), %d duplicates\n",
-		st.Records, st.Committed, len(seen), gold, dups)
+		st.Kafka.Records, st.Kafka.Committed, len(seen), gold, dups)
 	if len(seen) != orders || dups != 0 {
 		return fmt.Errorf("expected each of %d orders exactly once", orders)
 	}

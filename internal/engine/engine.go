@@ -82,6 +82,13 @@ type ClientOptioner interface {
 	ClientOptions() []kgo.Opt
 }
 
+// StatsReporter is implemented by a Scope that keeps counters of its own:
+// the runner's Stats calls ReportStats to fill in the scope's section
+// (Stats.DB).
+type StatsReporter interface {
+	ReportStats(st *consumer.Stats)
+}
+
 // FailureAware is implemented by a Scope that routes failures through the
 // runner's failure policy: when Run starts, the runner hands it the
 // runner's failures (pass f to [AsFailures]) and makes sure the dead-letter

@@ -1,0 +1,58 @@
+package consumer
+
+// Stats are a runner's own counters, for tests and health checks. Metrics
+// for dashboards come from the observability hooks.
+type Stats struct {
+	InFlight         int64    // records polled and not yet finished, less those Held
+	InFlightBytes    int64    // their key, value and header bytes
+	MaxInFlight      int64    // the highest InFlight seen
+	MaxInFlightBytes int64    // the highest InFlightBytes seen
+	Polled           int64    // records dispatched to key-shards
+	Done             int64    // records whose effect is durable
+	PausedPartitions int      // partitions paused for backpressure now
+	Held             int64    // records of delay topics waiting for their due time now
+	RetryLateness    Lateness // how late held records were released
+	Pauses           int64    // times a partition was paused for backpressure
+	Assigned         int      // partitions assigned now
+	Rebalances       int64    // assignments, revocations and losses seen
+	LostPartitions   int64    // partitions lost (taken without a revoke)
+	Commits          int64    // offset commit requests that succeeded
+	CommitErrors     int64    // offset commit requests that failed
+	Failures         FailureStats
+	DB               DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
+	Kafka            KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
+}
+
+// DBStats are the DB scope's counters (package dbscope), in [Stats].DB.
+type DBStats struct {
+	Applied       int64 // records whose handler committed
+	Duplicates    int64 // records skipped because their inbox row existed
+	ReplaySkipped int64 // records skipped before the handler thanks to stored offsets
+	Failed        int64 // handler failures (retried or dead-lettered by the failure policy)
+	Skipped       int64 // records whose handler returned a business skip (their writes commit unless a failed statement aborted them)
+	Parked        int64 // records stored behind an earlier record of their key that is in the retry topics
+	Stale         int64 // records whose version was at or below their key's last applied one: skipped
+	GapsDetected  int64 // records found ahead of their key's next version
+	GapsHealed    int64 // records applied after waiting for the versions before them
+	GapsAccepted  int64 // records applied over a gap (sequence.Accept)
+	GapsTimedOut  int64 // records that waited past GapTimeout and went to the DLT
+	TxRetries     int64 // transactions retried after a transient PostgreSQL error
+	Transactions  int64 // transactions committed
+}
+
+// KafkaStats are the Kafka scope's counters (package txn), in [Stats].Kafka.
+type KafkaStats struct {
+	Records      int64 // input records whose outputs (or route) committed
+	Outputs      int64 // output records committed
+	Committed    int64 // transactions committed
+	Aborted      int64 // transactions aborted (rebalance, fault) and replayed
+	DeadLettered int64 // input records dead-lettered inside a transaction
+	Skipped      int64 // input records skipped as business outcomes
+	RetryTopic   int64 // input records sent to a delayed retry topic inside a transaction
+	Held         int64 // retry-topic records found not yet due (their partition paused until due)
+	Stale        int64 // versioned records at or below their key's last version, skipped
+	GapsDetected int64 // versioned records parked ahead of their key's next version
+	GapsHealed   int64 // parked records applied once the versions before them were
+	GapsAccepted int64 // records applied over a gap (sequence.Accept)
+	GapsTimedOut int64 // parked records that waited past GapTimeout and went to the DLT
+}
