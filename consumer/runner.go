@@ -40,7 +40,6 @@ type partState struct {
 	holdTimer *time.Timer
 }
 
-
 // Runner consumes a group's partitions and hands each record to the
 // key-shard worker of its key. Build one with [New] (AtLeastOnce scope) or a
 // scope package's constructor, call Run, and Close when done.
