@@ -2,13 +2,12 @@ package consumer
 
 import (
 	"context"
-	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -144,11 +143,6 @@ func outcomeOf(a retrytopic.Action) Outcome {
 
 // callHandler runs h and turns a panic into an error, so that one bad record
 // cannot take the process down with every other key-shard's work.
-func callHandler(ctx context.Context, h Handler, r *Record) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
-		}
-	}()
-	return h.Handle(ctx, r)
+func callHandler(ctx context.Context, h Handler, r *Record) error {
+	return guard.Call(func() error { return h.Handle(ctx, r) })
 }

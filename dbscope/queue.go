@@ -2,12 +2,11 @@ package dbscope
 
 import (
 	"context"
-	"fmt"
-	"runtime/debug"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/guard"
 )
 
 // QueueHandler is the pipelined form of [Handler], for effects that are
@@ -120,13 +119,8 @@ type queuedCall struct {
 
 // queue runs the queued handler for r, its statements going to q. It turns
 // a panic into an error.
-func (s *scope) queue(ctx context.Context, q *Queue, r *consumer.Record) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
-		}
-	}()
-	return s.qh.Queue(ctx, q, r)
+func (s *scope) queue(ctx context.Context, q *Queue, r *consumer.Record) error {
+	return guard.Call(func() error { return s.qh.Queue(ctx, q, r) })
 }
 
 // stmtError is a queued statement that failed, with the record it belongs

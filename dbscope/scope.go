@@ -3,9 +3,7 @@ package dbscope
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
+	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -350,13 +349,8 @@ func (s *scope) transient(err error) bool {
 }
 
 // call runs the handler and turns a panic into an error.
-func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
-		}
-	}()
-	return s.h.Handle(ctx, tx, r)
+func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+	return guard.Call(func() error { return s.h.Handle(ctx, tx, r) })
 }
 
 // checkVersion reads, with a row lock, the last applied version of key and

@@ -13,6 +13,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
+	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -306,13 +307,8 @@ func (r *Runner) changelog(ctx context.Context, sess *kgo.GroupTransactSession, 
 	rec := &kgo.Record{Topic: VersionsTopic(r.cfg.Group, topic), Partition: p, Key: key, Value: value}
 	w.do(func(tx *txnState) { tx.produce(ctx, sess, rec, "a version changelog record") })
 }
-func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("kscope: handler panicked: %v", p)
-		}
-	}()
-	return h.Handle(ctx, r, out)
+func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) error {
+	return guard.Call(func() error { return h.Handle(ctx, r, out) })
 }
 
 var errAborted = errors.New("kscope: the transaction aborted; its offsets did not commit")
