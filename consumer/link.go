@@ -12,6 +12,10 @@ import (
 // through internal/engine, not through this package's API.
 func init() {
 	link.NewRunner = newRunnerFor
+	link.CheckConfig = func(cfg Config) (Config, error) {
+		cfg = cfg.withDefaults()
+		return cfg, cfg.validate()
+	}
 	link.NewFailures = func(cfg Config, cl *kgo.Client, log *slog.Logger) any { return newFailures(cfg, cl, log) }
 	link.NewObserver = func(group string, hooks []Hook) any { return newObserver(group, hooks) }
 	link.ObserverOf = func(f any) any { return f.(*failures).obs }

@@ -249,11 +249,9 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 		errs = append(errs, &consumer.ConfigError{Struct: "txn", Field: "Handler", Reason: "is nil; pass the function that turns each input into outputs"})
 	}
 	// Validate the consumer configuration the way every runner does.
-	probe, err := engine.NewRunner(cfg, nopScope{})
+	cfg, err := engine.CheckConfig(cfg)
 	if err != nil {
 		errs = append(errs, err)
-	} else {
-		cfg = probe.Config()
 	}
 	o = o.withDefaults(cfg.Group)
 	errs = append(errs, o.validate())
@@ -270,10 +268,6 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	}
 	return r, nil
 }
-
-type nopScope struct{}
-
-func (nopScope) Process(context.Context, []*consumer.Record, func(*consumer.Record)) {}
 
 // Stats returns a snapshot of the runner's counters: the Kafka scope's in
 // Stats.Kafka; of the runner-wide ones, Done (input records committed),

@@ -167,6 +167,13 @@ func NewRunner(cfg consumer.Config, s Scope) (*consumer.Runner, error) {
 	return link.NewRunner.(func(consumer.Config, any) (*consumer.Runner, error))(cfg, s)
 }
 
+// CheckConfig returns cfg with its defaults filled in, and the error every
+// runner's constructor returns for it (nil when it is valid), for a scope
+// that runs its own client (the Kafka scope).
+func CheckConfig(cfg consumer.Config) (consumer.Config, error) {
+	return link.CheckConfig.(func(consumer.Config) (consumer.Config, error))(cfg)
+}
+
 // AsFailures returns the failures a FailureAware scope is handed.
 func AsFailures(f any) Failures { return f.(Failures) }
 

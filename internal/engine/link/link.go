@@ -7,6 +7,7 @@ package link
 // terms; internal/engine asserts the type.
 var (
 	NewRunner           any // func(consumer.Config, any) (*consumer.Runner, error)
+	CheckConfig         any // func(consumer.Config) (consumer.Config, error)
 	NewFailures         any // func(consumer.Config, *kgo.Client, *slog.Logger) any
 	NewObserver         any // func(string, []consumer.Hook) any
 	ObserverOf          any // func(any) any
