@@ -69,8 +69,13 @@ func runChild(role string) int {
 		Shards:         8,
 		CommitInterval: commitEvery,
 		DrainTimeout:   5 * time.Second,
-		ClientOptions:  childClientOptions(),
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// A member killed while its JoinGroup waits at the broker can
+		// hold the next rebalance until the rebalance timeout (kfake
+		// counts it as joining); 10s bounds that stall in every
+		// scenario that kills children.
+		RebalanceTimeout: 10 * time.Second,
+		ClientOptions:    childClientOptions(),
+		Logger:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	var h consumer.Handler
 	switch role {
@@ -79,6 +84,8 @@ func runChild(role string) int {
 	case "db-ordered":
 		cfg.Failures = orderedChildPolicy()
 		return runDBChildFailing(ctx, cfg, false, maxDelay, emit, failsTwice)
+	case "db-intent":
+		return runIntentChild(ctx, cfg, maxDelay, emit)
 	case "txn", "txn-versions":
 		return runTxnChild(ctx, cfg, maxDelay, role == "txn-versions")
 	case "at-least-once":

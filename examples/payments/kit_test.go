@@ -16,7 +16,13 @@ import (
 
 // The payments pipeline passes kscope's delivery-semantics test kit.
 func TestPaymentsDeliverySemantics(t *testing.T) {
-	g := &gateway{calls: map[string]int{}}
+	gw, err := startGateway()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	g := newGateway(gw.URL)
+	defer g.intents.Close()
 	rep := kscopetest.DB(t, kscopetest.DBPipeline{
 		Handler: dbscope.HandlerFunc(g.handle),
 		Schema:  ledgerDDL,

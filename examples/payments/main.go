@@ -38,6 +38,7 @@ const (
 	group    = "ledger"
 	roleEnv  = "KSCOPE_DEMO_ROLE"
 	dbEnv    = "KSCOPE_DEMO_DB"
+	gwEnv    = "KSCOPE_DEMO_GATEWAY"
 	accounts = 40
 	perAcct  = 25
 )
@@ -71,7 +72,7 @@ func runConsumer() int {
 		return 2
 	}
 	defer pool.Close()
-	r, err := newPipeline(strings.Split(os.Getenv("KAFKA_BROKERS"), ","), pool, group, 100*time.Millisecond)
+	r, err := newPipeline(strings.Split(os.Getenv("KAFKA_BROKERS"), ","), pool, group, os.Getenv(gwEnv), 100*time.Millisecond)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -150,7 +151,14 @@ type report struct {
 	GapsDetected     int     `json:"gaps_detected"`
 	GapsHealed       int     `json:"gaps_healed"`
 	ReplayNoopRate   float64 `json:"replay_noop_rate"`
-	Seconds          float64 `json:"seconds"`
+	// At the payment gateway (which does not deduplicate): successful
+	// charges, payment intents charged more than once, and lookups by
+	// idempotency key that found an answer (intents a crash left in
+	// flight, reconciled instead of charged again).
+	GatewayCharges           int     `json:"gateway_charges"`
+	GatewayChargesDuplicated int     `json:"gateway_charges_duplicated"`
+	GatewayReconciled        int     `json:"gateway_reconciled"`
+	Seconds                  float64 `json:"seconds"`
 }
 
 func run() (int, error) {
@@ -194,7 +202,12 @@ func run() (int, error) {
 	fmt.Printf("produced %d events: %d payment intents, %d redelivered, %d poison, %d declines, %d version swaps\n",
 		len(s.records), len(s.valid), s.redeliv, s.poison, s.declined, s.swapped)
 
-	env := []string{roleEnv + "=consumer", "KAFKA_BROKERS=" + strings.Join(kafka.Brokers, ","), dbEnv + "=" + dbURL}
+	gw, err := startGateway()
+	if err != nil {
+		return 1, err
+	}
+	defer gw.Close()
+	env := []string{roleEnv + "=consumer", "KAFKA_BROKERS=" + strings.Join(kafka.Brokers, ","), dbEnv + "=" + dbURL, gwEnv + "=" + gw.URL}
 	ledgerRows := func() int {
 		var n int
 		pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n)
@@ -278,17 +291,21 @@ func run() (int, error) {
 		return 1, err
 	}
 	rep.ReplayNoopRate = 1 - float64(after-before)/float64(len(s.records))
+	rep.GatewayCharges, rep.GatewayChargesDuplicated, rep.GatewayReconciled = gw.counts()
 	rep.Seconds = float64(time.Since(start).Milliseconds()) / 1000
 	// The inbox remembers a dead letter, so the replay routes nothing
 	// again; only a kill between a DLT produce's acknowledgement and the
 	// transaction that records it can double one (the demo kills once).
 	rep.OK = rep.Lost == 0 && rep.DuplicateEffects == 0 && rep.DeadLettered == s.poison &&
 		rep.DLTRecords >= rep.DeadLettered && rep.DLTRecords <= rep.DeadLettered+1 &&
-		rep.Effects == len(s.valid) && rep.ReplayNoopRate == 1 && rep.GapsHealed == rep.GapsDetected
+		rep.Effects == len(s.valid) && rep.ReplayNoopRate == 1 && rep.GapsHealed == rep.GapsDetected &&
+		rep.GatewayChargesDuplicated == 0 && rep.GatewayCharges == rep.Effects-rep.Skipped
 	fmt.Println()
 	fmt.Printf("%d payment intents booked exactly once (%d declined, recorded as such), %d poison records dead-lettered\n",
 		rep.Effects, rep.Skipped, rep.DeadLettered)
 	fmt.Printf("(in %d DLT records: the replay dead-letters nothing again; a kill between a DLT acknowledgement and its inbox row can double one),\n", rep.DLTRecords)
+	fmt.Printf("%d charges at the gateway, %d payment intents charged twice, %d reconciled after a crash instead of charged again,\n",
+		rep.GatewayCharges, rep.GatewayChargesDuplicated, rep.GatewayReconciled)
 	fmt.Printf("%d intents retried, %d version gaps detected and %d healed, replay changed nothing (%.0f%% no-ops): %v\n",
 		rep.Retried, rep.GapsDetected, rep.GapsHealed, rep.ReplayNoopRate*100, map[bool]string{true: "OK", false: "FAILED"}[rep.OK])
 	line, _ := json.Marshal(rep)

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
+	"io"
+	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/intent"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -40,47 +44,84 @@ const ledgerDDL = `CREATE TABLE IF NOT EXISTS ledger (
 	version bigint NOT NULL
 )`
 
+// gateway is the payment gateway's client. Each capture is charged once,
+// with its payment intent as the idempotency key: kscope's intent store
+// records the intent before the call and, when a crash left it in flight,
+// asks the gateway whether the charge went through before calling again.
+type gateway struct {
+	url     string
+	http    *http.Client
+	intents *intent.Store
+}
+
+func newGateway(url string) *gateway {
+	return &gateway{url: url, http: &http.Client{Timeout: 5 * time.Second}, intents: intent.New(nil, "")}
+}
+
+// charge returns the call that charges c: the gateway answers "captured"
+// or "declined", or fails (a 503 is retried).
+func (g *gateway) charge(c Capture) intent.Call {
+	return func(ctx context.Context, key string) ([]byte, error) {
+		body, _ := json.Marshal(c)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/charges", bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Idempotency-Key", key)
+		return g.do(req)
+	}
+}
+
+// lookup asks the gateway for the answer it gave a charge with key, if it
+// saw one.
+func (g *gateway) lookup(ctx context.Context, key string) ([]byte, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.url+"/charges/"+url.PathEscape(key), nil)
+	if err != nil {
+		return nil, false, err
+	}
+	res, err := g.do(req)
+	if errors.Is(err, errNotFound) {
+		return nil, false, nil
+	}
+	return res, err == nil, err
+}
+
+var errNotFound = errors.New("gateway: no such charge")
+
+func (g *gateway) do(req *http.Request) ([]byte, error) {
+	resp, err := g.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	switch {
+	case err != nil:
+		return nil, err
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, errNotFound
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("gateway: %s", resp.Status)
+	}
+	return body, nil
+}
+
 // ErrDeclined is the gateway's business "no".
 var ErrDeclined = errors.New("gateway: card declined")
 
-// gateway simulates the payment gateway.
-type gateway struct {
-	mu    sync.Mutex
-	calls map[string]int
-}
-
-func (g *gateway) charge(c Capture) error {
-	g.mu.Lock()
-	g.calls[c.Intent]++
-	n := g.calls[c.Intent]
-	g.mu.Unlock()
-	switch c.Gateway {
-	case "declined":
-		return ErrDeclined
-	case "flaky":
-		if n <= 2 {
-			return errors.New("gateway: 503 service unavailable")
-		}
-	}
-	return nil
-}
-
 // handle books one capture in the ledger, inside the transaction that also
-// holds its inbox row and its account's version.
+// holds its inbox row, its account's version and its intent's answer.
 func (g *gateway) handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 	var c Capture
 	if err := json.Unmarshal(r.Value, &c); err != nil || c.Intent == "" {
 		return consumer.DecodeError(fmt.Errorf("malformed capture: %v", err))
 	}
 	check, _ := sequence.FromContext(ctx)
-	status := "captured"
-	err := g.charge(c)
-	switch {
-	case errors.Is(err, ErrDeclined):
-		status = "declined"
-	case err != nil:
+	res, _, err := g.intents.Do(ctx, tx, c.Intent, g.charge(c), g.lookup)
+	if err != nil {
 		return consumer.Retryable(err)
 	}
+	status := string(res)
 	if _, err := tx.Exec(ctx, `INSERT INTO ledger (intent, account, amount, status, version) VALUES ($1, $2, $3, $4, $5)`,
 		c.Intent, c.Account, c.Amount, status, check.Version); err != nil {
 		return err
@@ -107,8 +148,8 @@ func options(pool *pgxpool.Pool) dbscope.Options {
 }
 
 // newPipeline builds the payments pipeline in the DB scope.
-func newPipeline(brokers []string, pool *pgxpool.Pool, group string, commitEvery time.Duration) (*dbscope.Runner, error) {
-	g := &gateway{calls: map[string]int{}}
+func newPipeline(brokers []string, pool *pgxpool.Pool, group, gatewayURL string, commitEvery time.Duration) (*dbscope.Runner, error) {
+	g := newGateway(gatewayURL)
 	return dbscope.New(consumer.Config{
 		Brokers:        brokers,
 		Group:          group,

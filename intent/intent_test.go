@@ -1,0 +1,172 @@
+package intent_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/intent"
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// provider is a payment gateway that does not deduplicate: every call
+// charges, and a charge can be looked up by its idempotency key.
+type provider struct {
+	mu      sync.Mutex
+	charges map[string]int
+	calls   int
+	fail    error // the next call fails with it, without charging
+}
+
+func (p *provider) charge(_ context.Context, key string) ([]byte, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	if p.fail != nil {
+		err := p.fail
+		p.fail = nil
+		return nil, err
+	}
+	p.charges[key]++
+	return []byte("ch_" + key), nil
+}
+
+func (p *provider) lookup(_ context.Context, key string) ([]byte, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.charges[key] == 0 {
+		return nil, false, nil
+	}
+	return []byte("ch_" + key), true, nil
+}
+
+func setup(t *testing.T) (*pgxpool.Pool, *intent.Store, *provider) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.DatabaseT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	return pool, intent.New(pool, ""), &provider{charges: map[string]int{}}
+}
+
+// attempt runs one handler attempt: Do in a transaction that commits or,
+// when crash is set, never does (the process died after the call).
+func attempt(t *testing.T, pool *pgxpool.Pool, s *intent.Store, p *provider, key string, crash bool) ([]byte, intent.Outcome, error) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	res, out, err := s.Do(ctx, tx, key, p.charge, p.lookup)
+	if err != nil || crash {
+		return res, out, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return res, out, nil
+}
+
+// A crash between the call and the commit: the redelivery asks the
+// provider, finds the charge and does not charge again.
+func TestCrashAfterTheCallReconciles(t *testing.T) {
+	pool, s, p := setup(t)
+	if _, out, err := attempt(t, pool, s, p, "pi_1", true); err != nil || out != intent.Called {
+		t.Fatalf("first attempt: %v, %v", out, err)
+	}
+	res, out, err := attempt(t, pool, s, p, "pi_1", false)
+	if err != nil || out != intent.Reconciled || string(res) != "ch_pi_1" {
+		t.Fatalf("redelivery: %q, %v, %v; want the charge, reconciled", res, out, err)
+	}
+	if p.charges["pi_1"] != 1 || p.calls != 1 {
+		t.Fatalf("%d charges in %d calls, want 1 in 1", p.charges["pi_1"], p.calls)
+	}
+	// Once committed, the answer is the table's.
+	res, out, err = attempt(t, pool, s, p, "pi_1", false)
+	if err != nil || out != intent.Recorded || string(res) != "ch_pi_1" || p.calls != 1 {
+		t.Fatalf("after the commit: %q, %v, %v, %d calls", res, out, err, p.calls)
+	}
+}
+
+// A call that failed before reaching the provider: the next attempt finds
+// nothing at the provider and calls; the charge is not lost.
+func TestFailedCallIsMadeAgain(t *testing.T) {
+	pool, s, p := setup(t)
+	p.fail = errors.New("gateway: 503")
+	if _, _, err := attempt(t, pool, s, p, "pi_2", false); err == nil {
+		t.Fatal("the failing call returned no error")
+	}
+	res, out, err := attempt(t, pool, s, p, "pi_2", false)
+	if err != nil || out != intent.Called || string(res) != "ch_pi_2" {
+		t.Fatalf("retry: %q, %v, %v; want a call", res, out, err)
+	}
+	if p.charges["pi_2"] != 1 {
+		t.Fatalf("%d charges, want 1", p.charges["pi_2"])
+	}
+}
+
+// Rolled back with its record: a handler whose transaction rolls back
+// after the call leaves the intent in flight, never done.
+func TestRollbackLeavesTheIntentInFlight(t *testing.T) {
+	pool, s, p := setup(t)
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, _, err := s.Do(ctx, tx, "pi_3", p.charge, p.lookup); err != nil {
+			return err
+		}
+		return errors.New("a later statement failed")
+	})
+	if err == nil {
+		t.Fatal("want the handler's error")
+	}
+	var state string
+	if err := pool.QueryRow(ctx, `SELECT state FROM kscope_intents WHERE key = 'pi_3'`).Scan(&state); err != nil || state != "in_flight" {
+		t.Fatalf("state %q (%v), want in_flight", state, err)
+	}
+}
+
+// Without a Reconcile, an intent in flight is not called again blindly.
+func TestInFlightWithoutReconcileRefuses(t *testing.T) {
+	pool, s, p := setup(t)
+	if _, _, err := attempt(t, pool, s, p, "pi_4", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, _, err := s.Do(ctx, tx, "pi_4", p.charge, nil); !errors.Is(err, intent.ErrNoReconcile) {
+		t.Fatalf("err %v, want ErrNoReconcile", err)
+	}
+	if p.calls != 1 {
+		t.Fatalf("%d calls, want 1", p.calls)
+	}
+}
+
+// With no pool given, the Store records intents on a pool of its own,
+// opened with the settings of the handler's transaction.
+func TestStoreWithoutPool(t *testing.T) {
+	pool, _, p := setup(t)
+	s := intent.New(nil, "")
+	defer s.Close()
+	if _, _, err := attempt(t, pool, s, p, "pi_5", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, err := attempt(t, pool, s, p, "pi_5", false); err != nil || out != intent.Reconciled || p.calls != 1 {
+		t.Fatalf("%v, %v, %d calls", out, err, p.calls)
+	}
+}
