@@ -5,7 +5,7 @@ import (
 	"go/doc"
 	"go/parser"
 	"go/token"
-	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,12 +17,19 @@ import (
 // internal/engine; a name added here is a promise to every user.
 func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	names, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var files []*ast.File
-	for _, f := range pkgs["consumer"].Files {
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
 		files = append(files, f)
 	}
 	p, err := doc.NewFromFiles(fset, files, "github.com/kscope-dev/kscope/consumer")
