@@ -24,11 +24,14 @@
 //	kscope_route_produces_total{route,class,result}
 //	                                         retry (route="retry") and dead-letter (route="dlt")
 //	                                         produces, by failure class (retryable, unknown,
-//	                                         terminal, decode; parked), ok or error: a dlt
+//	                                         terminal, which includes decode errors; parked),
+//	                                         ok or error: a dlt
 //	                                         produce of class retryable or unknown is a
 //	                                         record whose retries ran out
 //	kscope_retry_lateness_seconds            how late held retry records were released
 //	kscope_rebalances_total{kind}            assigned, revoked, lost
+//
+// [Metrics.WatchRelay] adds an outbox relay's metrics (kscope_outbox_*).
 //
 // A delivery that did not finish (outcome aborted: a revoked partition, an
 // aborted transaction) is not counted in records_processed: the record is

@@ -39,6 +39,17 @@
 // on LISTEN/NOTIFY when a writing transaction commits, and polls every
 // Options.PollInterval besides.
 //
+// # Observability
+//
+// [Relay.Stats] counts published records and committed and aborted
+// transactions; [Relay.Pending] counts the committed rows not published
+// yet, and the age of the oldest, for the partitions the relay publishes.
+// kscopeprom's Metrics.WatchRelay exports both (kscope_outbox_*), with
+// alert rules in examples/observability/alerts.yml. A [Writer] with
+// Hooks (kscopeotel's tracer) writes the trace of Add's context into each
+// record, so the consumer downstream continues the trace of the
+// transaction that wrote the row.
+//
 // # What the outbox does not cover
 //
 // Readers must read with isolation.level=read_committed. Whatever a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,9 +46,11 @@ func (w *workers) start(ctx context.Context, p int) {
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	pub := &publisher{r: w.r, p: p, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1)}
+	pub.pos.Store(-1)
 	w.run[p] = pub
 	w.r.wakeMu.Lock()
 	w.r.wake[p] = pub.wake
+	w.r.pubs[p] = pub
 	w.r.wakeMu.Unlock()
 	w.r.owned.Add(1)
 	w.wg.Add(1)
@@ -78,6 +81,7 @@ func (w *workers) stop(p int) {
 	<-pub.done
 	w.r.wakeMu.Lock()
 	delete(w.r.wake, p)
+	delete(w.r.pubs, p)
 	w.r.wakeMu.Unlock()
 	w.r.owned.Add(-1)
 }
@@ -102,6 +106,7 @@ type publisher struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	wake   chan struct{}
+	pos    atomic.Int64 // the position its last committed transaction published; -1 until read
 }
 
 // row is one outbox row.
@@ -151,6 +156,7 @@ func (pub *publisher) publish(ctx context.Context) error {
 			return nil
 		}
 	}
+	pub.pos.Store(pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -197,6 +203,7 @@ func (pub *publisher) publish(ctx context.Context) error {
 		}
 		attempt = 0
 		pos = last
+		pub.pos.Store(pos)
 		r.published.Add(int64(len(rows)))
 		r.transactions.Add(1)
 		pub.prune(ctx, pos)

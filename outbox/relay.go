@@ -169,6 +169,7 @@ type Relay struct {
 
 	wakeMu sync.Mutex
 	wake   map[int]chan struct{} // per partition being published
+	pubs   map[int]*publisher    // the partitions being published
 }
 
 // New returns a relay for the outbox o names; bad options are reported
@@ -178,7 +179,7 @@ func New(o Options) (*Relay, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{o: o, log: o.Logger.With("outbox", o.Outbox), wake: map[int]chan struct{}{}}, nil
+	return &Relay{o: o, log: o.Logger.With("outbox", o.Outbox), wake: map[int]chan struct{}{}, pubs: map[int]*publisher{}}, nil
 }
 
 // Stats returns the relay's counters.
@@ -188,6 +189,28 @@ func (r *Relay) Stats() Stats {
 
 // Close stops a running Run and waits for it; idempotent.
 func (r *Relay) Close() error { return r.life.Close() }
+
+// Outbox returns the name of the outbox the relay publishes.
+func (r *Relay) Outbox() string { return r.o.Outbox }
+
+// Pending reports, for each partition this relay publishes now and whose
+// position it has read, its position and the committed rows after it:
+// what metrics and health checks watch (a backlog that grows, a row that
+// waits long). Other partitions are other instances' to report.
+func (r *Relay) Pending(ctx context.Context) ([]PartitionStatus, error) {
+	pos := map[int]int64{}
+	r.wakeMu.Lock()
+	for p, pub := range r.pubs {
+		if v := pub.pos.Load(); v >= 0 {
+			pos[p] = v
+		}
+	}
+	r.wakeMu.Unlock()
+	if len(pos) == 0 {
+		return nil, nil
+	}
+	return pendingOf(ctx, r.o, pos)
+}
 
 // Run publishes until ctx is canceled or Close is called (then it returns
 // nil once every partition's open transaction ended), or a fatal error.

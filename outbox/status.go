@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -44,15 +45,34 @@ func Status(ctx context.Context, o Options) ([]PartitionStatus, error) {
 	return pending(ctx, o.Pool, o, pos)
 }
 
-// pending counts, per partition, the rows after its position.
+// pending counts, for every partition of the outbox, the rows after its
+// position.
 func pending(ctx context.Context, pool *pgxpool.Pool, o Options, pos map[int]int64) ([]PartitionStatus, error) {
-	out := make([]PartitionStatus, o.Partitions)
-	ps, ss := make([]int32, o.Partitions), make([]int64, o.Partitions)
-	for p := range out {
-		out[p] = PartitionStatus{Partition: p, Position: pos[p]}
-		ps[p], ss[p] = int32(p), pos[p]
+	all := make(map[int]int64, o.Partitions)
+	for p := range o.Partitions {
+		all[p] = pos[p]
 	}
-	rows, err := pool.Query(ctx, `SELECT o.partition, count(*), min(o.created_at) FROM `+o.TablePrefix+`outbox AS o
+	o.Pool = pool
+	return pendingOf(ctx, o, all)
+}
+
+// pendingOf counts, for each partition of pos, the rows after its
+// position, in partition order.
+func pendingOf(ctx context.Context, o Options, pos map[int]int64) ([]PartitionStatus, error) {
+	parts := make([]int, 0, len(pos))
+	for p := range pos {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	out := make([]PartitionStatus, len(parts))
+	idx := make(map[int32]int, len(parts))
+	ps, ss := make([]int32, len(parts)), make([]int64, len(parts))
+	for i, p := range parts {
+		out[i] = PartitionStatus{Partition: p, Position: pos[p]}
+		ps[i], ss[i] = int32(p), pos[p]
+		idx[int32(p)] = i
+	}
+	rows, err := o.Pool.Query(ctx, `SELECT o.partition, count(*), min(o.created_at) FROM `+o.TablePrefix+`outbox AS o
 		JOIN unnest($2::int[], $3::bigint[]) AS x(part, pos) ON o.partition = x.part
 		WHERE o.outbox = $1 AND o.seq > x.pos GROUP BY 1`, o.Outbox, ps, ss)
 	if err != nil {
@@ -66,8 +86,8 @@ func pending(ctx context.Context, pool *pgxpool.Pool, o Options, pos map[int]int
 		if err := rows.Scan(&p, &n, &oldest); err != nil {
 			return nil, err
 		}
-		if int(p) < len(out) {
-			out[p].Pending, out[p].Oldest = n, oldest
+		if i, ok := idx[p]; ok {
+			out[i].Pending, out[i].Oldest = n, oldest
 		}
 	}
 	return out, rows.Err()

@@ -1,8 +1,11 @@
 // Command observability runs an AtLeastOnce pipeline with kscope's
 // Prometheus and OpenTelemetry hooks, serves /metrics while it runs, and
-// prints what a scrape shows once the backlog is drained. alerts.yml holds
-// Prometheus alert rules for kscope's metrics; dashboard.json a Grafana
-// dashboard.
+// prints what a scrape shows once the backlog is drained. Part of its input
+// comes through a transactional outbox: a traced "book order" writes
+// notifications in a PostgreSQL transaction, the relay publishes them (its
+// metrics on the same /metrics), and the consumer's spans continue the
+// writer's trace. alerts.yml holds Prometheus alert rules for kscope's
+// metrics; dashboard.json a Grafana dashboard.
 //
 //	go run ./examples/observability
 //	go run ./examples/observability -listen 127.0.0.1:9464 -hold 1m   # scrape it yourself
@@ -39,6 +42,9 @@ const (
 	topic   = "notifications"
 	group   = "notifier"
 	records = 300
+	// outboxed notifications, written through the outbox by one traced
+	// transaction
+	outboxed = 20
 )
 
 func main() {
@@ -60,6 +66,9 @@ type Result struct {
 	Handled  int64
 	Scrape   string // the kscope_ lines of the final /metrics scrape
 	Endpoint string
+	// OutboxTraced counts the consumer's spans in the trace of the
+	// transaction that wrote the outbox rows.
+	OutboxTraced int
 }
 
 func run(ctx context.Context, listen string, hold time.Duration, out *os.File) error {
@@ -67,7 +76,7 @@ func run(ctx context.Context, listen string, hold time.Duration, out *os.File) e
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "served %s; %d records handled, %d spans recorded\n", res.Endpoint, res.Handled, res.Spans)
+	fmt.Fprintf(out, "served %s; %d records handled, %d spans recorded, %d of them continuing the outbox writer's trace\n", res.Endpoint, res.Handled, res.Spans, res.OutboxTraced)
 	fmt.Fprint(out, res.Scrape)
 	return nil
 }
@@ -148,8 +157,17 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
+	_, traceID, err := startOutbox(runCtx, kafka.Brokers, metrics, tp, tracer)
+	if err != nil {
+		cancel()
+		<-done
+		return nil, err
+	}
 	deadline := time.Now().Add(time.Minute)
-	for !kafka.CaughtUp(ctx, group, topic) && time.Now().Before(deadline) && ctx.Err() == nil {
+	// Every record done: the produced ones and the outboxed ones. (The
+	// relay's transaction markers take an offset each, so the group's
+	// committed offsets stay one short of the end offsets.)
+	for r.Stats().Done < records+outboxed && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond) // polling for the example's end, not synchronising workers
 	}
 	// One more commit interval, so that the lag gauges show the drained state.
@@ -171,7 +189,13 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 	if err := <-done; err != nil {
 		return nil, err
 	}
-	return &Result{Metrics: metrics, Spans: len(spans.Ended()), Handled: handled.Load(), Scrape: scrape, Endpoint: endpoint}, nil
+	traced := 0
+	for _, sp := range spans.Ended() {
+		if sp.SpanContext().TraceID() == traceID && sp.Name() != "book order" {
+			traced++
+		}
+	}
+	return &Result{Metrics: metrics, Spans: len(spans.Ended()), Handled: handled.Load(), Scrape: scrape, Endpoint: endpoint, OutboxTraced: traced}, nil
 }
 
 func scrapeKscope(ctx context.Context, url string) (string, error) {

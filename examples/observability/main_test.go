@@ -48,7 +48,9 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`kscope_records_processed_total{consumer_group="notifier",outcome="success",topic="notifications"} 294`,
+		`kscope_records_processed_total{consumer_group="notifier",outcome="success",topic="notifications"} 314`,
+		`kscope_outbox_published_records_total{outbox="notifications"} 20`,
+		`kscope_outbox_pending_rows{outbox="notifications",partition="0"} 0`,
 		`kscope_records_processed_total{consumer_group="notifier",outcome="dead_lettered",topic="notifications"} 6`,
 		`kscope_handler_retries_total{consumer_group="notifier",topic="notifications"} 8`,
 	} {
@@ -56,8 +58,11 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 			t.Errorf("scrape lacks %s:\n%s", want, res.Scrape)
 		}
 	}
-	if res.Spans != records {
-		t.Errorf("%d spans recorded, want one per delivery (%d)", res.Spans, records)
+	if res.Spans != records+outboxed+1 {
+		t.Errorf("%d spans recorded, want one per delivery (%d) and the outbox writer's", res.Spans, records+outboxed)
+	}
+	if res.OutboxTraced != outboxed {
+		t.Errorf("%d consumer spans continue the outbox writer's trace, want %d", res.OutboxTraced, outboxed)
 	}
 	// The per-partition series went with the partitions when the run
 	// stopped; the scrape, taken while it ran, has them. The run saw no
@@ -100,7 +105,8 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 			}
 		}
 	}
-	for _, a := range []string{"KscopeConsumerLagHigh", "KscopeDeadLetterOnCriticalPipeline", "KscopeRetryExhaustion", "KscopeOffsetCommitsFailing"} {
+	for _, a := range []string{"KscopeConsumerLagHigh", "KscopeDeadLetterOnCriticalPipeline", "KscopeRetryExhaustion", "KscopeOffsetCommitsFailing",
+		"KscopeOutboxPendingGrowing", "KscopeOutboxStalled"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alerts.yml lacks %s", a)
 		}
