@@ -84,6 +84,8 @@ func runChild(role string) int {
 	case "db-ordered":
 		cfg.Failures = orderedChildPolicy()
 		return runDBChildFailing(ctx, cfg, false, maxDelay, emit, failsTwice)
+	case "outbox-relay":
+		return runRelayChild(ctx)
 	case "db-intent":
 		return runIntentChild(ctx, cfg, maxDelay, emit)
 	case "txn", "txn-versions":
