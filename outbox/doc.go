@@ -7,7 +7,10 @@
 //
 // [Add] (or a [Writer] for another outbox) inserts an outgoing record in a
 // pgx transaction — a DB-scope handler's, or any write path's — so it is
-// published if and only if that transaction commits. Each record gets an identity
+// published if and only if that transaction commits. A
+// dbscope.QueueHandler queues the insert with [Writer.Queue] instead: it
+// runs with the record's other statements, in the transaction that holds
+// the record's inbox row. Each record gets an identity
 // ("<outbox>/<partition>/<seq>"), carried in the kscope-id header, which a
 // kscope consumer downstream deduplicates on and which is a stable
 // idempotency key for whatever the record asks done.

@@ -108,6 +108,22 @@ func (w Writer) Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, e
 	return id, nil
 }
 
+// Queue queues the insert of rec into the outbox on q, for a
+// dbscope.QueueHandler: it runs, with the record's other statements, in
+// the transaction that holds the record's inbox row, and the relay
+// publishes rec if and only if that transaction commits.
+func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
+	w = w.withDefaults()
+	if err := w.validate(); err != nil {
+		return err
+	}
+	if rec == nil || rec.Topic == "" {
+		return errors.New("kscope: outbox.Writer.Queue: the record has no Topic; set the topic it is to be published to")
+	}
+	q.Exec(w.insertSQL(), w.args(rec)...)
+	return nil
+}
+
 // Add adds rec to the default outbox inside tx; see Writer.Add.
 func Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, error) {
 	return Writer{}.Add(ctx, tx, rec)
