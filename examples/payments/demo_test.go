@@ -9,7 +9,7 @@ import (
 
 func TestMain(m *testing.M) {
 	// The demo starts its consumer by running this binary again.
-	if os.Getenv(roleEnv) == "consumer" {
+	if os.Getenv(roleEnv) != "" {
 		os.Exit(runConsumer())
 	}
 	code := m.Run()

@@ -20,6 +20,7 @@ type fakeGateway struct {
 	charges    map[string]int    // successful charges per key
 	answers    map[string]string // "captured" or "declined", per key
 	reconciled int               // lookups that found an answer
+	sends      map[string]int    // notifications sent, per idempotency key
 }
 
 func startGateway() (*fakeGateway, error) {
@@ -28,10 +29,27 @@ func startGateway() (*fakeGateway, error) {
 		return nil, err
 	}
 	g := &fakeGateway{URL: "http://" + ln.Addr().String(),
-		attempts: map[string]int{}, charges: map[string]int{}, answers: map[string]string{}}
+		attempts: map[string]int{}, charges: map[string]int{}, answers: map[string]string{}, sends: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /charges", g.charge)
 	mux.HandleFunc("GET /charges/{key}", g.lookup)
+	// The messaging provider the notifier sends through, on the same
+	// server: it counts sends per idempotency key and answers lookups.
+	mux.HandleFunc("POST /notify", func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.sends[r.Header.Get("Idempotency-Key")]++
+		w.Write([]byte("sent")) //nolint:errcheck
+	})
+	mux.HandleFunc("GET /notify/{key}", func(w http.ResponseWriter, r *http.Request) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.sends[r.PathValue("key")] == 0 {
+			http.Error(w, "no such message", http.StatusNotFound)
+			return
+		}
+		w.Write([]byte("sent")) //nolint:errcheck
+	})
 	g.srv = &http.Server{Handler: mux}
 	go g.srv.Serve(ln) //nolint:errcheck // ends with Close
 	return g, nil
@@ -88,4 +106,16 @@ func (g *fakeGateway) counts() (charges, duplicated, reconciled int) {
 		}
 	}
 	return charges, duplicated, g.reconciled
+}
+
+// notifyDuplicates counts the sends beyond the first for one idempotency
+// key.
+func (g *fakeGateway) notifyDuplicates() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, c := range g.sends {
+		n += c - 1
+	}
+	return n
 }

@@ -5,9 +5,14 @@
 // KAFKA_BROKERS and DATABASE_URL), produces a stream of payment captures
 // with redeliveries, poison records, transient gateway failures, declines
 // and out-of-order versions, runs the consumer as a child process, kills it
-// with SIGKILL half way and restarts it, then replays the whole topic. It
-// checks the outcome against the database and the topics and prints, as its
-// last line, one JSON object; it exits non-zero when an invariant fails.
+// with SIGKILL half way and restarts it, then replays the whole topic. The
+// ledger charges a gateway (run by the demo, not deduplicating) through an
+// intent per payment and writes a payment.booked event to the outbox in
+// each booking transaction; a relay child (SIGKILLed once) publishes them
+// and a notifier child sends one notification per event. It checks the
+// outcome against the database, the topics and the gateway and prints, as
+// its last line, one JSON object; it exits non-zero when an invariant
+// fails.
 package main
 
 import (
@@ -50,7 +55,7 @@ func quietLogger() *slog.Logger {
 }
 
 func main() {
-	if os.Getenv(roleEnv) == "consumer" {
+	if os.Getenv(roleEnv) != "" {
 		os.Exit(runConsumer())
 	}
 	code, err := run()
@@ -61,23 +66,12 @@ func main() {
 	os.Exit(code)
 }
 
-// runConsumer is the child process: the pipeline, until SIGTERM (or
-// SIGKILL).
+// runConsumer is a child process: the ledger consumer, the outbox relay
+// or the notifier (roleEnv says which), until SIGTERM (or SIGKILL).
 func runConsumer() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	pool, err := pgxpool.New(ctx, os.Getenv(dbEnv))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer pool.Close()
-	r, err := newPipeline(strings.Split(os.Getenv("KAFKA_BROKERS"), ","), pool, group, os.Getenv(gwEnv), 100*time.Millisecond)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if err := r.Run(ctx); err != nil {
+	if err := runChild(ctx, os.Getenv(roleEnv)); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -155,10 +149,20 @@ type report struct {
 	// charges, payment intents charged more than once, and lookups by
 	// idempotency key that found an answer (intents a crash left in
 	// flight, reconciled instead of charged again).
-	GatewayCharges           int     `json:"gateway_charges"`
-	GatewayChargesDuplicated int     `json:"gateway_charges_duplicated"`
-	GatewayReconciled        int     `json:"gateway_reconciled"`
-	Seconds                  float64 `json:"seconds"`
+	GatewayCharges           int `json:"gateway_charges"`
+	GatewayChargesDuplicated int `json:"gateway_charges_duplicated"`
+	GatewayReconciled        int `json:"gateway_reconciled"`
+	// The notification side: payment.booked events the relay published
+	// (distinct, as a read_committed reader sees them), events read twice,
+	// booked payments without an event, notifications the notifier
+	// applied, and sends the messaging provider got twice for one event
+	// (by idempotency key).
+	OutboxPublished        int     `json:"outbox_published"`
+	OutboxDuplicates       int     `json:"outbox_duplicates"`
+	OutboxLost             int     `json:"outbox_lost"`
+	Notifications          int     `json:"notifications"`
+	NotificationDuplicates int     `json:"notification_duplicates"`
+	Seconds                float64 `json:"seconds"`
 }
 
 func run() (int, error) {
@@ -187,10 +191,15 @@ func run() (int, error) {
 	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
 		return 1, err
 	}
-	if _, err := pool.Exec(ctx, ledgerDDL); err != nil {
-		return 1, err
+	for _, ddl := range []string{ledgerDDL, notificationsDDL} {
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			return 1, err
+		}
 	}
 	if err := kafka.CreateTopic(ctx, topic, 6); err != nil {
+		return 1, err
+	}
+	if err := kafka.CreateTopic(ctx, bookedTopic, outboxParts); err != nil {
 		return 1, err
 	}
 	fmt.Printf("kafka: %s %v · postgres: %s\n", kafka.Kind, kafka.Brokers, pg.Kind)
@@ -208,6 +217,38 @@ func run() (int, error) {
 	}
 	defer gw.Close()
 	env := []string{roleEnv + "=consumer", "KAFKA_BROKERS=" + strings.Join(kafka.Brokers, ","), dbEnv + "=" + dbURL, gwEnv + "=" + gw.URL}
+	// The notification side: the outbox relay publishes payment.booked,
+	// the notifier consumes it. Both run as child processes too; the relay
+	// is SIGKILLed once a third of the events are out, and restarted.
+	side := func(role string) []string { return append(append([]string(nil), env...), roleEnv+"="+role) }
+	relay, err := startConsumer(side("relay"))
+	if err != nil {
+		return 1, err
+	}
+	notifier, err := startConsumer(side("notifier"))
+	if err != nil {
+		relay.Process.Kill()
+		return 1, err
+	}
+	defer func() {
+		for _, c := range []*exec.Cmd{relay, notifier} {
+			c.Process.Signal(syscall.SIGTERM)
+			c.Wait()
+		}
+	}()
+	relayKilled := false
+	killRelay := func() {
+		if relayKilled || published(ctx, kafka) < len(s.valid)/3 {
+			return
+		}
+		relayKilled = true
+		relay.Process.Kill()
+		relay.Wait()
+		fmt.Println("  outbox relay killed with SIGKILL; restarting")
+		if relay, err = startConsumer(side("relay")); err != nil {
+			fmt.Fprintln(os.Stderr, "restarting the relay:", err)
+		}
+	}
 	ledgerRows := func() int {
 		var n int
 		pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n)
@@ -231,6 +272,7 @@ func run() (int, error) {
 		deadline := time.Now().Add(d)
 		last := time.Time{}
 		for !cond() {
+			killRelay()
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s: not done after %s", phase, d)
 			}
@@ -285,6 +327,14 @@ func run() (int, error) {
 	child.Process.Signal(syscall.SIGTERM)
 	child.Wait()
 	after := ledgerRows()
+	notified := func() int {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(DISTINCT intent) FROM notifications`).Scan(&n)
+		return n
+	}
+	if err := waitUntil("notify", time.Minute, func() bool { return relayKilled && notified() >= after }); err != nil {
+		return 1, err
+	}
 
 	rep, err := measure(ctx, kafka, pool, s)
 	if err != nil {
@@ -292,6 +342,9 @@ func run() (int, error) {
 	}
 	rep.ReplayNoopRate = 1 - float64(after-before)/float64(len(s.records))
 	rep.GatewayCharges, rep.GatewayChargesDuplicated, rep.GatewayReconciled = gw.counts()
+	if err := measureNotifications(ctx, kafka, pool, gw, &rep); err != nil {
+		return 1, err
+	}
 	rep.Seconds = float64(time.Since(start).Milliseconds()) / 1000
 	// The inbox remembers a dead letter, so the replay routes nothing
 	// again; only a kill between a DLT produce's acknowledgement and the
@@ -299,13 +352,17 @@ func run() (int, error) {
 	rep.OK = rep.Lost == 0 && rep.DuplicateEffects == 0 && rep.DeadLettered == s.poison &&
 		rep.DLTRecords >= rep.DeadLettered && rep.DLTRecords <= rep.DeadLettered+1 &&
 		rep.Effects == len(s.valid) && rep.ReplayNoopRate == 1 && rep.GapsHealed == rep.GapsDetected &&
-		rep.GatewayChargesDuplicated == 0 && rep.GatewayCharges == rep.Effects-rep.Skipped
+		rep.GatewayChargesDuplicated == 0 && rep.GatewayCharges == rep.Effects-rep.Skipped &&
+		rep.OutboxPublished == rep.Effects && rep.OutboxDuplicates == 0 && rep.OutboxLost == 0 &&
+		rep.Notifications == rep.Effects && rep.NotificationDuplicates == 0
 	fmt.Println()
 	fmt.Printf("%d payment intents booked exactly once (%d declined, recorded as such), %d poison records dead-lettered\n",
 		rep.Effects, rep.Skipped, rep.DeadLettered)
 	fmt.Printf("(in %d DLT records: the replay dead-letters nothing again; a kill between a DLT acknowledgement and its inbox row can double one),\n", rep.DLTRecords)
 	fmt.Printf("%d charges at the gateway, %d payment intents charged twice, %d reconciled after a crash instead of charged again,\n",
 		rep.GatewayCharges, rep.GatewayChargesDuplicated, rep.GatewayReconciled)
+	fmt.Printf("%d payment.booked events published through the outbox (%d read twice, %d missing), %d notifications sent (%d twice),\n",
+		rep.OutboxPublished, rep.OutboxDuplicates, rep.OutboxLost, rep.Notifications, rep.NotificationDuplicates)
 	fmt.Printf("%d intents retried, %d version gaps detected and %d healed, replay changed nothing (%.0f%% no-ops): %v\n",
 		rep.Retried, rep.GapsDetected, rep.GapsHealed, rep.ReplayNoopRate*100, map[bool]string{true: "OK", false: "FAILED"}[rep.OK])
 	line, _ := json.Marshal(rep)

@@ -126,6 +126,9 @@ func (g *gateway) handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) err
 		c.Intent, c.Account, c.Amount, status, check.Version); err != nil {
 		return err
 	}
+	if err := booked(ctx, tx, c, status); err != nil { // published if and only if this booking commits
+		return err
+	}
 	if status == "declined" {
 		return consumer.Skip(ErrDeclined) // a business outcome: booked as declined, not dead-lettered
 	}

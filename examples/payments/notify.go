@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/intent"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/outbox"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+const (
+	bookedTopic   = "payment.booked"
+	notifierGroup = "notifications"
+	outboxParts   = 4
+)
+
+// Booked is the payment.booked event the ledger writes to the outbox in
+// the transaction that books a capture.
+type Booked struct {
+	Intent  string `json:"intent"`
+	Account string `json:"account"`
+	Amount  int64  `json:"amount_cents"`
+	Status  string `json:"status"`
+}
+
+// notificationsDDL is the notification service's table: one row per
+// notification sent.
+const notificationsDDL = `CREATE TABLE IF NOT EXISTS notifications (
+	n       bigserial PRIMARY KEY,
+	event   text NOT NULL, -- the payment.booked record's identity
+	intent  text NOT NULL,
+	status  text NOT NULL
+)`
+
+// booked writes the payment.booked event of a booked capture to the
+// outbox, in the booking transaction: it is published if and only if the
+// booking commits.
+func booked(ctx context.Context, tx pgx.Tx, c Capture, status string) error {
+	v, _ := json.Marshal(Booked{Intent: c.Intent, Account: c.Account, Amount: c.Amount, Status: status})
+	_, err := outbox.Writer{Partitions: outboxParts}.Add(ctx, tx, &kgo.Record{Topic: bookedTopic, Key: []byte(c.Account), Value: v})
+	return err
+}
+
+// runRelay is the relay child process: it publishes the outbox until
+// SIGTERM (or SIGKILL).
+func runRelay(ctx context.Context, pool *pgxpool.Pool, brokers []string) error {
+	r, err := outbox.New(outbox.Options{Brokers: brokers, Pool: pool, Partitions: outboxParts, PollInterval: 200 * time.Millisecond,
+		Logger: quietLogger(), ClientOptions: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)}})
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+// notifier sends a "payment booked" message through the messaging
+// provider, once per event: the event's kscope identity is the idempotency
+// key of the send, recorded as an intent before it.
+type notifier struct {
+	url     string
+	http    *http.Client
+	intents *intent.Store
+}
+
+func (n *notifier) handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+	var b Booked
+	if err := json.Unmarshal(r.Value, &b); err != nil {
+		return consumer.DecodeError(err)
+	}
+	event := consumer.Identity{}.Of(r) // the outbox record's identity: stable across relay crashes
+	send := func(ctx context.Context, key string) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.url+"/notify", bytes.NewReader(r.Value))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Idempotency-Key", key)
+		return (&gateway{http: n.http}).do(req)
+	}
+	lookup := func(ctx context.Context, key string) ([]byte, bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.url+"/notify/"+url.PathEscape(key), nil)
+		if err != nil {
+			return nil, false, err
+		}
+		res, err := (&gateway{http: n.http}).do(req)
+		if err == errNotFound {
+			return nil, false, nil
+		}
+		return res, err == nil, err
+	}
+	if _, _, err := n.intents.Do(ctx, tx, event, send, lookup); err != nil {
+		return consumer.Retryable(err)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO notifications (event, intent, status) VALUES ($1, $2, $3)`, event, b.Intent, b.Status)
+	return err
+}
+
+// newNotifier builds the notification service: a DB-scope consumer of
+// payment.booked.
+func newNotifier(brokers []string, pool *pgxpool.Pool, providerURL string) (*dbscope.Runner, error) {
+	n := &notifier{url: providerURL, http: &http.Client{Timeout: 5 * time.Second}, intents: intent.New(nil, "")}
+	return dbscope.New(consumer.Config{
+		Brokers:        brokers,
+		Group:          notifierGroup,
+		Topics:         []string{bookedTopic},
+		Shards:         8,
+		CommitInterval: 100 * time.Millisecond,
+		Logger:         quietLogger(),
+		ClientOptions:  []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)},
+		Failures:       retrytopic.Policy{Backoff: 50 * time.Millisecond, MaxBackoff: time.Second, DisableRetryTopics: true},
+	}, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(n.handle))
+}
+
+// runChild runs the child process role names: the ledger consumer, the
+// relay or the notifier, until SIGTERM (or SIGKILL).
+func runChild(ctx context.Context, role string) error {
+	pool, err := pgxpool.New(ctx, os.Getenv(dbEnv))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	brokers := strings.Split(os.Getenv("KAFKA_BROKERS"), ",")
+	switch role {
+	case "relay":
+		return runRelay(ctx, pool, brokers)
+	case "notifier":
+		r, err := newNotifier(brokers, pool, os.Getenv(gwEnv))
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
+	case "consumer":
+		r, err := newPipeline(brokers, pool, group, os.Getenv(gwEnv), 100*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+// published counts the payment.booked records a read_committed reader
+// sees now.
+func published(ctx context.Context, k *testenv.Kafka) int {
+	ends, err := k.EndOffsets(ctx, bookedTopic)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ends {
+		n += int(e)
+	}
+	return n / 2 // a rough count while it runs: transaction markers take offsets too
+}
+
+// measureNotifications fills in the notification side of the report.
+func measureNotifications(ctx context.Context, k *testenv.Kafka, pool *pgxpool.Pool, gw *fakeGateway, rep *report) error {
+	ids := map[string]int{}
+	intents := map[string]bool{}
+	for _, r := range k.ReadAll(nopT{}, bookedTopic) {
+		ids[testenv.Header(r, retrytopic.HeaderID)]++
+		var b Booked
+		if json.Unmarshal(r.Value, &b) == nil {
+			intents[b.Intent] = true
+		}
+	}
+	rep.OutboxPublished = len(ids)
+	for _, n := range ids {
+		rep.OutboxDuplicates += n - 1
+	}
+	rows, err := pool.Query(ctx, `SELECT DISTINCT intent FROM ledger`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var i string
+		if err := rows.Scan(&i); err != nil {
+			rows.Close()
+			return err
+		}
+		if !intents[i] {
+			rep.OutboxLost++
+		}
+	}
+	rows.Close()
+	var total, distinct int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event) FROM notifications`).Scan(&total, &distinct); err != nil {
+		return err
+	}
+	rep.Notifications = distinct
+	rep.NotificationDuplicates = total - distinct + gw.notifyDuplicates()
+	return nil
+}
