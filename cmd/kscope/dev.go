@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -13,7 +14,7 @@ func devCmd() *command {
 	return &command{
 		name:    "dev",
 		summary: "run a local Kafka-protocol broker (kfake) for development, no Docker",
-		usage: `kscope dev [--port 9092] [--data-dir DIR] [--partitions N] [--brokers N]
+		usage: `kscope dev [--port 9092] [--data-dir DIR] [--partitions N] [--nodes N] [--group-min-session-timeout D]
 
 Runs franz-go's kfake, an in-process implementation of the Kafka protocol
 (consumer groups, transactions, read_committed), on localhost until
@@ -22,27 +23,37 @@ interrupted. Any Kafka client can use it: point it at the printed address
 --data-dir the broker keeps its data across restarts; without it, everything
 is gone when it stops. It is for development and tests, not production.
 
+--port 0 picks free ports (printed). --nodes starts a cluster of that many
+brokers on consecutive ports.
+
 Examples:
   kscope dev
-  kscope dev --port 19092 --data-dir ./.kafka --partitions 6`,
+  kscope dev --port 19092 --data-dir ./.kafka --partitions 6
+  kscope dev --port 0 --nodes 3 --group-min-session-timeout 100ms`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
 			port := fs.Int("port", 9092, "port of the first broker; the others take the next ones")
 			dataDir := fs.String("data-dir", "", "keep the broker's data in this directory across restarts")
 			partitions := fs.Int("partitions", 3, "partitions of topics created on first use")
-			brokers := fs.Int("brokers", 1, "number of brokers")
+			nodes := fs.Int("nodes", 1, "number of brokers in the cluster")
+			minSession := fs.Duration("group-min-session-timeout", 6*time.Second,
+				"the smallest session timeout a group member may ask for (Kafka's group.min.session.timeout.ms); "+
+					"lower it so that a killed consumer's partitions move on sooner")
 			return func(ctx context.Context) error {
-				return dev(ctx, e, *port, *dataDir, *partitions, *brokers)
+				return dev(ctx, e, *port, *dataDir, *partitions, *nodes, *minSession)
 			}
 		},
 	}
 }
 
-func dev(ctx context.Context, e *env, port int, dataDir string, partitions, brokers int) error {
+func dev(ctx context.Context, e *env, port int, dataDir string, partitions, brokers int, minSession time.Duration) error {
 	if port < 0 || port > 65535-brokers {
 		return usagef("--port %d is not a usable port", port)
 	}
 	if partitions < 1 || brokers < 1 {
-		return usagef("--partitions and --brokers must be at least 1")
+		return usagef("--partitions and --nodes must be at least 1")
+	}
+	if minSession <= 0 {
+		return usagef("--group-min-session-timeout must be positive, got %v", minSession)
 	}
 	ports := make([]int, brokers)
 	for i := range ports {
@@ -56,6 +67,7 @@ func dev(ctx context.Context, e *env, port int, dataDir string, partitions, brok
 		kfake.Ports(ports...),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(partitions),
+		kfake.GroupMinSessionTimeout(minSession),
 	}
 	if dataDir != "" {
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {

@@ -85,4 +85,13 @@ func TestDevBadFlags(t *testing.T) {
 	if res := kscope(t, "dev", "--partitions", "0"); res.code != 2 {
 		t.Fatalf("--partitions 0: %+v", res)
 	}
+	if res := kscope(t, "dev", "--nodes", "0"); res.code != 2 {
+		t.Fatalf("--nodes 0: %+v", res)
+	}
+	if res := kscope(t, "dev", "--brokers", "3"); res.code != 2 {
+		t.Fatalf("--brokers (now --nodes) was accepted: %+v", res)
+	}
+	if res := kscope(t, "dev", "--group-min-session-timeout", "0s"); res.code != 2 {
+		t.Fatalf("--group-min-session-timeout 0s: %+v", res)
+	}
 }

@@ -168,6 +168,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 		enc      = json.NewEncoder(e.stdout)
 		copies   = map[string]int{} // identity -> records seen
 		repeated []string           // identities seen more than once, in order
+		bare     int                // records without kscope's failure headers
 	)
 	if !asJSON {
 		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
@@ -178,6 +179,9 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 			return nil
 		}
 		n++
+		if !hasHeader(r, retrytopic.HeaderErrorClass) {
+			bare++
+		}
 		warnDecode(e.stderr, r, derr)
 		copies[m.ID]++
 		if copies[m.ID] == 2 {
@@ -218,6 +222,11 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	}
 	if err != nil {
 		return err
+	}
+	if bare > 0 {
+		fmt.Fprintf(e.stderr, "warning: %d of %s in %s carry no kscope failure headers (class, error, original topic): "+
+			"it does not look like a kscope dead-letter topic (those are named <group>.kscope-dlt); their class is shown as unknown. Check --topic or --group.\n",
+			bare, plural(n, "record"), topic)
 	}
 	if !asJSON {
 		fmt.Fprintf(e.stdout, "%s in %s, %s\n", plural(n, "record"), topic, plural(len(copies), "identity"))
@@ -514,4 +523,14 @@ func keyTextOrEmpty(k []byte) string {
 		return ""
 	}
 	return keyText(k)
+}
+
+// hasHeader reports whether r carries a header named key.
+func hasHeader(r *kgo.Record, key string) bool {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return true
+		}
+	}
+	return false
 }

@@ -345,3 +345,20 @@ func TestDLTListGroupsAnIdentityDeadLetteredTwice(t *testing.T) {
 		t.Fatalf("--json copies of the identity: %v, want [1 2]", copies)
 	}
 }
+
+// A topic that is not a kscope dead-letter topic is listed, with a warning
+// that says so instead of a table of "unknown" classes alone.
+func TestDLTListWarnsOnOtherTopics(t *testing.T) {
+	k := testenv.KafkaT(t)
+	createTopic(t, k, "shipments", 1)
+	produceTo(t, k, &kgo.Record{Topic: "shipments", Key: []byte("s-1"), Value: []byte("{}")})
+	r := kscope(t, "dlt", "list", brokers(k), "--topic", "shipments")
+	r.want(t, exitOK, "1 record in shipments")
+	if !strings.Contains(r.stderr, "does not look like a kscope dead-letter topic") {
+		t.Fatalf("no warning:\n%s", r.stderr)
+	}
+	setupDLT(t, k)
+	if r := kscope(t, "dlt", "list", brokers(k), "--group", testGroup); strings.Contains(r.stderr, "does not look like") {
+		t.Fatalf("a warning on a real dead-letter topic:\n%s", r.stderr)
+	}
+}

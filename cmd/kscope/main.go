@@ -8,7 +8,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -71,6 +74,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	switch args[0] {
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, versionLine())
+		return exitOK
 	case "help", "-h", "-help", "--help":
 		if len(args) > 1 {
 			if c, n := findCommand(args[1:]); c != nil && n == len(args)-1 {
@@ -161,6 +167,7 @@ Commands:
 	b.WriteString(`  help          this text; "kscope help <command>" for a command's flags
 
 Every command takes --brokers (default: $KAFKA_BROKERS, comma separated).
+kscope --version prints the version.
 Exit codes: 0 ok, 1 failure or refusal, 2 wrong command line.
 
 Examples:
@@ -191,9 +198,46 @@ func commandUsage(c *command, e *env) string {
 	b.WriteString("\nFlags:\n")
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
 	c.flags(fs, e)
-	fs.SetOutput(&b)
-	fs.PrintDefaults()
+	printFlags(&b, fs)
 	return b.String()
+}
+
+// printFlags lists fs's flags the way the usage texts spell them, with
+// two dashes (the flag package accepts one or two).
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintf(w, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if def := f.DefValue; def != "" && def != "false" && def != "0" && def != "-1" {
+			if name == "string" {
+				def = strconv.Quote(def)
+			}
+			fmt.Fprintf(w, " (default %s)", def)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// versionLine is what kscope --version prints: the module version the
+// binary was built from (or "devel"), its VCS revision when known, and
+// the Go version.
+func versionLine() string {
+	v, rev := "devel", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+		for _, st := range bi.Settings {
+			if st.Key == "vcs.revision" && len(st.Value) >= 12 {
+				rev = " (" + st.Value[:12] + ")"
+			}
+		}
+	}
+	return fmt.Sprintf("kscope %s%s %s", v, rev, runtime.Version())
 }
 
 // brokerFlag declares --brokers.

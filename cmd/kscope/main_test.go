@@ -142,6 +142,13 @@ func TestHelpAndUsage(t *testing.T) {
 	kscope(t, "frobnicate").want(t, exitUsage, `unknown command "frobnicate"`)
 	kscope(t, "dlt", "list", "--nope").want(t, exitUsage, "flag provided but not defined: -nope", "kscope dlt list -h")
 	kscope(t, "dlt", "list", "--group", "g", "extra").want(t, exitUsage, `unexpected argument "extra"`)
+	// Help spells the flags as the texts do, with two dashes.
+	if r := kscope(t, "replay", "-h"); !strings.Contains(r.stdout, "\n  --group string") || strings.Contains(r.stdout, "\n  -group") {
+		t.Fatalf("flags not listed as --name:\n%s", r.stdout)
+	}
+	kscope(t, "--version").want(t, exitOK, "kscope ", "go1.")
+	kscope(t, "version").want(t, exitOK, "kscope ")
+	kscope(t, "dev", "-h").want(t, exitOK, "--nodes", "--group-min-session-timeout", "--port 0")
 }
 
 func TestMissingBrokers(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -95,6 +96,7 @@ Examples:
 			fs.StringVar(&o.by, "by", "", "who redrives, for the audit header (default $USER)")
 			fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be sent and send nothing")
 			fs.Float64Var(&o.rate, "rate", 100, "at most this many records per second (0: no limit)")
+			fs.BoolVar(&o.asJSON, "json", false, "print the summary (and, with --dry-run, each record) as JSON objects, one per line")
 			return func(ctx context.Context) error { return dltRedrive(ctx, e, f, o) }
 		},
 	}
@@ -106,13 +108,53 @@ type redriveOpts struct {
 	by          string
 	dryRun      bool
 	rate        float64
+	asJSON      bool
+}
+
+// redriveReport is the summary --json prints.
+type redriveReport struct {
+	DLTTopic string         `json:"dlt_topic"`
+	To       string         `json:"to"`
+	DryRun   bool           `json:"dry_run"`
+	Scanned  int            `json:"scanned"`
+	Matched  int            `json:"matched"`
+	Sent     int            `json:"sent"` // with --dry-run: would send
+	Skipped  int            `json:"skipped"`
+	PerTopic map[string]int `json:"per_topic"`
+	Error    string         `json:"error,omitempty"`
+}
+
+// redriveLine is one record a --dry-run --json would send.
+type redriveLine struct {
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+	Key       string `json:"key"`
+	ID        string `json:"id"`
+	Target    string `json:"target"`
 }
 
 // redriveStats counts a redrive.
 type redriveStats struct {
 	matched, sent, skipped int
+	scanned, total         int64 // records read, and in the range to read
 	perTopic               map[string]int
 	started, lastProgress  time.Time
+}
+
+// progress is the progress line: what was sent, how far the scan is, and
+// when it should end at the pace so far.
+func (st *redriveStats) progress(verb string, r *kgo.Record, now time.Time) string {
+	elapsed := now.Sub(st.started)
+	line := fmt.Sprintf("redrive: %s %s, skipped %d; scanned %d of %d records", verb, plural(st.sent, "record"), st.skipped, st.scanned, st.total)
+	if st.total > 0 {
+		line += fmt.Sprintf(" (%.0f%%)", 100*float64(st.scanned)/float64(st.total))
+	}
+	line += fmt.Sprintf(", at partition %d offset %d, %.1f/s", r.Partition, r.Offset, float64(st.sent)/max(elapsed.Seconds(), 1e-3))
+	if st.scanned > 0 && st.total > st.scanned {
+		eta := time.Duration(float64(elapsed) / float64(st.scanned) * float64(st.total-st.scanned))
+		line += ", ETA " + eta.Round(time.Second).String()
+	}
+	return line
 }
 
 func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error {
@@ -177,6 +219,11 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	}
 	checked := make(map[string]error) // target topics checked to exist
 	st := &redriveStats{perTopic: make(map[string]int), started: time.Now()}
+	if bs, err := bounds(ctx, adm, brokers, topic, rng); err == nil {
+		for _, b := range bs {
+			st.total += max(b.end-b.begin, 0)
+		}
+	}
 	st.lastProgress = st.started
 	verb := "sent"
 	if o.dryRun {
@@ -184,6 +231,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	}
 
 	err = scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+		st.scanned++
 		m, derr := decode(r)
 		if !flt.match(r, m) {
 			return nil
@@ -221,9 +269,12 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 			}
 		}
 		out := redriveRecord(r, target, m, by, time.Now())
-		if o.dryRun {
+		switch {
+		case o.dryRun && o.asJSON:
+			json.NewEncoder(e.stdout).Encode(redriveLine{Partition: r.Partition, Offset: r.Offset, Key: keyText(r.Key), ID: m.ID, Target: target}) //nolint:errcheck // stdout
+		case o.dryRun:
 			fmt.Fprintf(e.stdout, "would send partition %d offset %d (key %s, id %s) to %s\n", r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.ID, target)
-		} else {
+		default:
 			if tick != nil {
 				select {
 				case <-tick:
@@ -242,22 +293,34 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		st.perTopic[target]++
 		if now := time.Now(); st.sent%progressEvery == 0 || now.Sub(st.lastProgress) >= progressInterval {
 			st.lastProgress = now
-			rate := float64(st.sent) / now.Sub(st.started).Seconds()
-			fmt.Fprintf(e.stderr, "redrive: %s %s, skipped %d, at partition %d offset %d (%.1f/s)\n", verb, plural(st.sent, "record"), st.skipped, r.Partition, r.Offset, rate)
+			fmt.Fprintln(e.stderr, st.progress(verb, r, now))
 		}
 		return nil
 	})
 	summary := redriveSummary(topic, verb, st)
+	if o.asJSON {
+		rep := redriveReport{DLTTopic: topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,
+			Sent: st.sent, Skipped: st.skipped, PerTopic: st.perTopic}
+		if err != nil {
+			rep.Error = err.Error()
+		}
+		json.NewEncoder(e.stdout).Encode(rep) //nolint:errcheck // stdout
+		summary = ""
+	}
 	if err != nil {
-		fmt.Fprintln(e.stdout, summary)
+		if summary != "" {
+			fmt.Fprintln(e.stdout, summary)
+		}
 		return err
 	}
-	if o.dryRun {
-		summary += "; dry run: nothing was sent"
-	} else if st.sent > 0 {
-		summary += "; the records stay in the dead-letter topic (Kafka cannot delete single records)"
+	if summary != "" {
+		if o.dryRun {
+			summary += "; dry run: nothing was sent"
+		} else if st.sent > 0 {
+			summary += "; the records stay in the dead-letter topic (Kafka cannot delete single records)"
+		}
+		fmt.Fprintln(e.stdout, summary)
 	}
-	fmt.Fprintln(e.stdout, summary)
 	if st.skipped > 0 {
 		return fmt.Errorf("skipped %s: their source topic is unknown (see the lines above); redrive them with --to retry", plural(st.skipped, "record"))
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"context"
 	"fmt"
 	"regexp"
@@ -235,7 +236,8 @@ func TestRedriveProgressAndRate(t *testing.T) {
 	produceTo(t, k, recs...)
 	r := kscope(t, "dlt", "redrive", brokers(k), "--topic", big, "--to", "source", "--dry-run", "--by", "frank")
 	r.want(t, exitOK, "redrive: would send 1001 of 1001 matching records")
-	if !strings.Contains(r.stderr, "redrive: would send 1000 records, skipped 0, at partition 0 offset 999") {
+	if !strings.Contains(r.stderr, "redrive: would send 1000 records, skipped 0; scanned 1000 of 1001 records (100%), at partition 0 offset 999") ||
+		!strings.Contains(r.stderr, "ETA ") {
 		t.Fatalf("no progress line on stderr:\n%s", r.stderr)
 	}
 	if strings.Count(r.stdout, "would send partition") != 1001 {
@@ -255,4 +257,37 @@ func TestRedriveStopsAtFirstProduceError(t *testing.T) {
 	r := kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--rate", "0", "--by", "gina")
 	r.want(t, exitFailure, "producing partition 0 offset 0 to orders failed after 0 records sent",
 		"TOPIC_AUTHORIZATION_FAILED", "resume from this record with --partition 0 --from-offset 0", "redrive: sent 0 of 1 matching record")
+}
+
+// --json: the summary (and, with --dry-run, each record) as JSON objects
+// a script can read.
+func TestRedriveJSON(t *testing.T) {
+	k := testenv.KafkaT(t)
+	setupDLT(t, k)
+	r := kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--dry-run", "--json", "--by", "frank")
+	r.want(t, exitOK)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 6 {
+		t.Fatalf("%d lines, want 5 records and the summary:\n%s", len(lines), r.stdout)
+	}
+	var rec struct {
+		Partition *int32 `json:"partition"`
+		Offset    *int64 `json:"offset"`
+		Target    string `json:"target"`
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil || rec.Partition == nil || rec.Offset == nil || rec.Target == "" {
+		t.Fatalf("record line %q: %v", lines[0], err)
+	}
+	var sum struct {
+		DryRun   bool           `json:"dry_run"`
+		Matched  int            `json:"matched"`
+		Sent     int            `json:"sent"`
+		Scanned  int            `json:"scanned"`
+		PerTopic map[string]int `json:"per_topic"`
+	}
+	if err := json.Unmarshal([]byte(lines[5]), &sum); err != nil || !sum.DryRun || sum.Matched != 5 || sum.Sent != 5 || sum.Scanned != 5 || len(sum.PerTopic) == 0 {
+		t.Fatalf("summary %q (%v): %+v", lines[5], err, sum)
+	}
+	r = kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--json", "--by", "frank")
+	r.want(t, exitOK, `"dry_run":false`, `"sent":5`)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -64,6 +65,7 @@ Examples:
 			fs.BoolVar(&o.toEnd, "to-end", false, "move every partition to the end of the log")
 			fs.BoolVar(&o.dryRun, "dry-run", false, "print the blast radius and change nothing")
 			fs.BoolVar(&o.yes, "yes", false, "commit the new offsets (without it, only the blast radius is printed)")
+			fs.BoolVar(&o.asJSON, "json", false, "print the plan and the outcome as one JSON object")
 			return func(ctx context.Context) error {
 				o.brokers = *brokers
 				return replay(ctx, e, o)
@@ -77,7 +79,47 @@ type replayOpts struct {
 	toOffset              int64
 	toTime                string
 	toStart, toEnd        bool
-	dryRun, yes           bool
+	dryRun, yes, asJSON   bool
+}
+
+// replayReport is what --json prints: the plan per partition, its totals,
+// and whether the offsets were committed.
+type replayReport struct {
+	Group       string             `json:"group"`
+	Topic       string             `json:"topic"`
+	Target      string             `json:"target"`
+	Partitions  []replayPartReport `json:"partitions"`
+	Again       int64              `json:"records_consumed_again"`
+	Skipped     int64              `json:"records_skipped"`
+	Changes     int                `json:"partitions_changed"`
+	Committed   bool               `json:"committed"`
+	Explanation string             `json:"explanation"`
+}
+
+type replayPartReport struct {
+	Partition int32 `json:"partition"`
+	Committed int64 `json:"committed"` // -1: none
+	Target    int64 `json:"target"`
+	Clamped   bool  `json:"clamped,omitempty"`
+}
+
+func newReplayReport(o *replayOpts, desc string, plan map[int32]*replayPlan) *replayReport {
+	r := &replayReport{Group: o.group, Topic: o.topic, Target: desc, Partitions: []replayPartReport{}}
+	for _, p := range sortedPartitions(plan) {
+		pl := plan[p]
+		r.Partitions = append(r.Partitions, replayPartReport{Partition: p, Committed: pl.committed, Target: pl.target, Clamped: pl.clamped})
+		switch {
+		case pl.committed < 0:
+			r.Changes++
+		case pl.target < pl.committed:
+			r.Again += pl.committed - pl.target
+			r.Changes++
+		case pl.target > pl.committed:
+			r.Skipped += pl.target - pl.committed
+			r.Changes++
+		}
+	}
+	return r
 }
 
 // replayPlan is one partition's move.
@@ -142,17 +184,28 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
-	changes := printPlan(e.stdout, plan)
+	rep := newReplayReport(o, desc, plan)
+	say := func(msg string) {
+		rep.Explanation = msg
+		if o.asJSON {
+			json.NewEncoder(e.stdout).Encode(rep) //nolint:errcheck // stdout
+			return
+		}
+		fmt.Fprintln(e.stdout, msg)
+	}
+	if !o.asJSON {
+		fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
+		printPlan(e.stdout, plan)
+	}
 	switch {
-	case changes == 0:
-		fmt.Fprintln(e.stdout, "nothing to do: every partition is already at its target")
+	case rep.Changes == 0:
+		say("nothing to do: every partition is already at its target")
 		return nil
 	case o.dryRun:
-		fmt.Fprintln(e.stdout, "dry run: nothing changed")
+		say("dry run: nothing changed")
 		return nil
 	case !o.yes:
-		fmt.Fprintln(e.stdout, "nothing changed: re-run with --yes to commit these offsets (keep the group's consumers stopped until then)")
+		say("nothing changed: re-run with --yes to commit these offsets (keep the group's consumers stopped until then)")
 		return nil
 	}
 
@@ -178,7 +231,8 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		}
 		return fmt.Errorf("committing the offsets of group %q failed: %w; nothing or part was changed: check with --dry-run and re-run", o.group, err)
 	}
-	fmt.Fprintf(e.stdout, "committed: group %s will start topic %s at the target offsets on %s when its consumers start\n", o.group, o.topic, plural(len(offsets[o.topic]), "partition"))
+	rep.Committed = true
+	say(fmt.Sprintf("committed: group %s will start topic %s at the target offsets on %s when its consumers start", o.group, o.topic, plural(len(offsets[o.topic]), "partition")))
 	return nil
 }
 
@@ -302,7 +356,7 @@ func replayTargets(ctx context.Context, adm *kadm.Client, o *replayOpts, at time
 }
 
 // printPlan writes the blast radius and returns how many partitions move.
-func printPlan(w io.Writer, plan map[int32]*replayPlan) int {
+func printPlan(w io.Writer, plan map[int32]*replayPlan) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tCOMMITTED\tTARGET\tEFFECT")
 	var again, skipped int64
@@ -340,7 +394,6 @@ func printPlan(w io.Writer, plan map[int32]*replayPlan) int {
 		fmt.Fprintf(w, ", %s without a committed offset", plural(uncommitted, "partition"))
 	}
 	fmt.Fprintln(w)
-	return changes
 }
 
 func plural64(n int64, noun string) string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"context"
 	"fmt"
 	"strings"
@@ -191,5 +192,32 @@ func TestReplayRefusals(t *testing.T) {
 	kscope(t, "replay", brokers(k), "--group", "billing", "--topic", testSource, "--to-time", "yesterday").want(t, exitUsage, "not an RFC 3339 time")
 	if got := committed(t, k, "billing"); got != "0:8 1:6" {
 		t.Fatalf("offsets changed: %s", got)
+	}
+}
+
+// --json: the plan and the outcome as one JSON object.
+func TestReplayJSON(t *testing.T) {
+	k := testenv.KafkaT(t)
+	setupReplay(t, k)
+	var rep struct {
+		Partitions []struct {
+			Partition int32 `json:"partition"`
+			Committed int64 `json:"committed"`
+			Target    int64 `json:"target"`
+		} `json:"partitions"`
+		Again       int64  `json:"records_consumed_again"`
+		Committed   bool   `json:"committed"`
+		Explanation string `json:"explanation"`
+	}
+	r := kscope(t, "replay", brokers(k), "--group", "billing", "--topic", testSource, "--to-start", "--json")
+	r.want(t, exitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || len(rep.Partitions) != 2 || rep.Again != 14 || rep.Committed ||
+		!strings.Contains(rep.Explanation, "nothing changed") {
+		t.Fatalf("without --yes: %v, %+v\n%s", err, rep, r.stdout)
+	}
+	r = kscope(t, "replay", brokers(k), "--group", "billing", "--topic", testSource, "--to-start", "--json", "--yes")
+	r.want(t, exitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || !rep.Committed {
+		t.Fatalf("with --yes: %v, %+v\n%s", err, rep, r.stdout)
 	}
 }
