@@ -163,8 +163,8 @@ func (c Config) withDefaults() Config {
 // ConfigError is returned by [New] for a configuration that cannot work. Its
 // message says which field is wrong and what to change.
 type ConfigError struct {
-	Struct string // the configuration type at fault: "Config", or a scope's "Options"
-	Field  string // the field at fault
+	Struct string // the configuration type at fault: "Config", or a scope's "Options"; or the argument at fault, such as "consumer.New's handler"
+	Field  string // the field at fault ("" when Struct names an argument)
 	Reason string // what is wrong and what to do
 }
 
@@ -173,6 +173,9 @@ func (e *ConfigError) Error() string {
 	s := e.Struct
 	if s == "" {
 		s = "Config"
+	}
+	if e.Field == "" {
+		return "kscope: " + s + ": " + e.Reason // an argument, not a field
 	}
 	return "kscope: " + s + "." + e.Field + ": " + e.Reason
 }

@@ -77,7 +77,7 @@ func TestBadConfigFailsAtConstruction(t *testing.T) {
 		})
 	}
 	t.Run("nil handler", func(t *testing.T) {
-		if _, err := consumer.New(ok(), nil); err == nil || !strings.Contains(err.Error(), "Handler") {
+		if _, err := consumer.New(ok(), nil); err == nil || !strings.Contains(err.Error(), "consumer.New's handler: is nil") || strings.Contains(err.Error(), "Config.Handler") {
 			t.Fatalf("nil handler: %v", err)
 		}
 	})

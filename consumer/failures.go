@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -28,6 +29,8 @@ type failures struct {
 	cl       *kgo.Client
 	log      *slog.Logger
 	obs      *observer
+
+	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed, parked                            atomic.Int64
@@ -44,6 +47,10 @@ type (
 		UsesRetryTopics() bool
 	}
 )
+
+// newDLTLog returns the limiter of a runner's dead-letter ERROR lines: 10
+// one by one every 10 seconds, the rest counted.
+func newDLTLog() *ratelog.Limiter { return ratelog.New(10, 10*time.Second) }
 
 // Class classifies err under the policy.
 func (f *failures) Class(err error) Class { return f.policy.ClassOf(err) }
@@ -105,7 +112,7 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 		}
 		f.deadLettered.Add(1)
 		f.obs.Event(rec, EventDeadLetter, out.Topic)
-		f.log.LogAttrs(ctx, slog.LevelError, "kscope: record sent to the dead-letter topic",
+		f.dltLog.Log(ctx, f.log, slog.LevelError, "kscope: record sent to the dead-letter topic", "records sent to the dead-letter topic",
 			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(OutcomeDeadLettered)))...)
 	}
 	return nil
@@ -161,7 +168,7 @@ func (f *failures) RetryTopicRecord(rec *Record, err error, step retrytopic.Step
 // NewRunner returns them in Runner.Config) producing through cl, for a scope
 // that runs its own client (the Kafka scope).
 func newFailures(cfg Config, cl *kgo.Client, log *slog.Logger) *failures {
-	return &failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log, obs: newObserver(cfg.Group, cfg.Hooks)}
+	return &failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log, obs: newObserver(cfg.Group, cfg.Hooks), dltLog: newDLTLog()}
 }
 
 // Observer returns the runner's hooks, for a scope to report its

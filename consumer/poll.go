@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +26,7 @@ func (r *Runner) pollLoop(ctx context.Context) {
 		if fetches.IsClientClosed() {
 			return
 		}
+		failed := false
 		fetches.EachError(func(topic string, p int32, err error) {
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return
@@ -33,8 +35,12 @@ func (r *Runner) pollLoop(ctx context.Context) {
 				r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
 				return
 			}
-			r.log.Warn("kscope: fetch error; the client retries", "topic", topic, "partition", p, "err", err)
+			failed = true
+			r.fetchHealth.failed(r.log, topic, p, err)
 		})
+		if !failed && fetches.NumRecords() > 0 {
+			r.fetchHealth.ok(r.log)
+		}
 		if r.obs.WantsFetch() || r.obs.WantsLag() {
 			r.observeFetches(fetches)
 		}
@@ -230,4 +236,43 @@ func storeMax(m *atomic.Int64, v int64) {
 			return
 		}
 	}
+}
+
+// fetchHealthLogEvery is how often a fetch failure that lasts is logged
+// again (with how long it has lasted and how many errors it saw).
+const fetchHealthLogEvery = 30 * time.Second
+
+// fetchHealth logs the state changes of fetching, not every retry: the
+// first failure, a reminder every fetchHealthLogEvery while it lasts, and
+// the recovery. (During a broker outage the client retries every few
+// seconds; one line per retry says nothing new.)
+type fetchHealth struct {
+	since, lastLog time.Time // zero while fetching works
+	errors         int
+}
+
+func (h *fetchHealth) failed(log *slog.Logger, topic string, p int32, err error) {
+	now := time.Now()
+	h.errors++
+	where := []any{"topic", topic, "partition", p}
+	if topic == "" {
+		where = []any{"scope", "the client (no partition: the brokers or the group coordinator cannot be reached)"}
+	}
+	switch {
+	case h.since.IsZero():
+		h.since, h.lastLog = now, now
+		log.Warn("kscope: fetching failed; the client retries, and kscope logs again when it works or every 30s while it does not",
+			append(where, "err", err)...)
+	case now.Sub(h.lastLog) >= fetchHealthLogEvery:
+		h.lastLog = now
+		log.Warn("kscope: fetching still fails; the client retries", append(where, "err", err, "failing_for", now.Sub(h.since).Round(time.Second), "errors", h.errors)...)
+	}
+}
+
+func (h *fetchHealth) ok(log *slog.Logger) {
+	if h.since.IsZero() {
+		return
+	}
+	log.Info("kscope: fetching works again", "failed_for", time.Since(h.since).Round(time.Millisecond), "errors", h.errors)
+	*h = fetchHealth{}
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -126,14 +127,50 @@ func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	}
 	r.lost.Add(int64(len(sts)))
 	r.forget(sts)
-	r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
+	if len(sts) > 0 {
+		r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
+	}
 }
 
+// drainLogEvery is how often a drain that takes a while says how many
+// records it still waits for.
+const drainLogEvery = 2 * time.Second
+
 // drain waits, up to DrainTimeout in all, for the running records of sts,
-// then cancels the context of those still running.
+// then cancels the context of those still running. A drain that takes
+// longer than drainLogEvery logs how many records it still waits for, so
+// that a stop (Ctrl-C) is not silent for up to DrainTimeout.
 func (r *Runner) drain(sts []*partState) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
 	defer cancel()
+	start := time.Now()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(drainLogEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				running := 0
+				for _, st := range sts {
+					running += st.Running()
+				}
+				if running > 0 {
+					r.log.Info("kscope: draining: waiting for running records to finish before committing",
+						"running", running, "waited", time.Since(start).Round(time.Millisecond), "drain_timeout", r.cfg.DrainTimeout)
+				}
+			}
+		}
+	}()
+	defer func() {
+		close(done)
+		wg.Wait()
+	}()
 	for _, st := range sts {
 		if err := st.WaitIdle(ctx); err != nil {
 			r.log.Warn("kscope: drain timeout passed with records still running; canceling them",
@@ -164,6 +201,12 @@ func (r *Runner) shutdown(cl *kgo.Client) error {
 	}
 	r.mu.Unlock()
 	sts := r.detach(all)
+	running := 0
+	for _, st := range sts {
+		running += st.Running()
+	}
+	r.log.Info("kscope: stopping: no new records; finishing the running ones, then committing",
+		"partitions", len(sts), "running", running, "drain_timeout", r.cfg.DrainTimeout)
 	r.drain(sts)
 
 	// drain canceled the context of whatever still runs; a handler that

@@ -86,8 +86,9 @@ type Runner struct {
 	fatalMu sync.Mutex
 	fatal   error
 
-	life   lifecycle.State
-	stopMu sync.Mutex // guards cl and failures, which exist while Run runs
+	life        lifecycle.State
+	stopMu      sync.Mutex  // guards cl and failures, which exist while Run runs
+	fetchHealth fetchHealth // the poll loop's: fetching failing and recovering
 }
 
 // New returns an AtLeastOnce runner: every record is handled at least once
@@ -103,7 +104,7 @@ type Runner struct {
 // idempotent on its own, or use the DB or Kafka scope.
 func New(cfg Config, h Handler) (*Runner, error) {
 	if h == nil {
-		return nil, &ConfigError{Field: "Handler", Reason: "is nil; pass the function that handles each record"}
+		return nil, &ConfigError{Struct: "consumer.New's handler", Reason: "is nil; pass the function that handles each record"}
 	}
 	return newRunner(cfg.withDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
 }
@@ -248,7 +249,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.cl = cl
 	r.stopMu.Unlock()
 	r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
-	f := &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics, obs: r.obs}
+	f := &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog()}
 	r.stopMu.Lock()
 	r.failures = f
 	r.stopMu.Unlock()
@@ -277,6 +278,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	bg.Wait()
 
 	err = r.shutdown(cl)
+	f.dltLog.Flush()
 	r.stopMu.Lock()
 	r.cl = nil
 	r.stopMu.Unlock()

@@ -26,8 +26,8 @@
 // IsTransient) retry the transaction instead, and only when the handler did
 // not mark them with a class.
 //
-// Records of one key-shard are batched into one transaction (Options.
-// BatchSize; up to 64 for a Handler), each record's writes after a
+// Records of one key-shard are batched into one transaction
+// (Options.BatchSize; up to 64 for a Handler), each record's writes after a
 // savepoint of its own, so that a failing record rolls back alone and the
 // others commit without their handlers running again ([Handler] says
 // exactly when a handler runs twice). Options.StoreOffsets also keeps the

@@ -47,12 +47,19 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 	if s.qh != nil {
 		calls = make(map[*consumer.Record]*queuedCall, len(batch))
 	}
+	txFailed := 0 // transactions failed in a row
 	for attempt := 0; len(pending) > 0; {
 		if ctx.Err() != nil || pending[0].Revoked() {
 			return
 		}
 		work, res, stop, err := s.apply(ctx, pending[:limit], done, fails, calls)
+		if err == nil && txFailed > 0 {
+			s.log.Info("kscope: the batch's transaction committed after failed attempts (PostgreSQL is back)", "failed_attempts", txFailed,
+				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset)
+			txFailed = 0
+		}
 		if err != nil {
+			txFailed++
 			if ctx.Err() != nil {
 				return
 			}

@@ -103,7 +103,7 @@ func (p *pipeline) add(i int, q *Queue) {
 // failure policy.
 func NewQueued(cfg consumer.Config, o Options, h QueueHandler) (*Runner, error) {
 	if h == nil {
-		return nil, &consumer.ConfigError{Struct: "dbscope", Field: "Handler", Reason: "is nil; pass the function that queues each record's statements"}
+		return nil, &consumer.ConfigError{Struct: "dbscope.NewQueued's handler", Reason: "is nil; pass the function that queues each record's statements"}
 	}
 	return newRunner(cfg, o, nil, h)
 }

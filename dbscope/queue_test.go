@@ -205,7 +205,7 @@ func TestQueuedBatchSurvivesConnectionLoss(t *testing.T) {
 
 func TestNewQueuedRejectsANilHandler(t *testing.T) {
 	_, err := dbscope.NewQueued(consumer.Config{Brokers: []string{"x:9092"}, Group: "g", Topics: []string{"t"}}, dbscope.Options{}, nil)
-	if err == nil || !strings.Contains(err.Error(), "Handler") {
+	if err == nil || !strings.Contains(err.Error(), "dbscope.NewQueued's handler: is nil") {
 		t.Fatalf("err %v, want a ConfigError naming the Handler", err)
 	}
 }

@@ -59,7 +59,7 @@ type Runner struct {
 // scope does not cover: anything the handler does outside tx.
 func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if h == nil {
-		return nil, &consumer.ConfigError{Struct: "dbscope", Field: "Handler", Reason: "is nil; pass the function that applies each record in its transaction"}
+		return nil, &consumer.ConfigError{Struct: "dbscope.New's handler", Reason: "is nil; pass the function that applies each record in its transaction"}
 	}
 	return newRunner(cfg, o, h, nil)
 }
@@ -194,6 +194,11 @@ func (s *scope) init(cfg consumer.Config) {
 // database not reachable yet) is retried with backoff; any other error of
 // the check is logged and the runner starts, as it did before the check.
 func (s *scope) Start(ctx context.Context) error {
+	if max := int(s.o.Pool.Config().MaxConns); max < s.shards {
+		s.log.Warn("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
+			"and the pipeline runs at the pool's width; set pool_max_conns (or pgxpool.Config.MaxConns) to at least Config.Shards",
+			"pool_max_conns", max, "shards", s.shards)
+	}
 	for attempt := 1; ; attempt++ {
 		err := checkSchema(ctx, s.o.Pool, s.o.TablePrefix)
 		var se *SchemaError

@@ -34,8 +34,10 @@ const (
 // and other keys go on. Once its budget is spent it goes to the dead-letter
 // topic with its failure metadata.
 type Policy struct {
-	// Backoff is the wait before the second attempt; it doubles per
-	// attempt up to MaxBackoff, with jitter. Defaults 1s and 5m.
+	// Backoff is the backoff step before the second attempt; it doubles
+	// per attempt up to MaxBackoff. Each wait is drawn between half the
+	// step and the whole step (equal jitter): with the defaults, 1s and
+	// 5m, the first wait is 0.5 to 1s.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 

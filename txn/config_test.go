@@ -45,7 +45,7 @@ func TestBadOptionsFailAtConstruction(t *testing.T) {
 	}
 	t.Run("config and options both wrong", func(t *testing.T) {
 		_, err := txn.New(consumer.Config{Shards: -1}, txn.Options{MaxRecords: -1}, nil)
-		for _, want := range []string{"Config.Brokers", "Config.Shards", "txn.Options.MaxRecords", "Handler"} {
+		for _, want := range []string{"Config.Brokers", "Config.Shards", "txn.Options.MaxRecords", "txn.New's handler: is nil"} {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Fatalf("error %v does not name %s", err, want)
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -130,8 +131,8 @@ func (r *Runner) deadLetter(ctx context.Context, sess *kgo.GroupTransactSession,
 	r.route(ctx, sess, f, w, rec, dl, "dlt", step.Class.String())
 	w.do(func(tx *txnState) { tx.dead.Add(1) })
 	engine.ObserverOf(f).Event(rec, consumer.EventDeadLetter, dl.Topic)
-	r.log.Error("kscope: record sent to the dead-letter topic (in the transaction)",
-		"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "class", step.Class.String(), "err", err)
+	r.dltLog.Log(ctx, r.log, slog.LevelError, "kscope: record sent to the dead-letter topic (in the transaction)", "records sent to the dead-letter topic",
+		slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset), slog.String("class", step.Class.String()), slog.Any("err", err))
 }
 
 // route adds a retry or dead-letter record to w.

@@ -81,6 +81,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := l.loop(); err != nil {
 		return err
 	}
+	r.dltLog.Flush()
 	r.log.Info("kscope: transactional runner stopped")
 	return nil
 }

@@ -94,6 +94,7 @@ import (
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/lifecycle"
+	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -238,15 +239,20 @@ type Runner struct {
 
 	clMu sync.Mutex
 	cl   *kgo.Client // while Run runs
+
+	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
 }
 
-// New returns a Kafka-scope runner. cfg is the consumer configuration
-// (Shards, Failures and Identity apply; MaxInFlight*, CommitInterval and
-// DrainTimeout do not: the transaction bounds replace them).
+// New returns a Kafka-scope runner. cfg is the consumer configuration:
+// Brokers, Group, Topics, ClientOptions (before kscope's own, as in every
+// scope), Shards, NullKeys, RebalanceTimeout, Logger, Identity, Failures
+// and Hooks apply; MaxInFlight*, CommitInterval and DrainTimeout do not:
+// the transaction bounds (Options.MaxRecords, Options.CommitInterval,
+// Options.TransactionTimeout) replace them.
 func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	var errs []error
 	if h == nil {
-		errs = append(errs, &consumer.ConfigError{Struct: "txn", Field: "Handler", Reason: "is nil; pass the function that turns each input into outputs"})
+		errs = append(errs, &consumer.ConfigError{Struct: "txn.New's handler", Reason: "is nil; pass the function that turns each input into outputs"})
 	}
 	// Validate the consumer configuration the way every runner does.
 	cfg, err := engine.CheckConfig(cfg)
@@ -262,7 +268,7 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: cfg, o: o, h: h, log: cfg.Logger.With("group", cfg.Group, "scope", "kafka")}
+	r := &Runner{cfg: cfg, o: o, h: h, log: cfg.Logger.With("group", cfg.Group, "scope", "kafka"), dltLog: ratelog.New(10, 10*time.Second)}
 	if o.Versions != nil {
 		r.vs = &versionStore{cfg: *o.Versions, group: cfg.Group, kcfg: cfg, parts: map[tp]*partVersions{}, owned: map[tp]uint64{}, expiringSet: map[*parkedRec]bool{}}
 	}
