@@ -3,8 +3,9 @@
 //
 //	cfg.Hooks = append(cfg.Hooks, kscopeotel.New(kscopeotel.Options{}))
 //
-// Every delivery of a record to a scope is a span ("<topic> process", kind
-// consumer) that continues the producer's trace from the record's W3C
+// Every delivery of a record to a scope is a span ("process <topic>", kind
+// consumer, as OpenTelemetry's messaging semantic conventions name it) that
+// continues the producer's trace from the record's W3C
 // traceparent header, so the handler's own spans (it gets the span's
 // context) sit under the producer's. Dedupe hits, in-place retries, retry
 // and dead-letter routing and version gaps are span events. Every record
@@ -12,10 +13,18 @@
 // outputs) carries the span's context on, so one trace follows a record
 // through its retry hops.
 //
-// Span attributes name the topic, partition, offset and consumer group;
-// neither the key nor the value is recorded, and error text is cut to
-// MaxErrorLen. For client-level spans (produce, fetch) use franz-go's kotel
-// hooks, which [Tracer.ClientOptions] returns configured alike.
+// Span attributes follow the messaging semantic conventions of semconv
+// v1.43.0 (the keys come from go.opentelemetry.io/otel/semconv/v1.43.0):
+// messaging.system, messaging.operation.name and .type, the destination
+// (topic) and partition, messaging.kafka.offset and
+// messaging.consumer.group.name; a delivery that fails (dead-lettered,
+// sent to a retry topic, aborted) has error.type, the failure's class, and
+// an error status. Neither the key nor the value is recorded, and error
+// text is cut to MaxErrorLen. For client-level spans (produce, fetch) use
+// franz-go's kotel hooks, which [Tracer.ClientOptions] returns configured
+// alike; note that kotel v1.7 follows the older semconv v1.18.0 (span
+// names "<topic> publish"/"<topic> receive", messaging.operation rather
+// than messaging.operation.name).
 package kscopeotel
 
 import (
@@ -28,6 +37,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -67,7 +77,7 @@ func New(o Options) *Tracer {
 	if o.Propagator == nil {
 		o.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
-	return &Tracer{tp: o.TracerProvider, tracer: o.TracerProvider.Tracer("github.com/kscope-dev/kscope"), prop: o.Propagator}
+	return &Tracer{tp: o.TracerProvider, tracer: o.TracerProvider.Tracer("github.com/kscope-dev/kscope", trace.WithSchemaURL(semconv.SchemaURL)), prop: o.Propagator}
 }
 
 // ClientOptions returns franz-go's kotel hooks with the same provider and
@@ -83,15 +93,16 @@ func (t *Tracer) ClientOptions() []kgo.Opt {
 func (t *Tracer) OnRecordStart(ctx context.Context, s consumer.RecordStart) context.Context {
 	r := s.Record
 	ctx = t.prop.Extract(ctx, kotel.NewRecordCarrier(r.Record))
-	ctx, _ = t.tracer.Start(ctx, r.Topic+" process",
+	ctx, _ = t.tracer.Start(ctx, "process "+r.Topic,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
-			attribute.String("messaging.system", "kafka"),
-			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.destination.name", r.Topic),
-			attribute.String("messaging.destination.partition.id", strconv.Itoa(int(r.Partition))),
-			attribute.Int64("messaging.kafka.offset", r.Offset),
-			attribute.String("messaging.consumer.group.name", s.Group),
+			semconv.MessagingSystemKafka,
+			semconv.MessagingOperationName("process"),
+			semconv.MessagingOperationTypeProcess,
+			semconv.MessagingDestinationName(r.Topic),
+			semconv.MessagingDestinationPartitionID(strconv.Itoa(int(r.Partition))),
+			semconv.MessagingKafkaOffset(int(r.Offset)),
+			semconv.MessagingConsumerGroupName(s.Group),
 		))
 	return ctx
 }
@@ -103,10 +114,11 @@ func (t *Tracer) OnRecordEnd(ctx context.Context, e consumer.RecordEnd) {
 	span.SetAttributes(attribute.String("kscope.outcome", string(e.Outcome)))
 	switch e.Outcome {
 	case consumer.OutcomeDeadLettered, consumer.OutcomeRetried, consumer.OutcomeAborted:
-		msg := string(e.Outcome)
+		msg, typ := string(e.Outcome), string(e.Outcome)
 		if e.Err != nil {
-			msg = truncate(e.Err.Error())
+			msg, typ = truncate(e.Err.Error()), consumer.ClassOf(e.Err).String()
 		}
+		span.SetAttributes(semconv.ErrorTypeKey.String(typ))
 		span.SetStatus(codes.Error, msg)
 	}
 	span.End()

@@ -74,7 +74,7 @@ func TestDeliverySpansFollowTheRecordThroughItsRetries(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "three delivery spans ended", func() bool {
 		n := 0
 		for _, s := range rec.Ended() {
-			if strings.HasSuffix(s.Name(), " process") {
+			if strings.HasPrefix(s.Name(), "process ") {
 				n++
 			}
 		}
@@ -88,7 +88,7 @@ func TestDeliverySpansFollowTheRecordThroughItsRetries(t *testing.T) {
 	var deliveries, handlers []sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
 		switch {
-		case strings.HasSuffix(s.Name(), " process"):
+		case strings.HasPrefix(s.Name(), "process "):
 			deliveries = append(deliveries, s)
 		case s.Name() == "charge":
 			handlers = append(handlers, s)
@@ -105,7 +105,9 @@ func TestDeliverySpansFollowTheRecordThroughItsRetries(t *testing.T) {
 		}
 		parent = s.SpanContext().SpanID()
 		outcome := ""
+		attrs := map[string]string{}
 		for _, a := range s.Attributes() {
+			attrs[string(a.Key)] = a.Value.Emit()
 			if a.Key == "kscope.outcome" {
 				outcome = a.Value.AsString()
 			}
@@ -116,6 +118,18 @@ func TestDeliverySpansFollowTheRecordThroughItsRetries(t *testing.T) {
 		want, event := "retried", "kscope.retry_topic"
 		if i == 2 {
 			want, event = "success", ""
+		}
+		// The messaging semantic conventions: the span's name and keys.
+		topic := "orders"
+		if i > 0 {
+			topic = "traced.kscope-retry-50ms" // the later hops come from the retry topic
+		}
+		if s.Name() != "process "+topic || attrs["messaging.operation.name"] != "process" || attrs["messaging.system"] != "kafka" ||
+			attrs["messaging.destination.name"] != topic || attrs["messaging.consumer.group.name"] != "traced" {
+			t.Errorf("delivery %d: name %q, attributes %v", i, s.Name(), attrs)
+		}
+		if wantType := map[bool]string{true: "retryable", false: ""}[want == "retried"]; attrs["error.type"] != wantType {
+			t.Errorf("delivery %d: error.type %q, want %q", i, attrs["error.type"], wantType)
 		}
 		if outcome != want {
 			t.Errorf("delivery %d ended %q, want %q", i, outcome, want)
