@@ -266,7 +266,21 @@ func run() (int, error) {
 		for _, e := range dlt {
 			dl += e
 		}
-		fmt.Printf("  [%5.1fs] %-9s ledger rows %4d · lag %4d · DLT records %d\n", time.Since(start).Seconds(), phase, ledgerRows(), lag, dl)
+		// Records waiting in the retry topics, and keys held behind a
+		// record that is in them: lag alone says 0 while they wait.
+		var backlog int64
+		for _, d := range failures().Ladder {
+			rt := retrytopic.RetryTopic(group, d)
+			ends, _ := kafka.EndOffsets(ctx, rt)
+			com, _ := kafka.CommittedOffsets(ctx, group, rt)
+			for p, e := range ends {
+				backlog += max(e-com[p], 0)
+			}
+		}
+		var parked int
+		pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT topic, key FROM kscope_parked UNION SELECT topic, key FROM kscope_waiting) AS k`).Scan(&parked)
+		fmt.Printf("  [%5.1fs] %-9s ledger rows %4d · lag %4d · retry backlog %3d · parked keys %2d · DLT records %d\n",
+			time.Since(start).Seconds(), phase, ledgerRows(), lag, backlog, parked, dl)
 	}
 	waitUntil := func(phase string, d time.Duration, cond func() bool) error {
 		deadline := time.Now().Add(d)
