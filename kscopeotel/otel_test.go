@@ -107,7 +107,7 @@ func TestDeliverySpansFollowTheRecordThroughItsRetries(t *testing.T) {
 		outcome := ""
 		attrs := map[string]string{}
 		for _, a := range s.Attributes() {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 			if a.Key == "kscope.outcome" {
 				outcome = a.Value.AsString()
 			}
