@@ -1,14 +1,11 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,28 +17,6 @@ import (
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
-
-// logBuffer collects a runner's log lines for a test to read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
 
 // topicConfig returns a topic's configuration value (its effective value,
 // broker defaults included).
@@ -102,9 +77,9 @@ func TestFailureTopicsRetention(t *testing.T) {
 	if _, err := k.Admin().CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &one}, retrytopic.DLTopic(group2)); err != nil {
 		t.Fatal(err)
 	}
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	cfg = baseConfig(t, k, group2, topic)
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	r, err = consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
 	if err != nil {
 		t.Fatal(err)
@@ -236,9 +211,9 @@ func TestMissingInputTopicIsReported(t *testing.T) {
 	ctx := context.Background()
 	k := testenv.KafkaT(t)
 	const topic = "not-yet-created"
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	cfg := baseConfig(t, k, "g-missing-input", topic)
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	var handled atomic.Int64
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
 		handled.Add(1)

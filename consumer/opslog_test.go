@@ -24,9 +24,9 @@ func TestStopLogsTheDrain(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 1); err != nil {
 		t.Fatal(err)
 	}
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	cfg := baseConfig(t, k, group, topic)
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	started := make(chan struct{})
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, _ *consumer.Record) error {
 		close(started)
@@ -62,9 +62,9 @@ func TestDeadLetterLogIsRateLimited(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 1); err != nil {
 		t.Fatal(err)
 	}
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	cfg := baseConfig(t, k, group, topic)
-	cfg.Logger = logs.logger()
+	cfg.Logger = logs.Logger()
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
 		return consumer.DecodeError(errors.New("not a payment"))
 	}))

@@ -1,11 +1,9 @@
 package dbscope_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,23 +12,6 @@ import (
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A pool narrower than the key-shards is accepted, with a warning at
 // start that says what to change.
@@ -48,7 +29,7 @@ func TestNarrowPoolWarns(t *testing.T) {
 	if err := k.CreateTopic(ctx, "narrow", 1); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cfg := baseConfig(k, "g-narrow", "narrow")
 	cfg.Shards = 16
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))

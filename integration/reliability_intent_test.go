@@ -155,18 +155,7 @@ func TestReliabilityIntentsUnderKills(t *testing.T) {
 		n, kills = 600, 12
 	}
 	k := testenv.KafkaT(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	url := testenv.DatabaseT(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, effectsDDL); err != nil {
-		t.Fatal(err)
-	}
+	pool, dbURL := dbEnv(t)
 	gw := startChargeGateway(t)
 	const topic, group = "charges", "g-rel-intents"
 	if err := k.CreateTopic(ctx, topic, 4); err != nil {
@@ -181,7 +170,7 @@ func TestReliabilityIntentsUnderKills(t *testing.T) {
 	if err := k.Produce(ctx, recs...); err != nil {
 		t.Fatal(err)
 	}
-	env := []string{"DATABASE_URL=" + url, gatewayEnv + "=" + gw.url}
+	env := []string{dbURL, gatewayEnv + "=" + gw.url}
 	applied := func() int {
 		var c int
 		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT message_id) FROM effects`).Scan(&c); err != nil {

@@ -321,7 +321,7 @@ type relRun struct {
 	attempts     sync.Map // record value -> *atomic.Int32, attempts seen by in-process handlers
 	recs         []*kgo.Record
 	half         int
-	logs         logBuffer // what in-process members log, at Warn and above
+	logs         testenv.LogBuffer // what in-process members log, at Warn and above
 }
 
 func (e *relRun) total() int { return e.keys * e.perKey }
@@ -366,24 +366,6 @@ func relLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	return slog.New(slog.DiscardHandler)
-}
-
-// logBuffer collects log lines for a scenario to read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // createInput creates the input topic and produces the first half of the
