@@ -80,6 +80,8 @@ type kafkaHarness struct {
 	p     KafkaPipeline
 	topic string
 	group string
+	txnID string                     // the transactional id of the scenario's runners
+	from  map[string]map[int32]int64 // per output topic, the end offsets when the scenario began
 	n     int
 
 	inject *injector
@@ -87,14 +89,32 @@ type kafkaHarness struct {
 
 const kitIDHeader = "kscopetest-id"
 
-func newKafkaHarness(t *testing.T, p KafkaPipeline, name string) *kafkaHarness {
+func newKafkaHarness(t *testing.T, p KafkaPipeline, scenario string) *kafkaHarness {
+	ctx := context.Background()
 	k := testenv.KafkaT(t)
-	h := &kafkaHarness{t: t, k: k, p: p, topic: "kt-in-" + name, group: "kt-" + name, inject: newInjector()}
-	for _, topic := range append([]string{h.topic}, p.OutputTopics...) {
-		if err := k.CreateTopic(context.Background(), topic, 2); err != nil {
+	h := &kafkaHarness{t: t, k: k, p: p, topic: name("in", scenario), group: name(scenario), inject: newInjector(),
+		txnID: name(scenario, "txn"), from: map[string]map[int32]int64{}}
+	if err := k.CreateTopic(ctx, h.topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	created := []string{h.topic}
+	for _, topic := range p.OutputTopics {
+		// The service's own topics may exist already (a shared broker, an
+		// earlier run): the scenario counts only what it adds to them.
+		err := k.CreateTopic(ctx, topic, 2)
+		switch {
+		case err == nil:
+			created = append(created, topic)
+		case !errors.Is(err, kerr.TopicAlreadyExists):
 			t.Fatal(err)
 		}
+		ends, err := k.EndOffsets(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.from[topic] = ends
 	}
+	removeKafka(t, k, h.group, created, h.group+".")
 	return h
 }
 
@@ -167,11 +187,16 @@ func waitCond(d time.Duration, cond func() bool) bool {
 	return true
 }
 
-// outputs reads the output topics read_committed and counts outputs.
+// outputs reads the output topics read_committed and counts the outputs
+// the scenario added.
 func (h *kafkaHarness) outputs() int {
 	n := 0
 	for _, t := range h.p.OutputTopics {
-		n += len(h.k.ReadAll(h.t, t))
+		for _, r := range h.k.ReadAll(h.t, t) {
+			if r.Offset >= h.from[t][r.Partition] {
+				n++
+			}
+		}
 	}
 	return n
 }
@@ -203,7 +228,7 @@ var kafkaScenarios = []kafkaScenario{
 		for range 10 {
 			h.produce(h.record(""))
 		}
-		return h.settle(h.runner("kt-1", txn.Options{}), 10*h.p.OutputsPerInput, 0)
+		return h.settle(h.runner(h.txnID, txn.Options{}), 10*h.p.OutputsPerInput, 0)
 	}},
 	{"crash_mid_transaction", func(h *kafkaHarness) string {
 		// The first member commits, then hangs inside a transaction, as a
@@ -219,7 +244,7 @@ var kafkaScenarios = []kafkaScenario{
 		for range 5 {
 			h.produce(h.record(""))
 		}
-		first := h.runner("kt-1", txn.Options{})
+		first := h.runner(h.txnID, txn.Options{})
 		stopFirst := run(first)
 		if !waitCond(time.Minute, func() bool { return first.Stats().Kafka.Records == 5 }) {
 			close(hang)
@@ -236,7 +261,7 @@ var kafkaScenarios = []kafkaScenario{
 		// member) before it joins the group. Once it is a member, the first
 		// member's handler returns: its late work must not commit, and the
 		// successor redoes it when the partition moves.
-		second := h.runner("kt-1", txn.Options{})
+		second := h.runner(h.txnID, txn.Options{})
 		stopSecond := run(second)
 		joined := waitCond(time.Minute, func() bool { return h.members() == 2 })
 		close(hang)
@@ -264,12 +289,12 @@ var kafkaScenarios = []kafkaScenario{
 			return nil
 		})
 		h.produce(h.record("flaky"))
-		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 0)
+		return h.settle(h.runner(h.txnID, txn.Options{}), h.p.OutputsPerInput, 0)
 	}},
 	{"non_retryable_failure_to_dlt", func(h *kafkaHarness) string {
 		h.inject.failOn("bad", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) })
 		h.produce(h.record("bad"), h.record(""))
-		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 1)
+		return h.settle(h.runner(h.txnID, txn.Options{}), h.p.OutputsPerInput, 1)
 	}},
 	{"undecodable_record_to_dlt", func(h *kafkaHarness) string {
 		if h.p.Undecodable == nil {
@@ -278,12 +303,12 @@ var kafkaScenarios = []kafkaScenario{
 		bad := h.p.Undecodable()
 		bad.Topic, bad.Key = h.topic, []byte("undecodable")
 		h.produce(bad, h.record(""))
-		return h.settle(h.runner("kt-1", txn.Options{}), h.p.OutputsPerInput, 1)
+		return h.settle(h.runner(h.txnID, txn.Options{}), h.p.OutputsPerInput, 1)
 	}},
 	{"poison_bounded_then_dlt", func(h *kafkaHarness) string {
 		h.inject.failOn("poison", func(int) error { return errors.New("kscopetest: injected failure, every time") })
 		h.produce(h.record("poison"))
-		r := h.runner("kt-1", txn.Options{})
+		r := h.runner(h.txnID, txn.Options{})
 		if d := h.settle(r, 0, 1); d != "" {
 			return d
 		}
@@ -297,7 +322,7 @@ var kafkaScenarios = []kafkaScenario{
 		}
 		h.inject.failOn("batch-7", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-transaction")) })
 		h.produce(recs...)
-		return h.settle(h.runner("kt-1", txn.Options{}), 19*h.p.OutputsPerInput, 1)
+		return h.settle(h.runner(h.txnID, txn.Options{}), 19*h.p.OutputsPerInput, 1)
 	}},
 	{"broker_fault_on_end_txn", func(h *kafkaHarness) string {
 		for range 10 {
@@ -306,7 +331,7 @@ var kafkaScenarios = []kafkaScenario{
 		if _, err := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.TransactionAbortable, Count: 1}); err != nil {
 			return notApplicable // a real broker cannot be told to fail
 		}
-		return h.settle(h.runner("kt-1", txn.Options{}), 10*h.p.OutputsPerInput, 0)
+		return h.settle(h.runner(h.txnID, txn.Options{}), 10*h.p.OutputsPerInput, 0)
 	}},
 }
 

@@ -32,6 +32,23 @@
 // reported not applicable. With KSCOPE_TEST_CONTAINERS=1, from a test binary
 // that links kscope's container provider (the integration module does), they
 // run on Apache Kafka and PostgreSQL in containers.
+//
+// # What a run creates, and removes
+//
+// Every topic and group a scenario creates is named kt-<scenario>-<run>,
+// where <run> is random per test binary, so that runs against one shared
+// broker (KAFKA_BROKERS, `kscope dev`) never collide; a Kafka pipeline's
+// OutputTopics are created when missing, and a scenario counts only the
+// outputs it added to them. When a scenario ends, it deletes its topics
+// (input, dead-letter, retry and version topics, and the output topics it
+// created) and its group, and drops its database. With DATABASE_URL the
+// role needs CREATEDB (each scenario creates a database of its own); without
+// it, the kit starts a throwaway PostgreSQL server from the Debian
+// packages' binaries: call [Main] from TestMain so that the server, its
+// process and its data directory, are gone when the tests end, also when
+// they fail or are interrupted:
+//
+//	func TestMain(m *testing.M) { kscopetest.Main(m) }
 package kscopetest
 
 import (
@@ -154,9 +171,9 @@ type harness struct {
 	inject *injector
 }
 
-func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, name string) *harness {
+func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, scenario string) *harness {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.DatabaseT(t))
+	pool, err := pgxpool.New(ctx, database(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,10 +186,11 @@ func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, name string) *harn
 			t.Fatalf("kscopetest: the pipeline's Schema: %v", err)
 		}
 	}
-	h := &harness{t: t, k: k, p: p, pool: pool, topic: "kt-" + name, group: "kt-" + name, inject: newInjector()}
+	h := &harness{t: t, k: k, p: p, pool: pool, topic: name(scenario), group: name(scenario), inject: newInjector()}
 	if err := k.CreateTopic(ctx, h.topic, 1); err != nil {
 		t.Fatal(err)
 	}
+	removeKafka(t, k, h.group, []string{h.topic}, h.group+".")
 	return h
 }
 

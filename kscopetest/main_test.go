@@ -1,14 +1,9 @@
 package kscopetest_test
 
 import (
-	"os"
 	"testing"
 
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/kscopetest"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.StopShared()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { kscopetest.Main(m) }

@@ -291,3 +291,25 @@ func StopShared() {
 		sharedPG = nil
 	}
 }
+
+// DropDatabase drops the database url names, ending its open connections
+// (PostgreSQL 13 or newer), through a connection to the server's
+// "postgres" database.
+func DropDatabase(ctx context.Context, dbURL string) error {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return err
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	if name == "" || name == "postgres" {
+		return fmt.Errorf("testenv: %s names no test database", redact(dbURL))
+	}
+	u.Path = "/postgres"
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		return fmt.Errorf("testenv: connecting to %s: %w", redact(u.String()), err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	return err
+}

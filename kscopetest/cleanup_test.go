@@ -1,0 +1,152 @@
+package kscopetest_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/kscopetest"
+)
+
+const leaveEnv = "KSCOPETEST_LEAVE_CHILD"
+
+func ordersPipeline() kscopetest.DBPipeline {
+	return kscopetest.DBPipeline{
+		Handler: dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			var order struct{ ID string }
+			if err := json.Unmarshal(r.Value, &order); err != nil {
+				return consumer.DecodeError(err)
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, order.ID)
+			return err
+		}),
+		Schema:      `CREATE TABLE orders (id text)`,
+		Valid:       func(i int) *kgo.Record { return &kgo.Record{Value: []byte(fmt.Sprintf(`{"ID":"o-%d"}`, i))} },
+		Undecodable: func() *kgo.Record { return &kgo.Record{Value: []byte("not json")} },
+		Effects: func(ctx context.Context, db *pgxpool.Pool) (n int, err error) {
+			err = db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n)
+			return n, err
+		},
+	}
+}
+
+// The kit twice in a row against one broker (KAFKA_BROKERS) and one
+// PostgreSQL (DATABASE_URL), as a service's CI with `kscope dev` and a
+// shared database runs it: both runs pass, and neither leaves a topic, a
+// group or a database behind.
+func TestKitTwiceAgainstSharedServersLeavesNothing(t *testing.T) {
+	if os.Getenv("KAFKA_BROKERS") != "" || os.Getenv("DATABASE_URL") != "" {
+		t.Skip("this test starts the shared servers itself")
+	}
+	ctx := context.Background()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	t.Setenv("KAFKA_BROKERS", strings.Join(cluster.ListenAddrs(), ","))
+	t.Setenv("DATABASE_URL", pg.URL)
+	databases := func() []string {
+		conn, err := pgx.Connect(ctx, pg.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		rows, err := conn.Query(ctx, `SELECT datname FROM pg_database ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	before := databases()
+	for run := range 2 {
+		t.Run(fmt.Sprint("run", run+1), func(t *testing.T) {
+			if rep := kscopetest.DB(t, ordersPipeline()); !rep.Held() {
+				t.Fatalf("run %d: %+v", run+1, rep)
+			}
+		})
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	topics, err := adm.ListTopics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tp := range topics {
+		if strings.HasPrefix(tp, "kt-") {
+			t.Errorf("topic %s left behind", tp)
+		}
+	}
+	groups, err := adm.ListGroups(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range groups.Groups() {
+		if strings.HasPrefix(g, "kt-") {
+			t.Errorf("group %s left behind", g)
+		}
+	}
+	if after := databases(); strings.Join(after, ",") != strings.Join(before, ",") {
+		t.Errorf("databases before %v, after %v", before, after)
+	}
+}
+
+// A test binary that uses the kit with no DATABASE_URL starts a PostgreSQL
+// server; kscopetest.Main stops it and removes its data directory when the
+// tests end, whether they pass or fail.
+func TestMainStopsTheServerItStarted(t *testing.T) {
+	if os.Getenv(leaveEnv) != "" {
+		// The child: one scenario's worth of kit, on the server it starts.
+		kscopetest.DB(t, ordersPipeline())
+		if os.Getenv(leaveEnv) == "fail" {
+			t.Fatal("failing on purpose: the server must be stopped all the same")
+		}
+		return
+	}
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("with DATABASE_URL the kit starts no server")
+	}
+	for _, mode := range []string{"pass", "fail"} {
+		tmp := t.TempDir()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestMainStopsTheServerItStarted$", "-test.count=1")
+		cmd.Env = append(os.Environ(), leaveEnv+"="+mode, "TMPDIR="+tmp)
+		out, err := cmd.CombinedOutput()
+		if (err == nil) != (mode == "pass") {
+			t.Fatalf("child (%s): %v\n%s", mode, err, out)
+		}
+		left, _ := filepath.Glob(filepath.Join(tmp, "kscope-pg-*"))
+		if len(left) > 0 {
+			t.Errorf("child (%s) left PostgreSQL data directories: %v", mode, left)
+		}
+		if ps, _ := exec.Command("pgrep", "-f", tmp).Output(); len(strings.TrimSpace(string(ps))) > 0 {
+			t.Errorf("child (%s) left processes running on %s: %s", mode, tmp, ps)
+		}
+	}
+}
