@@ -3,12 +3,14 @@ package kscopetest_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,6 +51,9 @@ func ordersPipeline() kscopetest.DBPipeline {
 // shared database runs it: both runs pass, and neither leaves a topic, a
 // group or a database behind.
 func TestKitTwiceAgainstSharedServersLeavesNothing(t *testing.T) {
+	if os.Getenv(leaveEnv) != "" {
+		return
+	}
 	if os.Getenv("KAFKA_BROKERS") != "" || os.Getenv("DATABASE_URL") != "" {
 		t.Skip("this test starts the shared servers itself")
 	}
@@ -122,7 +127,9 @@ func TestKitTwiceAgainstSharedServersLeavesNothing(t *testing.T) {
 // server; kscopetest.Main stops it and removes its data directory when the
 // tests end, whether they pass or fail.
 func TestMainStopsTheServerItStarted(t *testing.T) {
-	if os.Getenv(leaveEnv) != "" {
+	if m := os.Getenv(leaveEnv); m == "broken" {
+		return
+	} else if m != "" {
 		// The child: one scenario's worth of kit, on the server it starts.
 		kscopetest.DB(t, ordersPipeline())
 		if os.Getenv(leaveEnv) == "fail" {
@@ -147,6 +154,38 @@ func TestMainStopsTheServerItStarted(t *testing.T) {
 		}
 		if ps, _ := exec.Command("pgrep", "-f", tmp).Output(); len(strings.TrimSpace(string(ps))) > 0 {
 			t.Errorf("child (%s) left processes running on %s: %s", mode, tmp, ps)
+		}
+	}
+}
+
+// A broken pipeline (its handler fails every record) fails its scenarios
+// as soon as their outcome is decided, saying what the kit saw, instead of
+// waiting a minute each for a condition that can no longer come true.
+func TestBrokenPipelineFailsFastAndSaysWhy(t *testing.T) {
+	if os.Getenv(leaveEnv) == "broken" {
+		p := ordersPipeline()
+		p.Handler = dbscope.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Record) error {
+			return consumer.Terminal(errors.New("orders table is read-only"))
+		})
+		kscopetest.DB(t, p)
+		return
+	}
+	if os.Getenv(leaveEnv) != "" {
+		return
+	}
+	start := time.Now()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenPipelineFailsFastAndSaysWhy$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), leaveEnv+"=broken")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the kit passed a pipeline whose handler fails every record:\n%s", out)
+	}
+	if took := time.Since(start); took > 45*time.Second {
+		t.Errorf("the broken pipeline took %v to fail; every scenario waited for its timeout", took)
+	}
+	for _, want := range []string{"every record was done and committed without 10 effects", "the handler's last error: orders table is read-only", "dead-letter records"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
 		}
 	}
 }

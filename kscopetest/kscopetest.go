@@ -160,13 +160,14 @@ const notApplicable = "not applicable"
 
 // harness is one scenario's fresh topic, group and database.
 type harness struct {
-	t     *testing.T
-	k     *testenv.Kafka
-	p     DBPipeline
-	pool  *pgxpool.Pool
-	topic string
-	group string
-	n     int // records made so far
+	t        *testing.T
+	k        *testenv.Kafka
+	p        DBPipeline
+	pool     *pgxpool.Pool
+	topic    string
+	group    string
+	n        int // records made so far
+	produced int // records produced to the topic
 
 	inject *injector
 }
@@ -234,6 +235,7 @@ func (h *harness) produce(recs ...*kgo.Record) {
 	if err := h.k.Produce(context.Background(), recs...); err != nil {
 		h.t.Fatal(err)
 	}
+	h.produced += len(recs)
 }
 
 // runner builds the pipeline, its handler wrapped to count calls and to
@@ -275,10 +277,11 @@ func (h *harness) callsOf(id string) int { return h.inject.callsOf(id) }
 // injector counts handler calls per message id and injects the failures a
 // scenario asks for, before the pipeline's own handler runs.
 type injector struct {
-	mu     sync.Mutex
-	calls  map[string]int
-	failed map[string]bool // a call of the id returned an error (not a skip)
-	fail   map[string]func(n int) error
+	mu      sync.Mutex
+	calls   map[string]int
+	failed  map[string]bool // a call of the id returned an error (not a skip)
+	fail    map[string]func(n int) error
+	lastErr error // the handler's last error (not a skip), for a failing scenario's report
 }
 
 func newInjector() *injector {
@@ -293,7 +296,14 @@ func (in *injector) after(r *consumer.Record, idHeader string, err error) {
 	id, _ := r.Header(idHeader)
 	in.mu.Lock()
 	in.failed[string(id)] = true
+	in.lastErr = err
 	in.mu.Unlock()
+}
+
+func (in *injector) last() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.lastErr
 }
 
 // repeats returns the call counts of the ids handled more than once
@@ -360,10 +370,16 @@ func (h *harness) until(r *dbscope.Runner, what string, cond func() bool) string
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(ctx) }()
 	deadline := time.Now().Add(time.Minute)
-	ok := true
+	var failure string
 	for !cond() {
 		if time.Now().After(deadline) {
-			ok = false
+			failure = "timed out waiting for " + what
+			break
+		}
+		// Every record produced has a durable outcome and its offset is
+		// committed: nothing more will happen, so the outcome is decided.
+		if r.Stats().Done >= int64(h.produced) && h.committed() && !cond() {
+			failure = "every record was done and committed without " + what
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -372,10 +388,26 @@ func (h *harness) until(r *dbscope.Runner, what string, cond func() bool) string
 	if err := <-errc; err != nil {
 		return fmt.Sprintf("Run: %v", err)
 	}
-	if !ok {
-		return "timed out waiting for " + what
+	if failure == "" {
+		return ""
 	}
-	return ""
+	return failure + "; " + h.saw(r)
+}
+
+// saw says what a failing scenario saw: effects, dead letters, the
+// committed offsets, the runner's counters and the handler's last error.
+func (h *harness) saw(r *dbscope.Runner) string {
+	st := r.Stats()
+	committed := "not committed to the end"
+	if h.committed() {
+		committed = "committed to the end"
+	}
+	last := "none"
+	if err := h.inject.last(); err != nil {
+		last = err.Error()
+	}
+	return fmt.Sprintf("saw %d effects, %d dead-letter records, offsets %s; the runner: %d of %d records done, %d retried in place, %d dead-lettered, %d skipped, %d applied, %d duplicates; the handler's last error: %s",
+		h.effects(), len(h.dlt()), committed, st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, st.DB.Duplicates, last)
 }
 
 // rewind sets the group's committed offset of the scenario's topic back to
