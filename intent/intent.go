@@ -63,14 +63,14 @@ type Store struct {
 	sql struct{ begin, mark string }
 
 	mu  sync.Mutex
-	own *pgxpool.Pool // opened from the first transaction's settings when db is nil
+	own map[string]*pgxpool.Pool // when db is nil: a pool per database the handlers' transactions are on
 }
 
 // New returns the Store of the intents table with prefix ("" selects
 // dbscope.DefaultTablePrefix). db is where intents are recorded before a
 // call, in a transaction of their own; nil (the usual choice) makes the
-// Store open a small pool of its own, with the settings of the first
-// handler transaction it is given (Close closes it).
+// Store open a small pool of its own for each database the handlers'
+// transactions are on, with their connection settings (Close closes them).
 //
 // Do not pass the pool the DB scope runs its transactions on unless it has
 // more connections than Config.Shards: every Do needs a second connection
@@ -156,38 +156,52 @@ func (s *Store) Do(ctx context.Context, tx pgx.Tx, key string, call Call, reconc
 }
 
 func (s *Store) mark(ctx context.Context, tx pgx.Tx, key string, res []byte) error {
-	if _, err := tx.Exec(ctx, s.sql.mark, key, res); err != nil {
+	tag, err := tx.Exec(ctx, s.sql.mark, key, res)
+	if err != nil {
 		return fmt.Errorf("intent: marking %q done: %w", key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		// The intent was recorded elsewhere: marking it here would leave
+		// it in flight there for ever.
+		return fmt.Errorf("intent: the intent of %q is not in the database of the handler's transaction; give New the pool of that database (or nil)", key)
 	}
 	return nil
 }
 
-// beginner returns where intents are recorded: db, or the Store's own pool.
+// beginner returns where intents are recorded: db, or the Store's own
+// pool on the database of tx.
 func (s *Store) beginner(ctx context.Context, tx pgx.Tx) (dbscope.Beginner, error) {
 	if s.db != nil {
 		return s.db, nil
 	}
+	conn := tx.Conn().Config().ConnString()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.own == nil {
-		cfg, err := pgxpool.ParseConfig(tx.Conn().Config().ConnString())
-		if err != nil {
-			return nil, fmt.Errorf("intent: opening a connection for intents: %w", err)
-		}
-		cfg.MaxConns = 4
-		if s.own, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("intent: opening a connection for intents: %w", err)
-		}
+	if p := s.own[conn]; p != nil {
+		return p, nil
 	}
-	return s.own, nil
+	cfg, err := pgxpool.ParseConfig(conn)
+	if err != nil {
+		return nil, fmt.Errorf("intent: opening a connection for intents: %w", err)
+	}
+	cfg.MaxConns = 4
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("intent: opening a connection for intents: %w", err)
+	}
+	if s.own == nil {
+		s.own = map[string]*pgxpool.Pool{}
+	}
+	s.own[conn] = p
+	return p, nil
 }
 
-// Close closes the pool the Store opened for itself, if any.
+// Close closes the pools the Store opened for itself, if any.
 func (s *Store) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.own != nil {
-		s.own.Close()
-		s.own = nil
+	for k, p := range s.own {
+		p.Close()
+		delete(s.own, k)
 	}
 }

@@ -3,6 +3,7 @@ package intent_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -168,5 +169,34 @@ func TestStoreWithoutPool(t *testing.T) {
 	}
 	if _, out, err := attempt(t, pool, s, p, "pi_5", false); err != nil || out != intent.Reconciled || p.calls != 1 {
 		t.Fatalf("%v, %v, %d calls", out, err, p.calls)
+	}
+}
+
+// One Store serves handlers on two databases: each intent is recorded in
+// the database of its handler's transaction; a Store given the pool of
+// another database refuses to mark an intent it cannot see.
+func TestStoreOnTwoDatabases(t *testing.T) {
+	poolA, _, p := setup(t)
+	poolB, _, _ := setup(t)
+	s := intent.New(nil, "")
+	defer s.Close()
+	for _, pool := range []*pgxpool.Pool{poolA, poolB} {
+		if _, out, err := attempt(t, pool, s, p, "pi_6", false); err != nil || (out != intent.Called && out != intent.Reconciled) {
+			t.Fatalf("%v, %v", out, err)
+		}
+		var state string
+		if err := pool.QueryRow(context.Background(), `SELECT state FROM kscope_intents WHERE key = 'pi_6'`).Scan(&state); err != nil || state != "done" {
+			t.Fatalf("state %q (%v) in the handler's database, want done", state, err)
+		}
+	}
+	wrong := intent.New(poolA, "")
+	ctx := context.Background()
+	tx, err := poolB.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, _, err := wrong.Do(ctx, tx, "pi_7", p.charge, p.lookup); err == nil || !strings.Contains(err.Error(), "not in the database of the handler's transaction") {
+		t.Fatalf("err %v, want a refusal", err)
 	}
 }
