@@ -193,8 +193,11 @@ func TestBrokenPipelineFailsFastAndSaysWhy(t *testing.T) {
 	if err == nil {
 		t.Fatalf("the kit passed a pipeline whose handler fails every record:\n%s", out)
 	}
-	if took := time.Since(start); took > 45*time.Second {
-		t.Errorf("the broken pipeline took %v to fail; every scenario waited for its timeout", took)
+	// Decided, not timed out: no scenario waited for its minute (on kfake
+	// the whole run takes seconds; on Apache Kafka each scenario also
+	// starts a broker).
+	if strings.Contains(string(out), "timed out waiting for") {
+		t.Errorf("a scenario of the broken pipeline waited for its timeout (the run took %v):\n%s", time.Since(start), out)
 	}
 	for _, want := range []string{"every record was done without 10 effects", "the handler's last error: orders table is read-only", "dead-letter records"} {
 		if !strings.Contains(string(out), want) {
