@@ -47,23 +47,7 @@ func ExampleDB() {
 // A minimal pipeline passes every scenario; this also runs the kit on
 // kscope's own tests.
 func TestKitOnAMinimalPipeline(t *testing.T) {
-	rep := kscopetest.DB(t, kscopetest.DBPipeline{
-		Handler: dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-			var order struct{ ID string }
-			if err := json.Unmarshal(r.Value, &order); err != nil {
-				return consumer.DecodeError(err)
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, order.ID)
-			return err
-		}),
-		Schema:      `CREATE TABLE orders (id text)`,
-		Valid:       func(i int) *kgo.Record { return &kgo.Record{Value: []byte(fmt.Sprintf(`{"ID":"o-%d"}`, i))} },
-		Undecodable: func() *kgo.Record { return &kgo.Record{Value: []byte("not json")} },
-		Effects: func(ctx context.Context, db *pgxpool.Pool) (n int, err error) {
-			err = db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n)
-			return n, err
-		},
-	})
+	rep := kscopetest.DB(t, ordersPipeline())
 	if !rep.Held() {
 		t.Fatalf("report %+v", rep)
 	}
