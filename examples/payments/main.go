@@ -238,7 +238,7 @@ func run() (int, error) {
 	}()
 	relayKilled := false
 	killRelay := func() {
-		if relayKilled || published(ctx, kafka) < len(s.valid)/3 {
+		if relayKilled || published(ctx, pool) < len(s.valid)/3 {
 			return
 		}
 		relayKilled = true

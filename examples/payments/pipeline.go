@@ -68,7 +68,7 @@ func (g *gateway) charge(c Capture) intent.Call {
 			return nil, err
 		}
 		req.Header.Set("Idempotency-Key", key)
-		return g.do(req)
+		return httpSend(g.http, req)
 	}
 }
 
@@ -79,7 +79,7 @@ func (g *gateway) lookup(ctx context.Context, key string) ([]byte, bool, error) 
 	if err != nil {
 		return nil, false, err
 	}
-	res, err := g.do(req)
+	res, err := httpSend(g.http, req)
 	if errors.Is(err, errNotFound) {
 		return nil, false, nil
 	}
@@ -88,8 +88,10 @@ func (g *gateway) lookup(ctx context.Context, key string) ([]byte, bool, error) 
 
 var errNotFound = errors.New("gateway: no such charge")
 
-func (g *gateway) do(req *http.Request) ([]byte, error) {
-	resp, err := g.http.Do(req)
+// httpSend sends req and returns the body of a 200 answer; a 404 is
+// errNotFound, any other status an error.
+func httpSend(c *http.Client, req *http.Request) ([]byte, error) {
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
 	}
