@@ -22,6 +22,7 @@ import (
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/kscopetest"
+	"github.com/kscope-dev/kscope/txn"
 )
 
 const leaveEnv = "KSCOPETEST_LEAVE_CHILD"
@@ -203,5 +204,63 @@ func TestBrokenPipelineFailsFastAndSaysWhy(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the report lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A broken Kafka-scope pipeline fails its scenarios as soon as their
+// outcome is decided, saying what the kit saw: a handler that rejects every
+// record (all dead-lettered, no outputs), and one that emits to a topic
+// that does not exist (every transaction aborts).
+func TestBrokenKafkaPipelineFailsFastAndSaysWhy(t *testing.T) {
+	switch os.Getenv(leaveEnv) {
+	case "kafka-rejects":
+		kscopetest.Kafka(t, kscopetest.KafkaPipeline{
+			Handler: txn.HandlerFunc(func(context.Context, *consumer.Record, txn.Emitter) error {
+				return consumer.Terminal(errors.New("pricing service says no"))
+			}),
+			OutputTopics: []string{"kt-broken-out"}, OutputsPerInput: 1,
+			Valid: func(i int) *kgo.Record { return &kgo.Record{Value: []byte(fmt.Sprint(i))} },
+		})
+		return
+	case "kafka-missing-topic":
+		kscopetest.Kafka(t, kscopetest.KafkaPipeline{
+			Handler: txn.HandlerFunc(func(_ context.Context, r *consumer.Record, out txn.Emitter) error {
+				out.Emit(&kgo.Record{Topic: "kt-no-such-topic", Value: r.Value})
+				return nil
+			}),
+			OutputTopics: []string{"kt-broken-out"}, OutputsPerInput: 1,
+			Valid: func(i int) *kgo.Record { return &kgo.Record{Value: []byte(fmt.Sprint(i))} },
+		})
+		return
+	case "":
+	default:
+		return
+	}
+	for _, c := range []struct {
+		mode, scenarios string
+		want            []string
+	}{
+		{"kafka-rejects", "", []string{"0 outputs and", "the handler's last error: pricing service says no", "dead-letter records"}},
+		// Two scenarios: each waits for two aborts, and the client takes
+		// seconds to give up on a topic that does not exist.
+		{"kafka-missing-topic", "/^(success_then_commit|batch_partial_failure)$", []string{"transactions in a row aborted", "kt-no-such-topic does not exist", "batch_partial_failure"}},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			start := time.Now()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenKafkaPipelineFailsFastAndSaysWhy$"+c.scenarios, "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), leaveEnv+"="+c.mode)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the kit passed a broken pipeline:\n%s", out)
+			}
+			if strings.Contains(string(out), "timed out waiting for") {
+				t.Errorf("a scenario of the broken pipeline waited for its timeout (the run took %v):\n%s", time.Since(start), out)
+			}
+			for _, want := range c.want {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("the report lacks %q:\n%s", want, out)
+				}
+			}
+		})
 	}
 }

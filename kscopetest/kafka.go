@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +86,7 @@ type kafkaHarness struct {
 	n     int
 
 	inject *injector
+	warns  *lastWarning // the runners' last warning, for a failing scenario's report
 }
 
 const kitIDHeader = "kscopetest-id"
@@ -93,7 +95,7 @@ func newKafkaHarness(t *testing.T, p KafkaPipeline, scenario string) *kafkaHarne
 	ctx := context.Background()
 	k := testenv.KafkaT(t)
 	h := &kafkaHarness{t: t, k: k, p: p, topic: name("in", scenario), group: name(scenario), inject: newInjector(),
-		txnID: name(scenario, "txn"), from: map[string]map[int32]int64{}}
+		txnID: name(scenario, "txn"), from: map[string]map[int32]int64{}, warns: &lastWarning{}}
 	if err := k.CreateTopic(ctx, h.topic, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -140,22 +142,24 @@ func (h *kafkaHarness) runner(txnID string, opts txn.Options) *txn.Runner {
 	h.t.Helper()
 	cfg := consumer.Config{
 		Brokers: h.k.Brokers, Group: h.group, Topics: []string{h.topic},
-		Logger:   slog.New(slog.DiscardHandler),
 		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond},
 	}
 	if h.p.Config != nil {
 		cfg = h.p.Config(cfg)
 		cfg.Brokers, cfg.Group, cfg.Topics = h.k.Brokers, h.group, []string{h.topic}
 	}
+	cfg.Logger = slog.New(h.warns) // the kit reports the last warning when a scenario fails
 	opts.TransactionalID = txnID
 	if opts.CommitInterval == 0 {
 		opts.CommitInterval = 20 * time.Millisecond
 	}
 	r, err := txn.New(cfg, opts, txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
-		if err := h.inject.before(r, kitIDHeader); err != nil {
-			return err
+		err := h.inject.before(r, kitIDHeader)
+		if err == nil {
+			err = h.p.Handler.Handle(ctx, r, out)
 		}
-		return h.p.Handler.Handle(ctx, r, out)
+		h.inject.after(r, kitIDHeader, err)
+		return err
 	}))
 	if err != nil {
 		h.t.Fatalf("kscopetest: building the pipeline: %v", err)
@@ -204,18 +208,129 @@ func (h *kafkaHarness) outputs() int {
 func (h *kafkaHarness) dlt() int { return len(h.k.ReadAll(h.t, retrytopic.DLTopic(h.group))) }
 
 // settle runs the pipeline until the input is committed, then checks the
-// outputs and DLT records.
+// outputs and DLT records. It fails as soon as the outcome is decided
+// otherwise: Run returned, or transactions keep aborting with none
+// committing.
 func (h *kafkaHarness) settle(r *txn.Runner, wantOutputs, wantDLT int) string {
-	stop := run(r)
-	ok := waitCond(time.Minute, h.committed)
-	if err := stop(); err != nil {
-		return fmt.Sprintf("Run: %v", err)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	deadline := time.Now().Add(time.Minute)
+	var failure string
+	var runErr error
+	returned := false
+	var committed, abortsBefore int64 // transactions committed, and aborts before the last commit
+	for !h.committed() {
+		select {
+		case runErr = <-errc:
+			returned = true
+		default:
+		}
+		st := r.Stats().Kafka
+		if st.Committed != committed {
+			committed, abortsBefore = st.Committed, st.Aborted
+		}
+		switch {
+		case returned:
+			failure = fmt.Sprintf("Run returned before the input was committed: %v", runErr)
+		case time.Now().After(deadline):
+			failure = "timed out waiting for the input offsets to commit"
+		case st.Aborted-abortsBefore >= kitAbortsDecide:
+			// The transactions keep aborting: the same records abort
+			// them again each time they are consumed again.
+			failure = fmt.Sprintf("%d transactions in a row aborted", st.Aborted-abortsBefore)
+		}
+		if failure != "" {
+			failure += "; " + h.saw(r) // before stopping: what stopping logs is not the cause
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if !ok {
-		return "timed out waiting for the input offsets to commit"
+	cancel()
+	if !returned {
+		runErr = <-errc
+	}
+	if failure != "" {
+		return failure
+	}
+	if runErr != nil {
+		return fmt.Sprintf("Run: %v", runErr)
 	}
 	out, dlt := h.outputs(), h.dlt()
-	return expect(out == wantOutputs && dlt == wantDLT, "%d outputs and %d DLT records, want %d and %d", out, dlt, wantOutputs, wantDLT)
+	if out == wantOutputs && dlt == wantDLT {
+		return ""
+	}
+	return fmt.Sprintf("%d outputs and %d DLT records, want %d and %d; %s", out, dlt, wantOutputs, wantDLT, h.saw(r))
+}
+
+// kitAbortsDecide is how many transactions aborted in a row decide that a
+// scenario cannot pass: in a healthy run only an injected broker fault
+// aborts one, and the next commits.
+const kitAbortsDecide = 2
+
+// saw says what a failing Kafka scenario saw: outputs, dead letters, the
+// committed offsets, the runner's counters, the handler's last error and
+// the runner's last warning.
+func (h *kafkaHarness) saw(r *txn.Runner) string {
+	st := r.Stats().Kafka
+	committed := "not committed to the end"
+	if h.committed() {
+		committed = "committed to the end"
+	}
+	last := "none"
+	if err := h.inject.last(); err != nil {
+		last = err.Error()
+	}
+	return fmt.Sprintf("saw %d outputs, %d dead-letter records, offsets %s; the runner: %d input records committed, %d outputs, %d transactions committed, %d aborted, %d dead-lettered, %d skipped; the handler's last error: %s; the runner's last warning: %s",
+		h.outputs(), h.dlt(), committed, st.Records, st.Outputs, st.Committed, st.Aborted, st.DeadLettered, st.Skipped, last, h.warns.String())
+}
+
+// lastWarning is a slog handler that keeps the last record at WARN or above,
+// with its attributes, and drops the rest.
+type lastWarning struct {
+	mu    sync.Mutex
+	attrs []slog.Attr
+	last  string
+}
+
+func (w *lastWarning) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (w *lastWarning) Handle(_ context.Context, rec slog.Record) error {
+	var b strings.Builder
+	b.WriteString(rec.Message)
+	add := func(a slog.Attr) bool {
+		if a.Key == "group" || a.Key == "scope" {
+			return true
+		}
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range w.attrs {
+		add(a)
+	}
+	rec.Attrs(add)
+	w.last = b.String()
+	return nil
+}
+
+func (w *lastWarning) WithAttrs(attrs []slog.Attr) slog.Handler {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.attrs = append(w.attrs, attrs...)
+	return w
+}
+
+func (w *lastWarning) WithGroup(string) slog.Handler { return w }
+
+func (w *lastWarning) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.last == "" {
+		return "none"
+	}
+	return w.last
 }
 
 type kafkaScenario struct {

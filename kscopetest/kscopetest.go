@@ -22,7 +22,13 @@
 // [Result].Repeats and fails the scenario.
 //
 // Each scenario runs as a subtest on a fresh topic, group and database, so
-// a failure names the guarantee that broke. [Kafka] does the same for a
+// a failure names the guarantee that broke. A scenario fails as soon as its
+// outcome is decided (every record done and a few commit intervals passed
+// without the expected effects; for the Kafka scope, Run returning or two
+// transactions in a row aborting), not after a timeout, and says what it
+// saw: effects or outputs, dead-letter records, the committed offsets, the
+// runner's counters, the handler's last error and, for the Kafka scope, the
+// runner's last warning (an output topic that does not exist, say). [Kafka] does the same for a
 // Kafka-scope pipeline. With KSCOPE_KAFKA=apache the same suites run on
 // Apache Kafka, started from its Maven Central artifacts on the machine's
 // JDK (Maven and a JDK 17 or newer needed; the first run downloads the
