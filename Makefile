@@ -3,7 +3,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BIN         := $(CURDIR)/bin
-MODULES     := . integration bench
+MODULES     := . integration bench kscopetest/containers
 # The race detector multiplies memory and time; the suites are sized for it.
 TESTFLAGS   ?= -race -count=1 -timeout 15m
 

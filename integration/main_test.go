@@ -12,17 +12,15 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/kscope-dev/kscope/integration/containers"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	// With KSCOPE_TEST_CONTAINERS=1 the suites run on containers.
+	_ "github.com/kscope-dev/kscope/kscopetest/containers"
 )
 
 func TestMain(m *testing.M) {
 	// A test binary started as a child consumer runs that and nothing else.
 	if role := os.Getenv(childRoleEnv); role != "" {
 		os.Exit(runChild(role))
-	}
-	if os.Getenv("KSCOPE_TEST_CONTAINERS") == "1" {
-		testenv.UseContainers(containers.Provider{})
 	}
 	goleak.VerifyTestMain(wrapped{m},
 		// testcontainers keeps a reaper connection for the whole run.

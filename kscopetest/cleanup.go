@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
-
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
@@ -57,6 +55,25 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
+// Containers starts the kit's backends in containers when
+// KSCOPE_TEST_CONTAINERS=1. The module
+// github.com/kscope-dev/kscope/kscopetest/containers provides one backed by
+// testcontainers-go and registers it when imported; a service needs no
+// other.
+type Containers interface {
+	// Kafka starts a Kafka cluster and returns its bootstrap brokers and
+	// the function that removes it.
+	Kafka(ctx context.Context) (brokers []string, stop func(), err error)
+	// Postgres starts a PostgreSQL server and returns a superuser URL and
+	// the function that removes it.
+	Postgres(ctx context.Context) (url string, stop func(), err error)
+}
+
+// UseContainers registers c as the kit's container provider. With
+// KSCOPE_TEST_CONTAINERS=1 the kit (and Main's cleanup) uses it for every
+// backend that KAFKA_BROKERS or DATABASE_URL does not name.
+func UseContainers(c Containers) { testenv.UseContainers(c) }
+
 // removeKafka deletes, when t ends, the topics whose names are in topics or
 // start with one of prefixes, and group. Errors are logged: what cannot be
 // deleted is left, and the run is not failed for it.
@@ -64,48 +81,10 @@ func removeKafka(t testing.TB, k *testenv.Kafka, group string, topics []string, 
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		adm := k.Admin()
-		all, err := adm.ListTopics(ctx)
-		if err != nil {
-			t.Logf("kscopetest: listing topics to remove this scenario's: %v", err)
-			return
-		}
-		want := map[string]bool{}
-		for _, tp := range topics {
-			want[tp] = true
-		}
-		var del []string
-		for tp := range all {
-			if want[tp] {
-				del = append(del, tp)
-				continue
-			}
-			for _, p := range prefixes {
-				if strings.HasPrefix(tp, p) {
-					del = append(del, tp)
-					break
-				}
-			}
-		}
-		if len(del) > 0 {
-			resps, err := adm.DeleteTopics(ctx, del...)
-			if err == nil {
-				err = resps.Error()
-			}
-			if err != nil {
-				t.Logf("kscopetest: removing topics %v: %v", del, err)
-			}
-		}
-		if group != "" {
-			if _, err := adm.DeleteGroup(ctx, group); err != nil && !isNoGroup(err) {
-				t.Logf("kscopetest: removing group %s: %v", group, err)
-			}
+		if err := k.Remove(ctx, group, topics, prefixes...); err != nil {
+			t.Logf("kscopetest: removing this scenario's topics and group: %v", err)
 		}
 	})
-}
-
-func isNoGroup(err error) bool {
-	return kerr.IsRetriable(err) || err == kerr.GroupIDNotFound || strings.Contains(err.Error(), kerr.GroupIDNotFound.Message)
 }
 
 // database returns a fresh database for t, dropped when t ends.

@@ -35,9 +35,12 @@
 // broker once); there the crash before the offset commit is made by
 // committing the group's offsets back to the start after the first runner
 // stopped, and the broker fault on EndTxn, which only kfake can inject, is
-// reported not applicable. With KSCOPE_TEST_CONTAINERS=1, from a test binary
-// that links kscope's container provider (the integration module does), they
-// run on Apache Kafka and PostgreSQL in containers.
+// reported not applicable. With KSCOPE_TEST_CONTAINERS=1 they run on Apache
+// Kafka and PostgreSQL in Docker containers, in a test binary that imports
+// the container provider, a Go module of its own so that only its users
+// download testcontainers:
+//
+//	import _ "github.com/kscope-dev/kscope/kscopetest/containers"
 //
 // # What a run creates, and removes
 //

@@ -5,6 +5,10 @@
 //
 //	go run ./examples/enrich
 //	KAFKA_BROKERS=localhost:9092 go run ./examples/enrich
+//
+// Its topics, group and transactional id end in a suffix of their own per
+// run (devenv.RunName), and it removes them when it ends, so that it runs
+// again and again against the same broker; a service uses fixed names.
 package main
 
 import (
@@ -16,18 +20,22 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/devenv"
 	"github.com/kscope-dev/kscope/txn"
 )
 
-const (
-	ordersTopic   = "orders"
-	enrichedTopic = "orders.enriched"
-	orders        = 500
+// The pipeline's topics and group.
+var (
+	ordersTopic   = devenv.RunName("orders")
+	enrichedTopic = devenv.RunName("orders.enriched")
+	group         = devenv.RunName("enricher")
 )
+
+const orders = 500
 
 // Order is an incoming order; Enriched is what the pipeline emits.
 type Order struct {
@@ -67,32 +75,39 @@ func main() {
 func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	kafka, err := testenv.StartKafka(ctx)
+	kafka, err := devenv.StartKafka(ctx)
 	if err != nil {
 		return err
 	}
 	defer kafka.Close()
-	for _, t := range []string{ordersTopic, enrichedTopic} {
-		if err := kafka.CreateTopic(ctx, t, 3); err != nil {
-			return err
-		}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...))
+	if err != nil {
+		return err
 	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	if _, err := adm.CreateTopics(ctx, 3, -1, nil, ordersTopic, enrichedTopic); err != nil {
+		return err
+	}
+	// Remove what this run created: its topics, the dead-letter topic kscope
+	// creates for the group, and the group.
+	defer kafka.Remove(context.WithoutCancel(ctx), group, ordersTopic, enrichedTopic) //nolint:errcheck // best effort
 	var recs []*kgo.Record
 	for i := 0; i < orders; i++ {
 		o := Order{ID: fmt.Sprintf("o-%04d", i), Customer: fmt.Sprintf("c-%02d", i%23), Cents: int64(i * 173 % 90_000)}
 		body, _ := json.Marshal(o)
 		recs = append(recs, &kgo.Record{Topic: ordersTopic, Key: []byte(o.Customer), Value: body})
 	}
-	if err := kafka.Produce(ctx, recs...); err != nil {
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return err
 	}
 
 	r, err := txn.New(consumer.Config{
 		Brokers: kafka.Brokers,
-		Group:   "enricher",
+		Group:   group,
 		Topics:  []string{ordersTopic},
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}, txn.Options{TransactionalID: "enricher-1"}, txn.HandlerFunc(Enrich))
+	}, txn.Options{TransactionalID: group + "-1"}, txn.HandlerFunc(Enrich))
 	if err != nil {
 		return err
 	}
@@ -109,17 +124,17 @@ func run() error {
 	}
 
 	// Read the outputs back as any downstream consumer must: read_committed.
-	cl, err := kafka.Client(kgo.ConsumeTopics(enrichedTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	rd, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...), kgo.ConsumeTopics(enrichedTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer rd.Close()
 	seen := map[string]int{}
 	gold := 0
 	readCtx, cancelRead := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelRead()
 	for len(seen) < orders && readCtx.Err() == nil {
-		cl.PollFetches(readCtx).EachRecord(func(rec *kgo.Record) {
+		rd.PollFetches(readCtx).EachRecord(func(rec *kgo.Record) {
 			var e Enriched
 			json.Unmarshal(rec.Value, &e)
 			seen[e.ID]++

@@ -9,6 +9,12 @@
 //
 //	go run ./examples/observability
 //	go run ./examples/observability -listen 127.0.0.1:9464 -hold 1m   # scrape it yourself
+//
+// It runs against KAFKA_BROKERS and DATABASE_URL when set, else against an
+// in-process Kafka and a throwaway PostgreSQL (package devenv). Its topic,
+// group and schema end in a suffix of their own per run (devenv.RunName),
+// and it removes them when it ends, so that it runs again and again
+// against the same servers; a service uses fixed names.
 package main
 
 import (
@@ -27,20 +33,25 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/devenv"
 	"github.com/kscope-dev/kscope/kscopeotel"
 	"github.com/kscope-dev/kscope/kscopeprom"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
+// The pipeline's topic (also the outbox's name) and group.
+var (
+	topic = devenv.RunName("notifications")
+	group = devenv.RunName("notifier")
+)
+
 const (
-	topic   = "notifications"
-	group   = "notifier"
 	records = 300
 	// outboxed notifications, written through the outbox by one traced
 	// transaction
@@ -84,14 +95,26 @@ func run(ctx context.Context, listen string, hold time.Duration, out *os.File) e
 // Run produces a backlog with some poison and some flaky records, consumes
 // it with both hooks, and scrapes /metrics once every record is done.
 func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error) {
-	kafka, err := testenv.StartKafka(ctx)
+	kafka, err := devenv.StartKafka(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer kafka.Close()
-	if err := kafka.CreateTopic(ctx, topic, 3); err != nil {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...))
+	if err != nil {
 		return nil, err
 	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 3, -1, nil, topic); err != nil {
+		return nil, err
+	}
+	// Remove what this run created: the topic, the group and kscope's
+	// topics for it, and the outbox relay's group and position topic.
+	defer func() {
+		ctx := context.WithoutCancel(ctx)
+		kafka.Remove(ctx, group, topic)                                                //nolint:errcheck // best effort
+		kafka.Remove(ctx, "kscope-outbox-"+topic, "kscope-outbox-"+topic+".positions") //nolint:errcheck // best effort
+	}()
 	var recs []*kgo.Record
 	for i := range records {
 		v := fmt.Sprintf("email-%04d", i)
@@ -103,7 +126,7 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 		}
 		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprintf("user-%02d", i%40)), Value: []byte(v)})
 	}
-	if err := kafka.Produce(ctx, recs...); err != nil {
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return nil, err
 	}
 
@@ -157,7 +180,8 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
-	_, traceID, err := startOutbox(runCtx, kafka.Brokers, metrics, tp, tracer)
+	traceID, stopOutbox, err := startOutbox(runCtx, kafka.Brokers, metrics, tp, tracer)
+	defer stopOutbox()
 	if err != nil {
 		cancel()
 		<-done

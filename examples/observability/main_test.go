@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
@@ -48,11 +49,11 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`kscope_records_processed_total{consumer_group="notifier",outcome="success",topic="notifications"} 314`,
-		`kscope_outbox_published_records_total{outbox="notifications"} 20`,
-		`kscope_outbox_pending_rows{outbox="notifications",partition="0"} 0`,
-		`kscope_records_processed_total{consumer_group="notifier",outcome="dead_lettered",topic="notifications"} 6`,
-		`kscope_handler_retries_total{consumer_group="notifier",topic="notifications"} 8`,
+		fmt.Sprintf(`kscope_records_processed_total{consumer_group=%q,outcome="success",topic=%q} 314`, group, topic),
+		fmt.Sprintf(`kscope_outbox_published_records_total{outbox=%q} 20`, topic),
+		fmt.Sprintf(`kscope_outbox_pending_rows{outbox=%q,partition="0"} 0`, topic),
+		fmt.Sprintf(`kscope_records_processed_total{consumer_group=%q,outcome="dead_lettered",topic=%q} 6`, group, topic),
+		fmt.Sprintf(`kscope_handler_retries_total{consumer_group=%q,topic=%q} 8`, group, topic),
 	} {
 		if !strings.Contains(res.Scrape, want) {
 			t.Errorf("scrape lacks %s:\n%s", want, res.Scrape)

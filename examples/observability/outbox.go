@@ -11,45 +11,63 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/devenv"
 	"github.com/kscope-dev/kscope/kscopeotel"
 	"github.com/kscope-dev/kscope/kscopeprom"
 	"github.com/kscope-dev/kscope/outbox"
 )
 
-// startOutbox starts PostgreSQL, a relay whose metrics go to metrics, and
-// writes the outboxed notifications in one transaction, inside a "book
-// order" span: the tracer hook writes that span's context into each
-// record, and the relay publishes it with them. It returns the relay and
-// the writer's trace id. Everything stops with ctx.
-func startOutbox(ctx context.Context, brokers []string, metrics *kscopeprom.Metrics, tp *sdktrace.TracerProvider, tracer *kscopeotel.Tracer) (*outbox.Relay, trace.TraceID, error) {
-	var none trace.TraceID
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		return nil, none, err
+// startOutbox starts PostgreSQL (or uses DATABASE_URL, in a schema of the
+// run's own), a relay whose metrics go to metrics, and writes the outboxed
+// notifications in one transaction, inside a "book order" span: the tracer
+// hook writes that span's context into each record, and the relay
+// publishes it with them. It returns the writer's trace id and the
+// function that stops the relay and removes the schema and the server.
+func startOutbox(ctx context.Context, brokers []string, metrics *kscopeprom.Metrics, tp *sdktrace.TracerProvider, tracer *kscopeotel.Tracer) (id trace.TraceID, stop func(), err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	undo := []func(){cancel}
+	stop = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
 	}
-	context.AfterFunc(ctx, pg.Close)
-	url, err := pg.NewDatabase(ctx, "observability")
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	pg, err := devenv.StartPostgres(ctx)
 	if err != nil {
-		return nil, none, err
+		return id, stop, err
 	}
+	undo = append(undo, pg.Close)
+	url, drop, err := pg.Schema(ctx, devenv.RunName("observability"))
+	if err != nil {
+		return id, stop, err
+	}
+	undo = append(undo, func() { drop(context.WithoutCancel(ctx)) }) //nolint:errcheck // best effort
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		return nil, none, err
+		return id, stop, err
 	}
-	context.AfterFunc(ctx, pool.Close)
+	undo = append(undo, pool.Close)
 	if err := outbox.Migrate(ctx, pool, ""); err != nil {
-		return nil, none, err
+		return id, stop, err
 	}
 	o := outbox.Options{Brokers: brokers, Pool: pool, Outbox: topic, Partitions: 3}
 	relay, err := outbox.New(o)
 	if err != nil {
-		return nil, none, err
+		return id, stop, err
 	}
 	if err := metrics.WatchRelay(relay); err != nil {
-		return nil, none, err
+		return id, stop, err
 	}
-	go relay.Run(ctx) //nolint:errcheck // stops with ctx
+	relayDone := make(chan struct{})
+	go func() {
+		defer close(relayDone)
+		relay.Run(ctx) //nolint:errcheck // stops with ctx
+	}()
+	undo = append(undo, func() { <-relayDone })
 
 	w := outbox.Writer{Outbox: topic, Partitions: 3, Hooks: []consumer.Hook{tracer}}
 	sctx, span := tp.Tracer("orders").Start(ctx, "book order")
@@ -63,5 +81,5 @@ func startOutbox(ctx context.Context, brokers []string, metrics *kscopeprom.Metr
 		}
 		return nil
 	})
-	return relay, span.SpanContext().TraceID(), err
+	return span.SpanContext().TraceID(), stop, err
 }

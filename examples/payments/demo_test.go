@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/kscopetest"
 )
 
 func TestMain(m *testing.M) {
@@ -12,9 +12,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(roleEnv) != "" {
 		os.Exit(runConsumer())
 	}
-	code := m.Run()
-	testenv.StopShared()
-	os.Exit(code)
+	kscopetest.Main(m) // stops the kit's PostgreSQL server when the tests end
 }
 
 // The demo's invariants hold end to end: every payment booked exactly

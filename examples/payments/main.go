@@ -2,7 +2,8 @@
 // scope, driven through everything that goes wrong in production.
 //
 // It starts an in-process Kafka (kfake) and a throwaway PostgreSQL (or uses
-// KAFKA_BROKERS and DATABASE_URL), produces a stream of payment captures
+// KAFKA_BROKERS and DATABASE_URL, in topics, groups and a schema of the
+// run's own that it removes when it ends), produces a stream of payment captures
 // with redeliveries, poison records, transient gateway failures, declines
 // and out-of-order versions, runs the consumer as a child process, kills it
 // with SIGKILL half way and restarts it, then replays the whole topic. The
@@ -31,17 +32,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/dbscope"
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/devenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 const (
-	topic    = "payments.captured"
-	group    = "ledger"
 	roleEnv  = "KSCOPE_DEMO_ROLE"
+	runEnv   = "KSCOPE_DEMO_RUN"
 	dbEnv    = "KSCOPE_DEMO_DB"
 	gwEnv    = "KSCOPE_DEMO_GATEWAY"
 	accounts = 40
@@ -69,6 +70,8 @@ func main() {
 // runConsumer is a child process: the ledger consumer, the outbox relay
 // or the notifier (roleEnv says which), until SIGTERM (or SIGKILL).
 func runConsumer() int {
+	devenv.RunID = os.Getenv(runEnv) // the parent's names
+	setNames()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := runChild(ctx, os.Getenv(roleEnv)); err != nil {
@@ -169,20 +172,22 @@ func run() (int, error) {
 	start := time.Now()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	kafka, err := testenv.StartKafka(ctx)
+	kafka, err := devenv.StartKafka(ctx)
 	if err != nil {
 		return 1, err
 	}
 	defer kafka.Close()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	pg, err := devenv.StartPostgres(ctx)
 	if err != nil {
 		return 1, err
 	}
 	defer pg.Close()
-	dbURL, err := pg.NewDatabase(ctx, "payments_demo")
+	// Every table of the run, kscope's included, in a schema of its own.
+	dbURL, dropSchema, err := pg.Schema(ctx, devenv.RunName("payments"))
 	if err != nil {
 		return 1, err
 	}
+	defer dropSchema(context.WithoutCancel(ctx)) //nolint:errcheck // best effort
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return 1, err
@@ -196,16 +201,30 @@ func run() (int, error) {
 			return 1, err
 		}
 	}
-	if err := kafka.CreateTopic(ctx, topic, 6); err != nil {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...))
+	if err != nil {
 		return 1, err
 	}
-	if err := kafka.CreateTopic(ctx, bookedTopic, outboxParts); err != nil {
+	defer cl.Close()
+	adm := admin{kadm.NewClient(cl)}
+	if _, err := adm.CreateTopic(ctx, 6, -1, nil, topic); err != nil {
 		return 1, err
 	}
+	if _, err := adm.CreateTopic(ctx, outboxParts, -1, nil, bookedTopic); err != nil {
+		return 1, err
+	}
+	// Remove the run's topics and groups, and those kscope created for
+	// them (failure topics, the relay's group and position topic).
+	defer func() {
+		ctx := context.WithoutCancel(ctx)
+		kafka.Remove(ctx, group, topic, bookedTopic)                                                 //nolint:errcheck // best effort
+		kafka.Remove(ctx, notifierGroup)                                                             //nolint:errcheck // best effort
+		kafka.Remove(ctx, "kscope-outbox-"+outboxName(), "kscope-outbox-"+outboxName()+".positions") //nolint:errcheck // best effort
+	}()
 	fmt.Printf("kafka: %s %v · postgres: %s\n", kafka.Kind, kafka.Brokers, pg.Kind)
 
 	s := generate(rand.New(rand.NewPCG(7, 11)))
-	if err := kafka.Produce(ctx, s.records...); err != nil {
+	if err := cl.ProduceSync(ctx, s.records...).FirstErr(); err != nil {
 		return 1, err
 	}
 	fmt.Printf("produced %d events: %d payment intents, %d redelivered, %d poison, %d declines, %d version swaps\n",
@@ -216,7 +235,7 @@ func run() (int, error) {
 		return 1, err
 	}
 	defer gw.Close()
-	env := []string{roleEnv + "=consumer", "KAFKA_BROKERS=" + strings.Join(kafka.Brokers, ","), dbEnv + "=" + dbURL, gwEnv + "=" + gw.URL}
+	env := []string{roleEnv + "=consumer", runEnv + "=" + devenv.RunID, "KAFKA_BROKERS=" + strings.Join(kafka.Brokers, ","), dbEnv + "=" + dbURL, gwEnv + "=" + gw.URL}
 	// The notification side: the outbox relay publishes payment.booked,
 	// the notifier consumes it. Both run as child processes too; the relay
 	// is SIGKILLed once a third of the events are out, and restarted.
@@ -256,12 +275,11 @@ func run() (int, error) {
 	}
 	progress := func(phase string) {
 		var lag int64
-		ends, _ := kafka.EndOffsets(ctx, topic)
-		com, _ := kafka.CommittedOffsets(ctx, group, topic)
+		ends, com := adm.endOffsets(ctx, topic), adm.committed(ctx, group, topic)
 		for p, e := range ends {
 			lag += e - com[p]
 		}
-		dlt, _ := kafka.EndOffsets(ctx, retrytopic.DLTopic(group))
+		dlt := adm.endOffsets(ctx, retrytopic.DLTopic(group))
 		var dl int64
 		for _, e := range dlt {
 			dl += e
@@ -271,8 +289,7 @@ func run() (int, error) {
 		var backlog int64
 		for _, d := range failures().Ladder {
 			rt := retrytopic.RetryTopic(group, d)
-			ends, _ := kafka.EndOffsets(ctx, rt)
-			com, _ := kafka.CommittedOffsets(ctx, group, rt)
+			ends, com := adm.endOffsets(ctx, rt), adm.committed(ctx, group, rt)
 			for p, e := range ends {
 				backlog += max(e-com[p], 0)
 			}
@@ -316,7 +333,7 @@ func run() (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	done := func() bool { return ledgerRows() >= len(s.valid) && kafka.CaughtUp(ctx, group, topic) }
+	done := func() bool { return ledgerRows() >= len(s.valid) && adm.caughtUp(ctx, group, topic) }
 	if err := waitUntil("restarted", 90*time.Second, done); err != nil {
 		child.Process.Kill()
 		return 1, err
@@ -326,7 +343,7 @@ func run() (int, error) {
 
 	// Replay the whole topic: reset the group and consume it again.
 	before := ledgerRows()
-	if _, err := kafka.Admin().DeleteGroup(ctx, group); err != nil {
+	if _, err := adm.DeleteGroup(ctx, group); err != nil {
 		return 1, fmt.Errorf("resetting the group: %w", err)
 	}
 	fmt.Println("  replaying the whole topic from the start")
@@ -334,7 +351,7 @@ func run() (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	if err := waitUntil("replay", time.Minute, func() bool { return kafka.CaughtUp(ctx, group, topic) }); err != nil {
+	if err := waitUntil("replay", time.Minute, func() bool { return adm.caughtUp(ctx, group, topic) }); err != nil {
 		child.Process.Kill()
 		return 1, err
 	}
@@ -350,13 +367,13 @@ func run() (int, error) {
 		return 1, err
 	}
 
-	rep, err := measure(ctx, kafka, pool, s)
+	rep, err := measure(ctx, kafka.Brokers, adm, pool, s)
 	if err != nil {
 		return 1, err
 	}
 	rep.ReplayNoopRate = 1 - float64(after-before)/float64(len(s.records))
 	rep.GatewayCharges, rep.GatewayChargesDuplicated, rep.GatewayReconciled = gw.counts()
-	if err := measureNotifications(ctx, kafka, pool, gw, &rep); err != nil {
+	if err := measureNotifications(ctx, kafka.Brokers, adm, pool, gw, &rep); err != nil {
 		return 1, err
 	}
 	rep.Seconds = float64(time.Since(start).Milliseconds()) / 1000
@@ -388,7 +405,7 @@ func run() (int, error) {
 }
 
 // measure computes the report from the database and the topics.
-func measure(ctx context.Context, k *testenv.Kafka, pool *pgxpool.Pool, s stream) (report, error) {
+func measure(ctx context.Context, brokers []string, adm admin, pool *pgxpool.Pool, s stream) (report, error) {
 	var rep report
 	rep.Events = len(s.records)
 	ids := map[string]bool{}
@@ -422,25 +439,32 @@ func measure(ctx context.Context, k *testenv.Kafka, pool *pgxpool.Pool, s stream
 			rep.Lost++
 		}
 	}
-	t := nopT{}
 	// Routing to the DLT is at-least-once: poison consumed again (after the
 	// crash, in the replay) is dead-lettered again, under the same
 	// identity. Count identities.
 	dead := map[string]bool{}
-	for _, r := range k.ReadAll(t, retrytopic.DLTopic(group)) {
-		dead[testenv.Header(r, retrytopic.HeaderID)] = true
+	dlt, err := readAll(ctx, brokers, adm, retrytopic.DLTopic(group))
+	if err != nil {
+		return rep, err
+	}
+	for _, r := range dlt {
+		dead[header(r, retrytopic.HeaderID)] = true
 		rep.DLTRecords++
 	}
 	rep.DeadLettered = len(dead)
 	retried, gaps := map[string]bool{}, map[string]bool{}
 	rep.Deliveries = rep.Events
 	for _, d := range []time.Duration{time.Second, 2 * time.Second} {
-		for _, r := range k.ReadAll(t, retrytopic.RetryTopic(group, d)) {
+		recs, err := readAll(ctx, brokers, adm, retrytopic.RetryTopic(group, d))
+		if err != nil {
+			return rep, err
+		}
+		for _, r := range recs {
 			rep.Deliveries++
-			id := testenv.Header(r, "message-id")
-			if testenv.Header(r, retrytopic.HeaderVersionExpected) != "" {
+			id := header(r, "message-id")
+			if header(r, retrytopic.HeaderVersionExpected) != "" {
 				gaps[id] = true
-			} else if testenv.Header(r, retrytopic.HeaderParked) == "" {
+			} else if header(r, retrytopic.HeaderParked) == "" {
 				retried[id] = true
 			}
 		}

@@ -18,16 +18,12 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/intent"
-	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/outbox"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
-const (
-	bookedTopic   = "payment.booked"
-	notifierGroup = "notifications"
-	outboxParts   = 4
-)
+// outboxParts is the outbox's partition count, and payment.booked's.
+const outboxParts = 4
 
 // Booked is the payment.booked event the ledger writes to the outbox in
 // the transaction that books a capture.
@@ -52,14 +48,14 @@ const notificationsDDL = `CREATE TABLE IF NOT EXISTS notifications (
 // booking commits.
 func booked(ctx context.Context, tx pgx.Tx, c Capture, status string) error {
 	v, _ := json.Marshal(Booked{Intent: c.Intent, Account: c.Account, Amount: c.Amount, Status: status})
-	_, err := outbox.Writer{Partitions: outboxParts}.Add(ctx, tx, &kgo.Record{Topic: bookedTopic, Key: []byte(c.Account), Value: v})
+	_, err := outbox.Writer{Outbox: outboxName(), Partitions: outboxParts}.Add(ctx, tx, &kgo.Record{Topic: bookedTopic, Key: []byte(c.Account), Value: v})
 	return err
 }
 
 // runRelay is the relay child process: it publishes the outbox until
 // SIGTERM (or SIGKILL).
 func runRelay(ctx context.Context, pool *pgxpool.Pool, brokers []string) error {
-	r, err := outbox.New(outbox.Options{Brokers: brokers, Pool: pool, Partitions: outboxParts, PollInterval: 200 * time.Millisecond,
+	r, err := outbox.New(outbox.Options{Brokers: brokers, Pool: pool, Outbox: outboxName(), Partitions: outboxParts, PollInterval: 200 * time.Millisecond,
 		Logger: quietLogger(), ClientOptions: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)}})
 	if err != nil {
 		return err
@@ -162,11 +158,15 @@ func published(ctx context.Context, pool *pgxpool.Pool) int {
 }
 
 // measureNotifications fills in the notification side of the report.
-func measureNotifications(ctx context.Context, k *testenv.Kafka, pool *pgxpool.Pool, gw *fakeGateway, rep *report) error {
+func measureNotifications(ctx context.Context, brokers []string, adm admin, pool *pgxpool.Pool, gw *fakeGateway, rep *report) error {
 	ids := map[string]int{}
 	intents := map[string]bool{}
-	for _, r := range k.ReadAll(nopT{}, bookedTopic) {
-		ids[testenv.Header(r, retrytopic.HeaderID)]++
+	recs, err := readAll(ctx, brokers, adm, bookedTopic)
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		ids[header(r, retrytopic.HeaderID)]++
 		var b Booked
 		if json.Unmarshal(r.Value, &b) == nil {
 			intents[b.Intent] = true

@@ -1,10 +1,14 @@
 // Command quickstart consumes a topic with kscope's AtLeastOnce runner and
-// prints each record. With no KAFKA_BROKERS it starts an in-process Kafka
-// (kfake), writes a few keyed records to it, and stops once all of them are
-// handled and committed:
+// prints each record. It writes a few keyed records to a topic of its own,
+// stops once all of them are handled and committed, and removes its topic
+// and group. With no KAFKA_BROKERS it starts an in-process Kafka (kfake):
 //
 //	go run ./examples/quickstart
 //	KAFKA_BROKERS=localhost:9092 go run ./examples/quickstart
+//
+// Its topic and group names end in a suffix of their own per run
+// (devenv.RunName), so that it runs again and again against the same
+// broker; a service uses fixed names.
 package main
 
 import (
@@ -16,9 +20,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/devenv"
 )
+
+const keys, perKey = 5, 4
 
 func main() {
 	if err := run(); err != nil {
@@ -31,24 +40,39 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	kafka, err := testenv.StartKafka(ctx)
+	kafka, err := devenv.StartKafka(ctx)
 	if err != nil {
 		return err
 	}
 	defer kafka.Close()
-	const topic, keys, perKey = "quickstart.orders", 5, 4
-	if err := kafka.CreateTopic(ctx, topic, 3); err != nil {
+	topic, group := devenv.RunName("quickstart.orders"), devenv.RunName("quickstart")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...))
+	if err != nil {
 		return err
 	}
-	if err := kafka.Produce(ctx, testenv.KeyedRecords(topic, keys, perKey)...); err != nil {
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	if _, err := adm.CreateTopic(ctx, 3, -1, nil, topic); err != nil {
+		return fmt.Errorf("creating %s: %w", topic, err)
+	}
+	// Remove what this run created: its topic, the dead-letter topic kscope
+	// creates for the group, and the group.
+	defer kafka.Remove(context.WithoutCancel(ctx), group, topic) //nolint:errcheck // best effort
+	var recs []*kgo.Record
+	for k := range keys {
+		for i := range perKey {
+			recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", k)), Value: []byte(fmt.Sprintf("order %d of k%d", i, k))})
+		}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return err
 	}
-	fmt.Printf("kafka: %s (%s); produced %d records to %s\n", kafka.Kind, kafka.Brokers[0], keys*perKey, topic)
+	fmt.Printf("kafka: %s (%s); produced %d records to %s\n", kafka.Kind, kafka.Brokers[0], len(recs), topic)
 
 	var handled atomic.Int64
 	runner, err := consumer.New(consumer.Config{
 		Brokers: kafka.Brokers,
-		Group:   "quickstart",
+		Group:   group,
 		Topics:  []string{topic},
 		Shards:  4,
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -64,21 +88,24 @@ func run() error {
 	done := make(chan error, 1)
 	go func() { done <- runner.Run(runCtx) }()
 
+	// Wait until every record is handled; stopping commits their offsets.
 	deadline := time.Now().Add(time.Minute)
-	for handled.Load() < keys*perKey && time.Now().Before(deadline) && ctx.Err() == nil {
+	for handled.Load() < int64(len(recs)) && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		return err
 	}
-	offsets, err := kafka.CommittedOffsets(context.Background(), "quickstart", topic)
+	offsets, err := adm.FetchOffsetsForTopics(context.WithoutCancel(ctx), group, topic)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("handled %d records; committed offsets %v\n", handled.Load(), offsets)
-	if handled.Load() < keys*perKey {
-		return fmt.Errorf("handled %d of %d records", handled.Load(), keys*perKey)
+	committed, sum := map[int32]int64{}, int64(0)
+	offsets.Each(func(o kadm.OffsetResponse) { committed[o.Partition], sum = o.At, sum+max(o.At, 0) })
+	fmt.Printf("handled %d records; committed offsets %v\n", handled.Load(), committed)
+	if handled.Load() < int64(len(recs)) || sum != int64(len(recs)) {
+		return fmt.Errorf("handled %d of %d records, committed %d", handled.Load(), len(recs), sum)
 	}
 	return nil
 }

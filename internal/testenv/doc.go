@@ -20,7 +20,7 @@
 // process group, killed by Close and, on Linux, by the kernel when the test
 // process dies.
 //
-// The testcontainers path lives in the integration module, so that the
-// library's go.mod does not pull testcontainers in; it plugs in here through
-// [UseContainers].
+// The testcontainers path lives in the module kscopetest/containers, so that
+// the library's go.mod does not pull testcontainers in; importing it plugs it
+// in here through kscopetest.UseContainers and [UseContainers].
 package testenv

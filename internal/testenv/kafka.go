@@ -45,7 +45,7 @@ func wantContainers() (Containers, error) {
 	containersMu.Lock()
 	defer containersMu.Unlock()
 	if containers == nil {
-		return nil, errors.New("testenv: KSCOPE_TEST_CONTAINERS=1 but no container provider is linked in; run the integration module's suites (make test-containers)")
+		return nil, errors.New(`KSCOPE_TEST_CONTAINERS=1 but no container provider is linked into this test binary: import _ "github.com/kscope-dev/kscope/kscopetest/containers" in a test file of the module (a Go module of its own: go get it)`)
 	}
 	return containers, nil
 }
@@ -429,4 +429,60 @@ func (k *Kafka) OpenTransaction(t testing.TB, txnID, group, topic string, partit
 			}
 		}
 	}
+}
+
+// Remove deletes the topics whose names are in topics or start with one of
+// prefixes, and group (when not ""). A group that does not exist is not an
+// error.
+func (k *Kafka) Remove(ctx context.Context, group string, topics []string, prefixes ...string) error {
+	// A client of its own: a client answers a metadata request from the
+	// response it got less than MetadataMinAge ago, which would not list
+	// the topics created since (a runner's dead-letter and retry topics).
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	all, err := adm.ListTopics(ctx)
+	if err != nil {
+		return fmt.Errorf("listing topics: %w", err)
+	}
+	want := map[string]bool{}
+	for _, tp := range topics {
+		want[tp] = true
+	}
+	var del []string
+	for tp := range all {
+		if want[tp] {
+			del = append(del, tp)
+			continue
+		}
+		for _, p := range prefixes {
+			if strings.HasPrefix(tp, p) {
+				del = append(del, tp)
+				break
+			}
+		}
+	}
+	var errs []error
+	if len(del) > 0 {
+		resps, err := adm.DeleteTopics(ctx, del...)
+		if err == nil {
+			err = resps.Error()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("deleting topics %v: %w", del, err))
+		}
+	}
+	if group != "" {
+		if _, err := adm.DeleteGroup(ctx, group); err != nil && !isNoGroup(err) {
+			errs = append(errs, fmt.Errorf("deleting group %s: %w", group, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isNoGroup(err error) bool {
+	return kerr.IsRetriable(err) || errors.Is(err, kerr.GroupIDNotFound) || strings.Contains(err.Error(), kerr.GroupIDNotFound.Message)
 }

@@ -1,12 +1,17 @@
-// Package containers runs kscope's backends in Docker containers through
-// testcontainers-go: real Apache Kafka and PostgreSQL. It is the documented
-// way to run the integration suites against real brokers on a machine with
-// Docker:
+// Package containers runs the kscopetest kit, and kscope's own integration
+// suites, on Apache Kafka and PostgreSQL in Docker containers through
+// testcontainers-go. Import it in a test file of the service's module and
+// set KSCOPE_TEST_CONTAINERS=1:
 //
-//	KSCOPE_TEST_CONTAINERS=1 make test-containers
+//	import _ "github.com/kscope-dev/kscope/kscopetest/containers"
 //
-// It lives in the integration module so that the kscope library's go.mod
-// does not make every user download testcontainers.
+//	KSCOPE_TEST_CONTAINERS=1 go test ./...
+//
+// It is a Go module of its own, so that the kscope library's go.mod does not
+// make every user download testcontainers and the Docker client: only the
+// modules that import it do. Without KSCOPE_TEST_CONTAINERS=1 importing it
+// changes nothing (the kit uses KAFKA_BROKERS / DATABASE_URL, or starts
+// in-process backends).
 package containers
 
 import (
@@ -18,8 +23,10 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/wait"
 
-	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/kscopetest"
 )
+
+func init() { kscopetest.UseContainers(Provider{}) }
 
 // Images used for the containers. Apache Kafka in KRaft mode (no ZooKeeper),
 // and the PostgreSQL major version the local backend uses.
@@ -28,10 +35,11 @@ const (
 	PostgresImage = "postgres:15-alpine"
 )
 
-// Provider implements testenv.Containers with testcontainers.
+// Provider implements kscopetest.Containers with testcontainers; importing
+// the package registers it.
 type Provider struct{}
 
-var _ testenv.Containers = Provider{}
+var _ kscopetest.Containers = Provider{}
 
 // Kafka starts a single-node Apache Kafka container.
 func (Provider) Kafka(ctx context.Context) ([]string, func(), error) {

@@ -1,0 +1,11 @@
+package main
+
+import "testing"
+
+// The example runs end to end: every record handled, every offset
+// committed, its topic and group removed.
+func TestQuickstartExample(t *testing.T) {
+	if err := run(); err != nil {
+		t.Fatal(err)
+	}
+}
