@@ -42,6 +42,16 @@
 // on LISTEN/NOTIFY when a writing transaction commits, and polls every
 // Options.PollInterval besides.
 //
+// A partition whose position is past the last sequence number the database
+// handed out (the outbox tables were recreated or restored from a backup,
+// or the relay reads another database than its writers) is not published:
+// publishing on would skip the rows numbered up to the position, and
+// pruning would delete them unpublished. The relay logs an ERROR that says
+// what to do every 30 seconds and counts the partition in Stats.Halted. The
+// record identities of a recreated outbox repeat the old ones, which
+// downstream inboxes take for duplicates: give a recreated outbox a new
+// name.
+//
 // # Observability
 //
 // [Relay.Stats] counts published records and committed and aborted

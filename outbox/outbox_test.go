@@ -429,3 +429,73 @@ func TestBadOptions(t *testing.T) {
 		t.Errorf("a record without a topic: %v", err)
 	}
 }
+
+// A relay whose position topic is ahead of its database (the outbox tables
+// were recreated, here on a new database, or restored from a backup) stops
+// publishing that partition and says why: publishing on would skip the
+// rows numbered up to the position, and pruning would delete them
+// unpublished. The rows stay in the table.
+func TestRelayRefusesAPositionAheadOfTheDatabase(t *testing.T) {
+	k, pool, _ := setup(t)
+	ctx := context.Background()
+	write := func(pool *pgxpool.Pool, n int, prefix string) {
+		t.Helper()
+		w := outbox.Writer{Partitions: 1}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for i := range n {
+				if _, err := w.Add(ctx, tx, &kgo.Record{Topic: "payments.booked", Key: []byte("k"), Value: []byte(fmt.Sprintf("%s-%d", prefix, i))}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func(pool *pgxpool.Pool) (n int) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM kscope_outbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	o := outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 1, PollInterval: 20 * time.Millisecond, Logger: logger()}
+	write(pool, 5, "old")
+	first, stop := runRelay(t, o)
+	testenv.WaitFor(t, 30*time.Second, "the first database's rows published", func() bool { return first.Stats().Published == 5 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The outbox tables again, empty, on a new database: sequence numbers
+	// start at 1 again, below the position (5).
+	fresh, err := pgxpool.New(ctx, testenv.DatabaseT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fresh.Close) // after the relay stops (cleanups run last first)
+	if err := outbox.Migrate(ctx, fresh, ""); err != nil {
+		t.Fatal(err)
+	}
+	write(fresh, 3, "new")
+	var logs testenv.LogBuffer
+	o.Pool, o.Logger = fresh, logs.Logger()
+	second, stop := runRelay(t, o)
+	testenv.WaitFor(t, 30*time.Second, "the relay to halt the partition", func() bool { return second.Stats().Halted == 1 })
+	write(fresh, 3, "newer") // past the position now: still not published
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := second.Stats(); st.Published != 0 {
+		t.Errorf("the relay published %d rows of a database behind its position", st.Published)
+	}
+	if n := rows(fresh); n != 6 {
+		t.Errorf("%d rows left in the outbox table, want all 6 (nothing deleted unpublished)", n)
+	}
+	if n := len(k.ReadAll(t, "payments.booked")); n != 5 {
+		t.Errorf("%d records on the topic, want the first database's 5", n)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "has not handed out") {
+		t.Errorf("the halt was not logged as an error that says why:\n%s", logs.String())
+	}
+}

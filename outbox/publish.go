@@ -175,6 +175,12 @@ func (pub *publisher) publish(ctx context.Context) error {
 			continue
 		}
 		if len(rows) == 0 {
+			// Nothing after the position: check that the database has
+			// handed the position's sequence number out at all.
+			if ahead, err := pub.ahead(ctx, pos); err == nil && ahead {
+				pub.halt(ctx, pos)
+				return nil
+			}
 			poll.Reset(r.o.PollInterval)
 			select {
 			case <-ctx.Done():
@@ -302,6 +308,47 @@ func (pub *publisher) send(ctx context.Context, cl *kgo.Client, rows []row) (int
 
 func fenced(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
+}
+
+// ahead reports whether pos, the position the partition's position topic
+// holds, is past the last sequence number the database handed out for the
+// partition: the outbox tables were recreated (a new database, a forgotten
+// migration run again on an empty one) or restored from a backup, or the
+// relay reads another database than its writers. Publishing on would skip
+// the rows numbered up to pos, and pruning would delete them unpublished.
+func (pub *publisher) ahead(ctx context.Context, pos int64) (bool, error) {
+	r := pub.r
+	var handed int64
+	err := r.o.Pool.QueryRow(ctx, `SELECT coalesce(max(next_seq) - 1, 0) FROM `+r.o.TablePrefix+`outbox_sequences
+		WHERE outbox = $1 AND partition = $2`, r.o.Outbox, int32(pub.p)).Scan(&handed)
+	return err == nil && pos > handed, err
+}
+
+// halt stops publishing the partition whose position is ahead of the
+// database, and says so until ctx ends (the relay stops or loses the
+// partition): it publishes and deletes nothing of the partition, so the
+// rows the database holds stay there for the operator.
+func (pub *publisher) halt(ctx context.Context, pos int64) {
+	r := pub.r
+	r.halted.Add(1)
+	defer r.halted.Add(-1)
+	msg := "kscope: outbox relay: the position topic says this partition is published up to a sequence number the database has not handed out: " +
+		"the outbox tables were recreated or restored, or the relay reads another database than the writers. " +
+		"Nothing of the partition is published or deleted until this is resolved: publishing on would skip, and delete, the rows numbered up to the position. " +
+		"Stop the relays, compare the outbox table with what consumers of the topic saw, then either delete the position topic (the relay publishes every row the table holds) " +
+		"or raise the partition's next_seq above the position (rows numbered up to it are never published), and start the relays again"
+	attrs := []any{"outbox", r.o.Outbox, "partition", pub.p, "position", pos, "position_topic", r.o.PositionTopic}
+	r.log.Error(msg, attrs...)
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.log.Error(msg, attrs...)
+		}
+	}
 }
 
 // prune deletes the rows the position has passed; a failure is retried

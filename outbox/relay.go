@@ -151,6 +151,11 @@ type Stats struct {
 	Transactions int64 // Kafka transactions committed
 	Aborts       int64 // Kafka transactions aborted (and retried)
 	Partitions   int   // outbox partitions this relay publishes now
+	// Halted counts the partitions this relay refuses to publish now:
+	// their position topic is past the last sequence number the database
+	// handed out (the outbox tables were recreated or restored). Each is
+	// logged at ERROR, with what to do, every 30 seconds.
+	Halted int
 }
 
 // Relay publishes an outbox's committed rows to Kafka, exactly once to a
@@ -165,7 +170,7 @@ type Relay struct {
 	life lifecycle.State
 
 	published, transactions, aborts atomic.Int64
-	owned                           atomic.Int64
+	owned, halted                   atomic.Int64
 
 	wakeMu sync.Mutex
 	wake   map[int]chan struct{} // per partition being published
@@ -184,7 +189,7 @@ func New(o Options) (*Relay, error) {
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
-	return Stats{Published: r.published.Load(), Transactions: r.transactions.Load(), Aborts: r.aborts.Load(), Partitions: int(r.owned.Load())}
+	return Stats{Published: r.published.Load(), Transactions: r.transactions.Load(), Aborts: r.aborts.Load(), Partitions: int(r.owned.Load()), Halted: int(r.halted.Load())}
 }
 
 // Close stops a running Run and waits for it; idempotent.
