@@ -60,23 +60,9 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 		}
 		if err != nil {
 			txFailed++
-			if ctx.Err() != nil {
-				return
-			}
-			var te *transientError
-			if errors.As(err, &te) {
-				delete(calls, te.rec) // its statement failed: its handler runs again
-				if cut := slices.Index(pending[:limit], te.rec); cut > 0 {
-					limit = cut
-				}
-			}
 			attempt++
-			s.txRetries.Add(1)
-			d := backoff.Delay(attempt, retryBase, retryCap)
-			s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", limit,
-				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
-			done(nil) // what is durable may commit while the batch waits
-			if !backoff.SleepOr(ctx, d, engine.RevokedCh(pending[0])) {
+			var ok bool
+			if limit, ok = s.txFailed(ctx, err, pending, limit, attempt, calls, done); !ok {
 				return
 			}
 			continue
@@ -345,4 +331,29 @@ func (s *scope) account(work []*consumer.Record, res []result, done func(*consum
 			s.gapsDetected.Add(1)
 		}
 	}
+}
+
+// txFailed waits before the batch's transaction, which failed with err on
+// pending[:limit], is tried again (attempt is its count of failures in a
+// row), and returns the records the next one takes: up to the record whose
+// statement failed, when a transient error names one. It reports false
+// when the batch stops (ctx done or the partition revoked).
+func (s *scope) txFailed(ctx context.Context, err error, pending []*consumer.Record, limit, attempt int,
+	calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (int, bool) {
+	if ctx.Err() != nil {
+		return limit, false
+	}
+	var te *transientError
+	if errors.As(err, &te) {
+		delete(calls, te.rec) // its statement failed: its handler runs again
+		if cut := slices.Index(pending[:limit], te.rec); cut > 0 {
+			limit = cut
+		}
+	}
+	s.txRetries.Add(1)
+	d := backoff.Delay(attempt, retryBase, retryCap)
+	s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", limit,
+		"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
+	done(nil) // what is durable may commit while the batch waits
+	return limit, backoff.SleepOr(ctx, d, engine.RevokedCh(pending[0]))
 }

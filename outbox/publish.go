@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -141,20 +142,9 @@ func (pub *publisher) publish(ctx context.Context) error {
 		return fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)
 	}
 	defer cl.Close()
-	var pos int64
-	for attempt := 1; ; attempt++ {
-		pos, err = pub.start(ctx, cl)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-		log.Warn("kscope: outbox relay: taking the partition over failed; retrying", "err", err, "retry_in", d)
-		if !backoff.Sleep(ctx, d) {
-			return nil
-		}
+	pos, ok := pub.takeOver(ctx, cl, log)
+	if !ok {
+		return nil
 	}
 	pub.pos.Store(pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
@@ -175,17 +165,8 @@ func (pub *publisher) publish(ctx context.Context) error {
 			continue
 		}
 		if len(rows) == 0 {
-			// Nothing after the position: check that the database has
-			// handed the position's sequence number out at all.
-			if ahead, err := pub.ahead(ctx, pos); err == nil && ahead {
-				pub.halt(ctx, pos)
+			if !pub.idle(ctx, pos, poll) {
 				return nil
-			}
-			poll.Reset(r.o.PollInterval)
-			select {
-			case <-ctx.Done():
-			case <-pub.wake:
-			case <-poll.C:
 			}
 			continue
 		}
@@ -215,6 +196,25 @@ func (pub *publisher) publish(ctx context.Context) error {
 		pub.prune(ctx, pos)
 	}
 	return nil
+}
+
+// takeOver starts publishing the partition (start), retrying with backoff
+// until it succeeds or ctx ends (then ok is false).
+func (pub *publisher) takeOver(ctx context.Context, cl *kgo.Client, log *slog.Logger) (pos int64, ok bool) {
+	for attempt := 1; ; attempt++ {
+		pos, err := pub.start(ctx, cl)
+		if err == nil {
+			return pos, true
+		}
+		if ctx.Err() != nil {
+			return 0, false
+		}
+		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+		log.Warn("kscope: outbox relay: taking the partition over failed; retrying", "err", err, "retry_in", d)
+		if !backoff.Sleep(ctx, d) {
+			return 0, false
+		}
+	}
 }
 
 // start fences every earlier producer of the partition (aborting its open
@@ -308,6 +308,24 @@ func (pub *publisher) send(ctx context.Context, cl *kgo.Client, rows []row) (int
 
 func fenced(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
+}
+
+// idle waits, with nothing after the position pos, until a writer's commit
+// wakes the publisher or the poll interval passes. First it checks that the
+// database has handed pos out at all; when it has not, it halts the
+// partition until ctx ends and reports false.
+func (pub *publisher) idle(ctx context.Context, pos int64, poll *time.Timer) bool {
+	if ahead, err := pub.ahead(ctx, pos); err == nil && ahead {
+		pub.halt(ctx, pos)
+		return false
+	}
+	poll.Reset(pub.r.o.PollInterval)
+	select {
+	case <-ctx.Done():
+	case <-pub.wake:
+	case <-poll.C:
+	}
+	return true
 }
 
 // ahead reports whether pos, the position the partition's position topic
