@@ -273,16 +273,8 @@ const kitAbortsDecide = 2
 // the runner's last warning.
 func (h *kafkaHarness) saw(r *txn.Runner) string {
 	st := r.Stats().Kafka
-	committed := "not committed to the end"
-	if h.committed() {
-		committed = "committed to the end"
-	}
-	last := "none"
-	if err := h.inject.last(); err != nil {
-		last = err.Error()
-	}
 	return fmt.Sprintf("saw %d outputs, %d dead-letter records, offsets %s; the runner: %d input records committed, %d outputs, %d transactions committed, %d aborted, %d dead-lettered, %d skipped; the handler's last error: %s; the runner's last warning: %s",
-		h.outputs(), h.dlt(), committed, st.Records, st.Outputs, st.Committed, st.Aborted, st.DeadLettered, st.Skipped, last, h.warns.String())
+		h.outputs(), h.dlt(), committedWords(h.committed()), st.Records, st.Outputs, st.Committed, st.Aborted, st.DeadLettered, st.Skipped, h.inject.lastWords(), h.warns.String())
 }
 
 // lastWarning is a slog handler that keeps the last record at WARN or above,

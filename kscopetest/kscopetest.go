@@ -309,10 +309,22 @@ func (in *injector) after(r *consumer.Record, idHeader string, err error) {
 	in.mu.Unlock()
 }
 
-func (in *injector) last() error {
+// lastWords is the handler's last error for a report ("none" if none).
+func (in *injector) lastWords() string {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.lastErr
+	if in.lastErr == nil {
+		return "none"
+	}
+	return in.lastErr.Error()
+}
+
+// committedWords says, for a report, whether the offsets reached the end.
+func committedWords(toEnd bool) string {
+	if toEnd {
+		return "committed to the end"
+	}
+	return "not committed to the end"
 }
 
 // repeats returns the call counts of the ids handled more than once
@@ -420,16 +432,8 @@ func (h *harness) until(r *dbscope.Runner, what string, cond func() bool) string
 // committed offsets, the runner's counters and the handler's last error.
 func (h *harness) saw(r *dbscope.Runner) string {
 	st := r.Stats()
-	committed := "not committed to the end"
-	if h.committed() {
-		committed = "committed to the end"
-	}
-	last := "none"
-	if err := h.inject.last(); err != nil {
-		last = err.Error()
-	}
 	return fmt.Sprintf("saw %d effects, %d dead-letter records, offsets %s; the runner: %d of %d records done, %d retried in place, %d dead-lettered, %d skipped, %d applied, %d duplicates; the handler's last error: %s",
-		h.effects(), len(h.dlt()), committed, st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, st.DB.Duplicates, last)
+		h.effects(), len(h.dlt()), committedWords(h.committed()), st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, st.DB.Duplicates, h.inject.lastWords())
 }
 
 // rewind sets the group's committed offset of the scenario's topic back to
