@@ -31,7 +31,13 @@
 // crash or rebalance if its offset was not committed yet, so its handler's
 // effects must be idempotent. The DB scope (effects in PostgreSQL applied
 // exactly once, package dbscope) and the Kafka scope (transactional
-// Kafka-to-Kafka) build on the same runner as units of work plugged into it.
+// Kafka-to-Kafka, package txn) run on this same runner, as units of work
+// plugged into it: one poll loop, one hold of not-yet-due retry records,
+// one retry loop and one commit watermark for all three. The AtLeastOnce
+// scope commits offsets every Config.CommitInterval; the DB scope makes a
+// batch durable in its PostgreSQL transaction before the runner commits
+// its offsets; the Kafka scope's records join a Kafka transaction, which
+// the runner ends with the offsets.
 //
 // # Failures
 //

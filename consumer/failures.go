@@ -55,13 +55,6 @@ func newDLTLog() *ratelog.Limiter { return ratelog.New(10, 10*time.Second) }
 // Class classifies err under the policy.
 func (f *failures) Class(err error) Class { return f.policy.ClassOf(err) }
 
-// Handle decides what follows a failed attempt of rec and carries it out:
-// it is Decide followed by Route.
-func (f *failures) Handle(ctx context.Context, rec *Record, err error, attempt int, firstFailure time.Time, topics bool) (retrytopic.Step, error) {
-	step := f.Decide(ctx, rec, err, attempt, topics)
-	return step, f.Route(ctx, rec, err, step, attempt, firstFailure)
-}
-
 // Decide returns what follows a failed attempt of rec, counting attempts
 // made on earlier hops (from rec's headers) plus attempt, those made here on
 // this hop. topics says whether the record may go to a retry topic. It has
@@ -162,13 +155,6 @@ func (f *failures) DeadLetterRecord(rec *Record, err error, step retrytopic.Step
 func (f *failures) RetryTopicRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
 	step.Action = retrytopic.ActionRetryTopic
 	return f.routedRecord(rec, err, step, attempt, firstFailure)
-}
-
-// NewFailures returns the failure policy of cfg (defaults filled in, as
-// NewRunner returns them in Runner.Config) producing through cl, for a scope
-// that runs its own client (the Kafka scope).
-func newFailures(cfg Config, cl *kgo.Client, log *slog.Logger) *failures {
-	return &failures{policy: cfg.Failures, group: cfg.Group, identity: cfg.Identity, cl: cl, log: log, obs: newObserver(cfg.Group, cfg.Hooks), dltLog: newDLTLog()}
 }
 
 // Observer returns the runner's hooks, for a scope to report its

@@ -57,13 +57,18 @@ func (d *doneBuf) flushLocked() {
 	for _, rec := range d.recs {
 		d.offsets = append(d.offsets, rec.Offset)
 	}
-	if n := st.Watermark.DoneAll(d.offsets); n > 0 {
+	n := st.Watermark.DoneAll(d.offsets)
+	if n > 0 {
 		d.r.done.Add(int64(n))
 	}
 	clear(d.recs)
 	d.recs, d.offsets = d.recs[:0], d.offsets[:0]
 	if st.paused.Load() && int64(st.Watermark.Pending()) <= st.resumeAt.Load() {
 		d.r.resume(st)
+	}
+	if st.txc != nil && n > 0 {
+		st.active.Add(-int64(n))
+		d.r.releaseSlots(st)
 	}
 }
 
@@ -76,18 +81,33 @@ func (r *Runner) flushDone() {
 }
 
 // process is the pool's ProcessFunc: it runs the scope over one batch, then
-// gives the batch's in-flight room back at once.
+// gives the batch's in-flight room back at once. A task a transactional
+// scope scheduled (txnCtl.Schedule) runs in its place in the batch.
 func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*Record) {
-	if len(batch) == 0 {
-		return
+	for len(batch) > 0 {
+		if t := batch[0].task; t != nil {
+			t(ctx, batch[0])
+			batch = batch[1:]
+			continue
+		}
+		n := 1
+		for n < len(batch) && batch[n].task == nil {
+			n++
+		}
+		r.processRecords(ctx, batch[:n])
+		batch = batch[n:]
 	}
+}
+
+func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 	d := r.doneBufs[batch[0].shard]
 	r.scope.Process(ctx, batch, d.fn)
 	d.flush()
 	var bytes int64
+	stopping := r.runCtx != nil && r.runCtx.Err() != nil
 	for _, rec := range batch {
 		bytes += rec.size
-		if rec.state == recPending && ctx.Err() == nil && !rec.Revoked() {
+		if rec.state == recPending && ctx.Err() == nil && !rec.Revoked() && !stopping {
 			// Left undone while the partition is still ours.
 			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.scope, rec.Topic, rec.Partition, rec.Offset))
 		}

@@ -1,30 +1,37 @@
 package consumer
 
 import (
+	"github.com/kscope-dev/kscope/commit"
 	"strconv"
 	"sync"
 	"time"
 )
 
 // hold keeps rec back when it is a delay-topic record that is not due yet,
-// or when an earlier record of its partition is held. It reports whether it
-// kept it.
-func (r *Runner) hold(st *partState, rec *Record) bool {
-	maxDelay, ok := r.delays[rec.Topic]
-	if !ok {
-		return false
-	}
+// when an earlier record of its partition is held, or, in a transactional
+// runner, when commit.MaxUndone records of its partition are dispatched
+// and not done. It reports whether it kept it. The caller holds
+// st.holdMu until the records of the poll that it did not keep are
+// dispatched: a held record released meanwhile (its due time came, or a
+// dispatch slot freed) would otherwise reach its key-shard before earlier
+// records of its partition.
+func (r *Runner) hold(st *partState, rec *Record, now time.Time) bool {
 	// The due time is read once, when the record arrives, and clamped
 	// then: a forged far-future time waits at most maxDelay.
-	now := time.Now()
-	if due, ok := dueOf(rec, now, maxDelay); ok {
-		rec.due = due.UnixNano()
+	if maxDelay, ok := r.delays[rec.Topic]; ok {
+		if due, ok := dueOf(rec, now, maxDelay); ok {
+			rec.due = due.UnixNano()
+		}
 	}
-	st.holdMu.Lock()
-	defer st.holdMu.Unlock()
 	if len(st.held) > 0 {
 		st.held = append(st.held, rec) // behind a held record: partition order
 		r.keepHeld(rec)
+		return true
+	}
+	if st.txc != nil && st.active.Load() >= commit.MaxUndone {
+		st.held = append(st.held, rec) // released as records finish (releaseSlots)
+		r.keepHeld(rec)
+		r.setHoldPaused(st, true)
 		return true
 	}
 	if rec.due == 0 {
@@ -36,24 +43,32 @@ func (r *Runner) hold(st *partState, rec *Record) bool {
 	}
 	st.held = append(st.held, rec)
 	r.keepHeld(rec)
+	r.heldDue.Add(1)
 	r.setHoldPaused(st, true)
 	st.holdTimer = time.AfterFunc(due.Sub(now), func() { r.releaseHeld(st) })
 	return true
 }
 
-// releaseHeld dispatches the held records of st that are due, in order, and
-// arms the timer for the next one, or resumes the partition when none is
-// left.
+// releaseHeld dispatches the held records of st that are due (and, in a
+// transactional runner, have a dispatch slot), in order, and arms the
+// timer for the next one, or resumes the partition when none is left.
 func (r *Runner) releaseHeld(st *partState) {
 	st.holdMu.Lock()
 	defer st.holdMu.Unlock()
 	if st.Revoked() {
 		return // dropHeld took care of them
 	}
+	if st.holdTimer != nil {
+		st.holdTimer.Stop()
+		st.holdTimer = nil
+	}
 	now := time.Now()
 	i := 0
 	for ; i < len(st.held); i++ {
 		rec := st.held[i]
+		if st.txc != nil && st.active.Load() >= commit.MaxUndone {
+			break // released as records finish
+		}
 		if rec.due != 0 {
 			due := time.Unix(0, rec.due)
 			if due.After(now) {
@@ -64,14 +79,28 @@ func (r *Runner) releaseHeld(st *partState) {
 			r.obs.Lateness(rec.Topic, now.Sub(due))
 		}
 		r.unkeepHeld(rec)
+		if st.txc != nil {
+			st.active.Add(1)
+		}
 		r.pool.Dispatch(int(rec.shard), st.Assignment, rec)
 		st.held[i] = nil
 	}
 	st.held = st.held[i:]
 	if len(st.held) == 0 {
 		st.held = nil
-		st.holdTimer = nil
 		r.setHoldPaused(st, false)
+	}
+}
+
+// releaseSlots dispatches held records of a transactional runner's
+// partition once records finished and freed dispatch slots, unless a timer
+// waits for a held record's due time.
+func (r *Runner) releaseSlots(st *partState) {
+	st.holdMu.Lock()
+	waiting := len(st.held) > 0 && st.holdTimer == nil
+	st.holdMu.Unlock()
+	if waiting {
+		r.releaseHeld(st)
 	}
 }
 

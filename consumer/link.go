@@ -1,10 +1,6 @@
 package consumer
 
 import (
-	"log/slog"
-
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/kscope-dev/kscope/internal/engine/link"
 )
 
@@ -16,11 +12,8 @@ func init() {
 		cfg = cfg.withDefaults()
 		return cfg, cfg.validate()
 	}
-	link.NewFailures = func(cfg Config, cl *kgo.Client, log *slog.Logger) any { return newFailures(cfg, cl, log) }
 	link.NewObserver = func(group string, hooks []Hook) any { return newObserver(group, hooks) }
 	link.ObserverOf = func(f any) any { return f.(*failures).obs }
-	link.EnsureFailureTopics = ensureFailureTopics
-	link.LeftoverRetryTopics = leftoverRetryTopics
 	link.DueOf = dueOf
 	link.OutcomeOf = outcomeOf
 	link.ShardOf = shardOf

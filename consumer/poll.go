@@ -17,51 +17,85 @@ import (
 func (r *Runner) pollLoop(ctx context.Context) {
 	r.shardBuf = make([][]*Record, r.cfg.Shards)
 	for ctx.Err() == nil {
-		room, _ := r.roomNow()
-		if room <= 0 {
-			r.waitForRoom(ctx)
-			continue
-		}
-		fetches := r.cl.PollRecords(ctx, int(room))
-		if fetches.IsClientClosed() {
+		if r.pollOnce(ctx) {
 			return
 		}
-		failed := false
-		fetches.EachError(func(topic string, p int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			if isFatal(err) {
-				r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
-				return
-			}
-			failed = true
-			r.fetchHealth.failed(r.log, topic, p, err)
-		})
-		if !failed && fetches.NumRecords() > 0 {
-			r.fetchHealth.ok(r.log)
+	}
+}
+
+// pollOnce waits for in-flight room, polls once and dispatches what it
+// fetched. A transactional runner's poll also ends when the open
+// transaction ends, or the scope has work due (TxnTick), and when a worker
+// kicks it (the first join of a transaction). It reports whether the
+// client was closed.
+func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
+	if r.txs != nil {
+		var stop func()
+		if ctx, stop = r.txnPollContext(ctx); ctx == nil {
+			return false // due now
 		}
-		if r.obs.WantsFetch() || r.obs.WantsLag() {
-			r.observeFetches(fetches)
+		defer stop()
+	}
+	room, _ := r.roomNow()
+	if room <= 0 {
+		r.waitForRoom(ctx)
+		return false
+	}
+	fetches := r.cl.PollRecords(ctx, int(room))
+	if fetches.IsClientClosed() {
+		return true
+	}
+	failed := false
+	fetches.EachError(func(topic string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return
 		}
-		var n, bytes int64
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			pn, pb := r.dispatchAll(p.Topic, p.Partition, p.Records)
-			n += pn
-			bytes += pb
-		})
-		if n > 0 {
-			if avg := r.avgSize.Load(); avg == 0 {
-				r.avgSize.Store(max(bytes/n, 1))
-			} else {
-				r.avgSize.Store(max((avg*7+bytes/n)/8, 1))
-			}
+		if isFatal(err) {
+			r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
+			return
 		}
+		failed = true
+		r.fetchHealth.failed(r.log, topic, p, err)
+	})
+	if !failed && fetches.NumRecords() > 0 {
+		r.fetchHealth.ok(r.log)
+	}
+	if r.obs.WantsFetch() || r.obs.WantsLag() {
+		r.observeFetches(fetches)
+	}
+	if r.txs != nil {
+		rewinds := r.rewinds
+		if err := r.txs.TxnPrepare(r.runCtx); err != nil {
+			r.setFatal(err)
+			return false
+		}
+		if r.rewinds != rewinds {
+			// The transaction TxnPrepare ended aborted: every partition
+			// was rewound, and the consumer fetches again from the
+			// committed offsets what this poll holds.
+			return false
+		}
+	}
+	var n, bytes int64
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		pn, pb := r.dispatchAll(p.Topic, p.Partition, p.Records)
+		n += pn
+		bytes += pb
+	})
+	if n > 0 {
+		if avg := r.avgSize.Load(); avg == 0 {
+			r.avgSize.Store(max(bytes/n, 1))
+		} else {
+			r.avgSize.Store(max((avg*7+bytes/n)/8, 1))
+		}
+	}
+	if r.txs == nil {
 		r.cl.AllowRebalance()
 	}
+	return false
 }
 
 // pauseAfter is how long the poll loop waits at the in-flight bound before
@@ -143,6 +177,11 @@ func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, b
 		bytes += recordSize(rec)
 	}
 	recs = recs[first:]
+	if len(recs) > 0 && st.txc != nil {
+		var skipped int64
+		recs, skipped = r.txnSkip(st, recs)
+		bytes += skipped
+	}
 	if len(recs) == 0 {
 		return n, bytes
 	}
@@ -162,10 +201,20 @@ func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, b
 	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
 	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(added))
 	r.polled.Add(int64(len(recs)))
+	bounded := st.txc != nil
+	var now time.Time
+	if delayed || bounded {
+		st.holdMu.Lock()
+		defer st.holdMu.Unlock() // after the dispatch below: see hold
+		now = time.Now()
+	}
 	for i := range block {
 		kr := &block[i]
-		if delayed && r.hold(st, kr) {
+		if (delayed || bounded) && r.hold(st, kr, now) {
 			continue
+		}
+		if bounded {
+			st.active.Add(1)
 		}
 		r.shardBuf[kr.shard] = append(r.shardBuf[kr.shard], kr)
 	}

@@ -56,7 +56,11 @@ func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 				old.Cancel()
 			}
 			wm := r.tracker.Assign(topic, p)
-			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
+			st := &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
+			if r.txs != nil {
+				st.txc = &txnPart{}
+			}
+			r.parts[k] = st
 		}
 	}
 	r.obs.Rebalance("assigned", count(assigned))
@@ -103,6 +107,10 @@ func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string]
 	r.rebalances.Add(1)
 	r.obs.Rebalance("revoked", count(revoked))
 	sts := r.detach(revoked)
+	if r.txs != nil {
+		r.txnGone(sts, revoked)
+		return
+	}
 	if len(sts) == 0 {
 		return
 	}
@@ -117,15 +125,32 @@ func (r *Runner) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string]
 	r.log.Info("kscope: partitions revoked", "partitions", revoked)
 }
 
+// txnGone ends revoked or lost partitions of a transactional runner: the
+// transactional session aborts the open transaction (the partitions' next
+// owner redoes its work), so nothing is drained or committed; the records
+// of the partitions still running stop.
+func (r *Runner) txnGone(sts []*partState, ps map[string][]int32) {
+	for _, st := range sts {
+		st.Cancel()
+	}
+	r.forget(sts)
+	r.gate.release()
+	r.txs.TxnGone(ps)
+}
+
 // onLost commits nothing: another member may own the partitions already.
 func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	r.rebalances.Add(1)
 	r.obs.Rebalance("lost", count(lost))
 	sts := r.detach(lost)
+	r.lost.Add(int64(len(sts)))
+	if r.txs != nil {
+		r.txnGone(sts, lost)
+		return
+	}
 	for _, st := range sts {
 		st.Cancel()
 	}
-	r.lost.Add(int64(len(sts)))
 	r.forget(sts)
 	if len(sts) > 0 {
 		r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
@@ -205,9 +230,17 @@ func (r *Runner) shutdown(cl *kgo.Client) error {
 	for _, st := range sts {
 		running += st.Running()
 	}
-	r.log.Info("kscope: stopping: no new records; finishing the running ones, then committing",
-		"partitions", len(sts), "running", running, "drain_timeout", r.cfg.DrainTimeout)
-	r.drain(sts)
+	if r.txs != nil {
+		// The last transaction ended: what still runs is redone by
+		// the partitions' next owner.
+		for _, st := range sts {
+			st.Cancel()
+		}
+	} else {
+		r.log.Info("kscope: stopping: no new records; finishing the running ones, then committing",
+			"partitions", len(sts), "running", running, "drain_timeout", r.cfg.DrainTimeout)
+		r.drain(sts)
+	}
 
 	// drain canceled the context of whatever still runs; a handler that
 	// honors its context returns promptly.
@@ -224,12 +257,14 @@ func (r *Runner) shutdown(cl *kgo.Client) error {
 		err = errors.New("kscope: a handler ignored its canceled context for DrainTimeout; Run returns with its goroutine still running")
 	}
 
-	r.flushDone()
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
-	if cerr := r.committer.Commit(ctx, all); cerr != nil {
-		r.log.Warn("kscope: final offset commit failed; the records since the last commit will be handled again", "err", cerr)
+	if r.txs == nil {
+		r.flushDone()
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DrainTimeout)
+		if cerr := r.committer.Commit(ctx, all); cerr != nil {
+			r.log.Warn("kscope: final offset commit failed; the records since the last commit will be handled again", "err", cerr)
+		}
+		cancel()
 	}
-	cancel()
 	r.forget(sts)
 	cl.Close()
 	r.log.Info("kscope: runner stopped")

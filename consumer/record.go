@@ -22,6 +22,10 @@ type Record struct {
 
 	// The delivery's observation (Observer.Start), when hooks observe it.
 	obs *recordObs
+
+	// A task a transactional scope scheduled on the record's key-shard
+	// (txnCtl.Schedule): it runs instead of the scope's Process.
+	task func(ctx context.Context, r *Record)
 }
 
 // recordObs is a delivery's observation: kept apart from Record so that a

@@ -36,8 +36,13 @@ type partState struct {
 	hwm atomic.Int64 // the partition's high watermark at the last fetch (kept when lag hooks observe)
 
 	holdMu    sync.Mutex
-	held      []*Record // records waiting for their due time, in offset order
+	held      []*Record // records waiting for their due time or, in a transactional runner, a dispatch slot; in offset order
 	holdTimer *time.Timer
+
+	// A transactional runner's: the records dispatched and not done (at
+	// most commit.MaxUndone), and what the last transaction committed.
+	active atomic.Int64
+	txc    *txnPart
 }
 
 // Runner consumes a group's partitions and hands each record to the
@@ -85,6 +90,18 @@ type Runner struct {
 
 	fatalMu sync.Mutex
 	fatal   error
+
+	// A transactional runner's (the scope is a transactor): its session,
+	// the gate of its open transaction, and the transaction settings.
+	txs         transactor
+	sess        *kgo.GroupTransactSession
+	gate        *gate
+	txnID       string
+	txnInterval time.Duration
+	txnTimeout  time.Duration
+	heldDue     atomic.Int64 // delay-topic records held for their due time, ever
+	rewinds     int          // aborted transactions' rewinds; the poll loop's
+	runCtx      context.Context
 
 	life        lifecycle.State
 	stopMu      sync.Mutex  // guards cl and failures, which exist while Run runs
@@ -144,6 +161,12 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 	if d, ok := s.(delayer); ok {
 		r.delays = d.DelayedTopics()
 	}
+	if t, ok := s.(transactor); ok {
+		var maxRecords int
+		r.txs = t
+		r.txnID, r.txnInterval, r.txnTimeout, maxRecords = t.TxnConfig()
+		r.gate = newGate(maxRecords)
+	}
 	if u, ok := s.(retryTopicUser); ok && u.UsesRetryTopics() {
 		r.retryTopics = true
 		if r.delays == nil {
@@ -181,6 +204,9 @@ func (r *Runner) Stats() Stats {
 		Commits:          r.commits.Load(),
 		CommitErrors:     r.commitErrs.Load(),
 		Failures:         r.failureStats(),
+	}
+	if r.txs != nil {
+		st.Kafka.Held = r.heldDue.Load()
 	}
 	if sr, ok := r.scope.(statsReporter); ok {
 		sr.ReportStats(&st)
@@ -241,14 +267,20 @@ func (r *Runner) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	cl, err := kgo.NewClient(r.clientOptions()...)
+	r.runCtx = runCtx
+	cl, err := r.newClient(runCtx)
 	if err != nil {
-		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
+		if runCtx.Err() != nil {
+			return nil // stopped while starting: a clean stop
+		}
+		return err
 	}
 	r.stopMu.Lock()
 	r.cl = cl
 	r.stopMu.Unlock()
-	r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
+	if r.txs == nil {
+		r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
+	}
 	f := &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog()}
 	r.stopMu.Lock()
 	r.failures = f
@@ -259,11 +291,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.pool.Start()
 
 	var bg sync.WaitGroup
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		r.commitLoop(runCtx)
-	}()
+	if r.txs == nil {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			r.commitLoop(runCtx)
+		}()
+	}
 	if b, ok := r.scope.(background); ok {
 		bg.Add(1)
 		go func() {
@@ -272,8 +306,14 @@ func (r *Runner) Run(ctx context.Context) error {
 		}()
 	}
 
-	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "shards", r.cfg.Shards)
-	r.pollLoop(runCtx)
+	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "shards", r.cfg.Shards, "transactional_id", r.txnID)
+	if r.txs != nil {
+		if lerr := r.txnLoop(runCtx); lerr != nil {
+			r.setFatal(lerr)
+		}
+	} else {
+		r.pollLoop(runCtx)
+	}
 	stop()
 	bg.Wait()
 
@@ -317,17 +357,51 @@ func (r *Runner) clientOptions() []kgo.Opt {
 	}
 	opts = append(opts, r.cfg.ClientOptions...)
 	opts = append(opts, r.extra...)
-	return append(opts,
+	opts = append(opts,
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ConsumerGroup(r.cfg.Group),
 		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.RebalanceTimeout(r.cfg.RebalanceTimeout),
 		kgo.OnPartitionsAssigned(r.onAssigned),
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
 		kgo.ConsumeTopics(r.topics()...),
 	)
+	if r.txs != nil {
+		// A transactional session aborts the open transaction at a
+		// rebalance itself, and ends transactions between polls: a
+		// rebalance is not blocked while records are dispatched (a
+		// revoked partition's records are dropped by the pool).
+		return append(opts, kgo.OnOffsetsFetched(r.onOffsetsFetched))
+	}
+	return append(opts, kgo.BlockRebalanceOnPoll())
+}
+
+// newClient creates the runner's client: a transactional session for a
+// transactor scope, whose producer ID is initialised before the first poll
+// (it fences the previous incarnation of the transactional id and aborts
+// its open transaction; until then the group's offsets that transaction
+// committed are unstable, and the consumer, which fetches them with
+// RequireStable, would wait for the broker to time it out).
+func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
+	if r.txs == nil {
+		cl, err := kgo.NewClient(r.clientOptions()...)
+		if err != nil {
+			return nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
+		}
+		return cl, nil
+	}
+	sess, err := kgo.NewGroupTransactSession(r.clientOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: creating the transactional client: %w", err)
+	}
+	if _, _, err := sess.Client().ProducerID(ctx); err != nil {
+		sess.Close()
+		return nil, fmt.Errorf("kscope: initialising the producer ID of transactional id %s: %w", r.txnID, err)
+	}
+	r.sess = sess
+	r.txs.UseTxn(txnCtl{r})
+	return sess.Client(), nil
 }
 
 func (r *Runner) ensureFailureTopics(ctx context.Context) error {

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/engine/link"
 	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -94,35 +95,58 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 // reports false when the record was left undone (ctx done or revoked).
 func (s *atLeastOnce) deliver(ctx context.Context, obs *observer, r *Record, done func(*Record)) bool {
 	hctx := obs.Start(ctx, r)
-	var first time.Time
-	for attempt := 1; ; attempt++ {
-		if ctx.Err() != nil || r.Revoked() {
-			return false
+	a := s.f.Attempts(ctx, r, s.unordered, done, func() error { return callHandler(hctx, s.h, r) })
+	if !a.OK {
+		return false
+	}
+	if a.Err == nil {
+		obs.End(r, OutcomeSuccess, nil)
+		done(r)
+		return true
+	}
+	if err := s.f.Route(ctx, r, a.Err, a.Step, a.N, a.First); err != nil {
+		return false // ctx done while routing: not done, redelivered
+	}
+	obs.End(r, outcomeOf(a.Step.Action), a.Err)
+	done(r)
+	return true
+}
+
+// Attempts is every scope's retry in place: it calls call for rec until
+// it succeeds or the failure policy decides something other than a retry
+// in place (a skip, a retry topic, the dead-letter topic), which the
+// caller carries out; see link.Attempt for what it returns. Between attempts it has the policy log and count the retry,
+// hands over the done reports kept so far (done(nil): the records before
+// rec may commit meanwhile), and waits the backoff, holding rec's
+// key-shard and nothing else. ok is false when rec was left undone: ctx
+// ended, or rec's partition was revoked, before an attempt or during the
+// wait.
+func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done func(*Record), call func() error) (a link.Attempt) {
+	for a.N = 1; ; a.N++ {
+		if ctx.Err() != nil || rec.Revoked() {
+			return a
 		}
-		err := callHandler(hctx, s.h, r)
-		if err == nil {
-			obs.End(r, OutcomeSuccess, nil)
-			done(r)
-			return true
+		if a.Err = call(); a.Err == nil {
+			a.OK = true
+			return a
 		}
 		if ctx.Err() != nil {
-			return false // canceled mid-handler: the next owner handles it
+			return a // canceled mid-handler: the next owner handles it
 		}
-		if first.IsZero() {
-			first = time.Now()
+		if a.First.IsZero() {
+			a.First = time.Now()
 		}
-		step, ferr := s.f.Handle(ctx, r, err, attempt, first, s.unordered)
-		if ferr != nil {
-			return false // ctx done while routing: not done, redelivered
+		a.Step = f.Decide(ctx, rec, a.Err, a.N, topics)
+		if a.Step.Action != retrytopic.ActionRetry {
+			a.OK = true
+			return a
 		}
-		if step.Action != retrytopic.ActionRetry {
-			obs.End(r, outcomeOf(step.Action), err)
-			done(r)
-			return true
+		f.Route(ctx, rec, a.Err, a.Step, a.N, a.First) //nolint:errcheck // a retry in place: logs and counts only
+		if done != nil {
+			done(nil)
 		}
-		done(nil) // the records before this one may commit while it waits
-		if !backoff.SleepOr(ctx, step.Delay, revokedCh(r)) {
-			return false // stopped, or revoked: the next owner handles it
+		if !backoff.SleepOr(ctx, a.Step.Delay, revokedCh(rec)) {
+			return a // stopped, or revoked: the next owner handles it
 		}
 	}
 }

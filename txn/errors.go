@@ -1,6 +1,6 @@
 package txn
 
-import "errors"
+import "github.com/kscope-dev/kscope/internal/txnerr"
 
 // Errors Run returns when the runner cannot go on. Each is wrapped with the
 // details (the transactional id, how long the transaction was open) and the
@@ -11,10 +11,10 @@ var (
 	// instance's successor after a pause), so nothing this runner produces
 	// can commit any more. Its open transaction was aborted; the successor
 	// redoes that work. Give every member its own TransactionalID.
-	ErrFenced = errors.New("kscope: fenced")
+	ErrFenced = txnerr.ErrFenced
 	// ErrTransactionTimedOut: a transaction stayed open longer than
 	// Options.TransactionTimeout, so the broker aborted it and fenced the
 	// producer. Its records are consumed again by the next owner. Raise
 	// the timeout or find what made producing or committing slow.
-	ErrTransactionTimedOut = errors.New("kscope: transaction timed out")
+	ErrTransactionTimedOut = txnerr.ErrTimedOut
 )

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kscope-dev/kscope/commit"
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/partition"
@@ -252,4 +253,85 @@ func mustClient(t *testing.T, k *testenv.Kafka) *kgo.Client {
 	}
 	t.Cleanup(cl.Close)
 	return cl
+}
+
+// A key retrying in place while far more records of its partition than
+// commit.MaxUndone pass it: the partition's records wait once that many
+// are dispatched and not done, so the committed offset's metadata lists at
+// most that many, within the broker's metadata limit. The next member
+// skips every record whose outputs committed, and read_committed nothing
+// is duplicated or lost.
+func TestRetryingKeyPastTheUndoneBound(t *testing.T) {
+	k := setup(t)
+	cfg := stuckConfig(k, "g-stuck-bound")
+	_, total := stuckSetup(t, k, cfg, 64, 60)
+	h1 := &echo{attempts: map[string]int{}, fail: func(v string) bool { return v == "stuck/0" }}
+	r1, err := txn.New(cfg, txn.Options{TransactionalID: "stuck-bound-1"}, h1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Once MaxUndone records of stuck's key-shard (stuck/0 and those
+	// waiting behind it) are dispatched, nothing more is: every record of
+	// another key-shard before the last of them commits, and no later
+	// record does.
+	stuckShard := partition.Shard("one", 0, 0, []byte("stuck"), cfg.Shards, cfg.NullKeys)
+	behind, passing := 0, 0
+	for s := 0; behind < commit.MaxUndone; s++ {
+		for i := -1; i < 64 && behind < commit.MaxUndone; i++ {
+			key := "stuck"
+			if i >= 0 {
+				key = fmt.Sprintf("k%02d", i)
+			}
+			if partition.Shard("one", 0, 0, []byte(key), cfg.Shards, cfg.NullKeys) == stuckShard {
+				behind++
+			} else {
+				passing++
+			}
+		}
+	}
+	stop := runFor(t, r1)
+	testenv.WaitFor(t, 20*time.Second, "the records before the bound of unfinished records committed", func() bool {
+		st := r1.Stats()
+		return st.Held > 0 && st.Kafka.Records >= int64(passing)
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := k.Admin().FetchOffsets(context.Background(), "g-stuck-bound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := resp.Lookup("one", 0)
+	if !ok || o.Err != nil || o.At != 0 {
+		t.Fatalf("committed offset of one[0]: %+v; want 0, the retrying record", o)
+	}
+	d, err := commit.ParseDone(o.At, o.Metadata)
+	if err != nil || len(o.Metadata) > 4096 || len(d.Undone) > commit.MaxUndone || d.End <= d.Offset {
+		t.Fatalf("metadata %d bytes, %d undone, done up to %d (%v); want at most 4096 bytes and %d undone",
+			len(o.Metadata), len(d.Undone), d.End, err, commit.MaxUndone)
+	}
+	committed := map[string]bool{}
+	for _, r := range k.ReadAll(t, "out") {
+		committed[string(r.Value)] = true
+	}
+	if len(committed) != passing {
+		t.Fatalf("%d outputs committed before the bound; want %d: the other key-shards' records up to the bound", len(committed), passing)
+	}
+
+	h2 := &echo{attempts: map[string]int{}, fail: func(string) bool { return false }}
+	r2, err := txn.New(cfg, txn.Options{TransactionalID: "stuck-bound-1"}, h2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = runFor(t, r2)
+	testenv.WaitFor(t, 30*time.Second, "offsets committed", func() bool { return k.CommittedAll(t, "g-stuck-bound", "one") })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkOutputs(t, k, total)
+	for v := range committed {
+		if n := h2.tries(v); n != 0 {
+			t.Fatalf("%s handled again by the next member, whose output committed before", v)
+		}
+	}
 }

@@ -6,16 +6,18 @@
 //
 // # How
 //
-// The runner is a franz-go GroupTransactSession. It polls and hands the
-// records to the key-shard workers (per-key order, parallelism across
-// keys). A worker runs a record's handler and, once the record is
-// finished, adds its outputs (or its route) to the open transaction. The
-// transaction ends Options.CommitInterval after the first record joined
-// it, or once Options.MaxRecords did, and commits, with the outputs, each
-// partition's offset at its lowest unfinished record. A rebalance or a
-// fenced producer during a transaction aborts it, and the consumer rewinds
-// to the last committed offsets: the aborted outputs are never visible to
-// read_committed readers.
+// The Kafka scope is a unit of work on kscope's one runner (the engine of
+// package consumer), which consumes through a franz-go
+// GroupTransactSession. It polls and hands the records to the key-shard
+// workers (per-key order, parallelism across keys). A worker runs a
+// record's handler and, once the record is finished, adds its outputs (or
+// its route) to the open transaction. The runner ends the transaction
+// Options.CommitInterval after the first record joined it, or once
+// Options.MaxRecords did, and commits, with the outputs, each partition's
+// offset at its lowest unfinished record. A rebalance or a fenced
+// producer during a transaction aborts it, and the runner rewinds every
+// partition to its last committed state: the aborted outputs are never
+// visible to read_committed readers.
 //
 // A record retrying in place waits between its attempts outside any
 // transaction: it holds its key-shard (the later records of its key, and
@@ -34,7 +36,7 @@
 // policy, a record that keeps failing goes to the delayed retry topics
 // instead, also inside the transaction; the runner consumes them and holds
 // each record until its due time without committing past it (the
-// partition is paused and the consumer rewound to the held record). Keyed
+// partition is paused meanwhile), as in every scope. Keyed
 // records keep per-key order by default, so they retry in place: there is
 // no store to park a key's later records in, as the DB scope has.
 //
@@ -80,20 +82,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
-	"github.com/kscope-dev/kscope/internal/lifecycle"
 	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -136,8 +131,10 @@ type Options struct {
 	// means fewer, larger transactions and more throughput. Default 100ms.
 	CommitInterval time.Duration
 
-	// MaxRecords bounds the input records of one transaction, and the
-	// polled records waiting for a worker. Default 10,000.
+	// MaxRecords bounds the input records of one transaction: it ends
+	// early once that many joined it. Default 10,000. (The records polled
+	// and waiting for a worker are bounded by Config.MaxInFlightRecords
+	// and MaxInFlightBytes, as in every scope.)
 	MaxRecords int
 
 	// TransactionTimeout is how long the broker lets a transaction stay
@@ -201,63 +198,27 @@ func (o Options) validate() error {
 	return errors.Join(errs...)
 }
 
-// counters are the Kafka-scope counters (consumer.KafkaStats) of one
-// transaction, or of the runner.
-type counters struct {
-	records, outputs, dead, skipped, retryTopic, held       atomic.Int64
-	stale, gapsDetected, gapsHealed, gapsAccepted, timedOut atomic.Int64
-}
-
-func (c *counters) add(o *counters) {
-	c.records.Add(o.records.Load())
-	c.outputs.Add(o.outputs.Load())
-	c.dead.Add(o.dead.Load())
-	c.skipped.Add(o.skipped.Load())
-	c.retryTopic.Add(o.retryTopic.Load())
-	c.stale.Add(o.stale.Load())
-	c.gapsDetected.Add(o.gapsDetected.Load())
-	c.gapsHealed.Add(o.gapsHealed.Load())
-	c.gapsAccepted.Add(o.gapsAccepted.Load())
-	c.timedOut.Add(o.timedOut.Load())
-}
-
-// Runner runs a Kafka-scope pipeline. Build it with [New], Run it, Close it.
+// Runner runs a Kafka-scope pipeline: the runner of package consumer with
+// the Kafka scope as its unit of work. Build it with [New], Run it, Close
+// it. Run returns [ErrFenced] or [ErrTransactionTimedOut] (wrapped with
+// the details) when the runner cannot go on.
 type Runner struct {
-	cfg consumer.Config
-	o   Options
-	h   Handler
-	log *slog.Logger
-
-	life lifecycle.State
-	vs   *versionStore // nil without Options.Versions
-
-	statsMu           sync.Mutex // a transaction's counters join the runner's at once
-	c                 counters
-	committed, aborts atomic.Int64
-	rebalances        atomic.Int64
-	assigned          atomic.Int64 // partitions assigned now
-
-	clMu sync.Mutex
-	cl   *kgo.Client // while Run runs
-
-	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
+	*consumer.Runner
+	s *scope
 }
 
 // New returns a Kafka-scope runner. cfg is the consumer configuration:
 // Brokers, Group, Topics, ClientOptions (before kscope's own, as in every
-// scope), Shards, NullKeys, RebalanceTimeout, Logger, Identity, Failures
-// and Hooks apply; MaxInFlight*, CommitInterval and DrainTimeout do not:
-// the transaction bounds (Options.MaxRecords, Options.CommitInterval,
-// Options.TransactionTimeout) replace them.
+// scope), Shards, NullKeys, MaxInFlightRecords, MaxInFlightBytes,
+// RebalanceTimeout, Logger, Identity, Failures and Hooks apply;
+// CommitInterval does not (Options.CommitInterval ends the transactions,
+// which commit the offsets), nor does DrainTimeout's drain: at a stop or
+// a rebalance the open transaction ends at once, and a record still
+// running is redone by its partition's next owner.
 func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	var errs []error
 	if h == nil {
 		errs = append(errs, &consumer.ConfigError{Struct: "txn.New's handler", Reason: "is nil; pass the function that turns each input into outputs"})
-	}
-	// Validate the consumer configuration the way every runner does.
-	cfg, err := engine.CheckConfig(cfg)
-	if err != nil {
-		errs = append(errs, err)
 	}
 	o = o.withDefaults(cfg.Group)
 	errs = append(errs, o.validate())
@@ -265,177 +226,17 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 		errs = append(errs, &consumer.ConfigError{Struct: "txn.Options", Field: "Versions",
 			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
 	}
-	if err := errors.Join(errs...); err != nil {
+	s := &scope{o: o, h: h, dltLog: ratelog.New(10, 10*time.Second)}
+	full, _ := engine.CheckConfig(cfg) // NewRunner reports its errors
+	s.init(full)
+	r, err := engine.NewRunner(cfg, s)
+	if err := errors.Join(append(errs, err)...); err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: cfg, o: o, h: h, log: cfg.Logger.With("group", cfg.Group, "scope", "kafka"), dltLog: ratelog.New(10, 10*time.Second)}
-	if o.Versions != nil {
-		r.vs = &versionStore{cfg: *o.Versions, group: cfg.Group, kcfg: cfg, parts: map[tp]*partVersions{}, owned: map[tp]uint64{}, expiringSet: map[*parkedRec]bool{}}
-	}
-	return r, nil
-}
-
-// Stats returns a snapshot of the runner's counters: the Kafka scope's in
-// Stats.Kafka; of the runner-wide ones, Done (input records committed),
-// Commits (transactions committed), Assigned and Rebalances.
-func (r *Runner) Stats() consumer.Stats {
-	r.statsMu.Lock()
-	defer r.statsMu.Unlock()
-	k := consumer.KafkaStats{
-		Records: r.c.records.Load(), Outputs: r.c.outputs.Load(), Committed: r.committed.Load(),
-		Aborted: r.aborts.Load(), DeadLettered: r.c.dead.Load(), Skipped: r.c.skipped.Load(),
-		RetryTopic: r.c.retryTopic.Load(), Held: r.c.held.Load(),
-		Stale: r.c.stale.Load(), GapsDetected: r.c.gapsDetected.Load(), GapsHealed: r.c.gapsHealed.Load(),
-		GapsAccepted: r.c.gapsAccepted.Load(), GapsTimedOut: r.c.timedOut.Load(),
-	}
-	return consumer.Stats{Done: k.Records, Commits: k.Committed, Assigned: int(r.assigned.Load()),
-		Rebalances: r.rebalances.Load(), Kafka: k}
-}
-
-// Client returns the runner's transactional Kafka client while Run is
-// running, else nil. Use it for what kscope does not wrap (metadata, lag
-// queries); do not poll, produce, commit or close it.
-func (r *Runner) Client() *kgo.Client {
-	r.clMu.Lock()
-	defer r.clMu.Unlock()
-	return r.cl
-}
-
-// Close stops a running Run and waits for it; idempotent.
-func (r *Runner) Close() error { return r.life.Close() }
-
-// retryTopics reports whether failing records go to the delayed retry
-// topics: only with an Unordered policy (and no versions), as in the
-// AtLeastOnce scope.
-func (r *Runner) retryTopics() bool {
-	return r.cfg.Failures.Unordered && r.o.Versions == nil && len(r.cfg.Failures.RetryTopics()) > 0
+	return &Runner{Runner: r, s: s}, nil
 }
 
 // emitter buffers one record's outputs.
 type emitter struct{ out []*kgo.Record }
 
 func (e *emitter) Emit(r *kgo.Record) { e.out = append(e.out, r) }
-
-// timedOut returns the error that reports a transaction timeout when the
-// transaction that failed with err had been open for open, at least
-// TransactionTimeout: the broker then aborts it and fences the producer,
-// and the producer's next request fails.
-func (r *Runner) timedOut(open time.Duration, err error) error {
-	if open < r.o.TransactionTimeout {
-		return nil
-	}
-	return fmt.Errorf("%w: the transaction was open for %s, longer than Options.TransactionTimeout (%s), "+
-		"so the broker aborted it and fenced this producer; raise Options.TransactionTimeout (the broker caps it at transaction.max.timeout.ms) "+
-		"or find what made producing or committing that slow: %w", ErrTransactionTimedOut, open.Round(time.Millisecond), r.o.TransactionTimeout, err)
-}
-
-// fenced describes a fenced producer: by a transaction timeout when the
-// transaction had been open for TransactionTimeout, else by another
-// producer with the same transactional id.
-func (r *Runner) fenced(err error, open time.Duration) error {
-	if terr := r.timedOut(open, err); terr != nil {
-		return terr
-	}
-	return fmt.Errorf("%w: another producer uses transactional id %s; give every member its own (Options.TransactionalID): %w", ErrFenced, r.o.TransactionalID, err)
-}
-
-// fetchedOffset is a committed offset and its metadata.
-type fetchedOffset struct {
-	offset int64
-	meta   string
-}
-
-// fetchedOffsets returns the committed offsets resp holds.
-func fetchedOffsets(resp *kmsg.OffsetFetchResponse) map[tp]fetchedOffset {
-	out := map[tp]fetchedOffset{}
-	add := func(topic string, p int32, code int16, offset int64, meta *string) {
-		if code != 0 {
-			return
-		}
-		fo := fetchedOffset{offset: offset}
-		if meta != nil {
-			fo.meta = *meta
-		}
-		out[tp{topic, p}] = fo
-	}
-	for _, g := range resp.Groups {
-		for _, t := range g.Topics {
-			for _, p := range t.Partitions {
-				add(t.Topic, p.Partition, p.ErrorCode, p.Offset, p.Metadata)
-			}
-		}
-	}
-	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			if _, ok := out[tp{t.Topic, p.Partition}]; !ok {
-				add(t.Topic, p.Partition, p.ErrorCode, p.Offset, p.Metadata)
-			}
-		}
-	}
-	return out
-}
-
-// recovered reports whether a transaction whose End failed with err is
-// cleanly aborted and the session rewound to the committed offsets, so the
-// runner can go on. End fails this way when the offset commit inside the
-// transaction gets an error the client does not itself treat as abortable
-// (REQUEST_TIMED_OUT, say): it has already ended the transaction as an
-// abort. A second abort confirms that no transaction is left open; a fenced
-// or unauthorized producer is never recovered.
-func (r *Runner) recovered(ctx context.Context, sess *kgo.GroupTransactSession, err error) bool {
-	switch {
-	case ctx.Err() != nil,
-		errors.Is(err, kerr.ProducerFenced), errors.Is(err, kerr.InvalidProducerEpoch),
-		errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
-		errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
-		return false
-	}
-	if _, aerr := sess.End(ctx, kgo.TryAbort); aerr != nil {
-		return false
-	}
-	r.log.Warn("kscope: the transaction could not commit and was aborted; its records are consumed again", "err", err)
-	return true
-}
-
-func (r *Runner) logFetchErrors(fs kgo.Fetches) {
-	fs.EachError(func(t string, p int32, err error) {
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-			return // the poll's own wake-up deadline
-		}
-		r.log.Warn("kscope: fetch error; the client retries", "topic", t, "partition", p, "err", err)
-	})
-}
-
-func (r *Runner) ensureTopics(ctx context.Context, retryTopics bool) error {
-	if err := engine.EnsureFailureTopics(ctx, r.cfg, retryTopics); err != nil {
-		return err
-	}
-	if r.vs != nil {
-		return ensureChangelogs(ctx, r.cfg)
-	}
-	return nil
-}
-
-// restore loads the version state of the input partitions this member owns
-// and has not loaded yet, retrying with backoff while the changelog cannot
-// be read; it fails only when ctx is done.
-func (r *Runner) restore(ctx context.Context) error {
-	for attempt := 1; ; attempt++ {
-		need := r.vs.missing(r.cfg.Topics)
-		if len(need) == 0 {
-			return nil
-		}
-		err := r.vs.restore(ctx, need)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-		r.log.Warn("kscope: restoring versions from the changelog failed; retrying", "err", err, "retry_in", d)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
-		}
-	}
-}

@@ -4,16 +4,19 @@
 // hooks. Services use the scopes' constructors; none of this is theirs to
 // call.
 //
-// The runner (consumer.Runner) owns polling, key-shard dispatch, the
-// in-flight bound, holding not-yet-due retry records, the commit watermark,
-// lag, stats and shutdown. A scope is the unit of work it runs per batch of
-// one key-shard: it makes each record's effect durable and says so with
-// done; the runner commits offsets only up to the lowest record not done.
+// The runner (consumer.Runner) is kscope's one engine: it owns polling,
+// key-shard dispatch, the in-flight bound, holding not-yet-due retry
+// records, the retry loop (Failures.Attempts), the commit watermark, lag,
+// stats and shutdown, for every scope. A scope is the unit of work it runs
+// per batch of one key-shard: it makes each record's effect durable and
+// says so with done; the runner commits offsets only up to the lowest
+// record not done, every Config.CommitInterval, or, for a Transactor (the
+// Kafka scope), in the Kafka transaction that carries the records'
+// outputs.
 package engine
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -82,6 +85,79 @@ type ClientOptioner interface {
 	ClientOptions() []kgo.Opt
 }
 
+// Transactor is implemented by a Scope whose effects commit in a Kafka
+// transaction together with the input offsets (the Kafka scope). The
+// runner then consumes through a transactional session (the scope's
+// ClientOptions give it its transactional id) and, instead of committing
+// offsets every Config.CommitInterval, ends a transaction interval after
+// the first record joined it, or once maxRecords did: it waits until no
+// worker is adding to it, calls TxnFlush, and commits, for every partition,
+// the offset at its lowest record not done with, in the offset's metadata,
+// the records done above it (at most commit.MaxUndone records of a
+// partition are dispatched and not done). If the transaction aborts, it
+// rewinds every partition to its committed state: the records not done
+// there are delivered again, under a new assignment, and the work of the
+// old one is dropped. A fenced producer or a timed-out transaction ends
+// Run with txn.ErrFenced or txn.ErrTransactionTimedOut.
+//
+// A Transactor's Process handles each record and, once it is finished,
+// joins the open transaction (Txn.Join), adds its outputs to it through
+// Txn.Session, calls done(r) and leaves (Txn.Leave).
+type Transactor interface {
+	Scope
+	// TxnConfig returns the transactional id (for messages), how long a
+	// transaction collects records, the transaction timeout, and the
+	// records after which a transaction ends early.
+	TxnConfig() (id string, interval, timeout time.Duration, maxRecords int)
+	// UseTxn hands the scope the runner's transaction control (pass t to
+	// AsTxn) when Run has created the session, before any record runs.
+	UseTxn(t any)
+	// TxnFlush is called once no worker is adding to the transaction
+	// that ends: it waits for the transaction's produces and returns the
+	// first that failed (the transaction then aborts).
+	TxnFlush() error
+	// TxnEnded is called after the transaction committed or aborted.
+	TxnEnded(committed bool)
+	// TxnAssigned is called with newly assigned partitions once their
+	// committed offsets were fetched (no transaction of a previous owner
+	// is pending on them any more); TxnGone with revoked or lost ones.
+	TxnAssigned(ps map[string][]int32)
+	TxnGone(ps map[string][]int32)
+	// TxnPrepare runs after every poll, before its records are
+	// dispatched (the versions of newly assigned partitions are restored
+	// there). An error ends Run.
+	TxnPrepare(ctx context.Context) error
+	// TxnTick runs before every poll: it does the scope's work that is
+	// due at now and returns when more is (zero for never); the poll
+	// ends then, or at Txn.Kick.
+	TxnTick(now time.Time) time.Time
+}
+
+// Txn is what a Transactor is handed: the runner's transactional session
+// and the gate of its open transaction.
+type Txn interface {
+	// Session is the runner's transactional session; a scope produces
+	// through it, only between Join and Leave.
+	Session() *kgo.GroupTransactSession
+	// Join waits for an open transaction and reports whether r's effects
+	// may join it: not when the runner stops or r's assignment ended.
+	Join(r *consumer.Record) bool
+	// Leave ends a Join; input says whether it added an input record.
+	Leave(input bool)
+	// Kick wakes the poll loop, so that TxnTick runs again.
+	Kick()
+	// End ends the open transaction now; from TxnPrepare only.
+	End() error
+	// Schedule runs fn on the worker of key's key-shard, in order with
+	// that shard's records, with a record of the partition's current
+	// assignment (no offset: it is not an input record); false when the
+	// partition is not assigned.
+	Schedule(topic string, partition int32, key []byte, fn func(ctx context.Context, r *consumer.Record)) bool
+}
+
+// AsTxn returns the Txn a Transactor is handed.
+func AsTxn(t any) Txn { return t.(Txn) }
+
 // StatsReporter is implemented by a Scope that keeps counters of its own:
 // the runner's Stats calls ReportStats to fill in the scope's section
 // (Stats.DB).
@@ -122,8 +198,13 @@ type Failures interface {
 	// its failure metadata and waits for the broker's acknowledgement,
 	// retrying with backoff until it succeeds or ctx is done.
 	Route(ctx context.Context, rec *consumer.Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error
-	// Handle is Decide followed by Route.
-	Handle(ctx context.Context, rec *consumer.Record, err error, attempt int, firstFailure time.Time, topics bool) (retrytopic.Step, error)
+	// Attempts is every scope's retry in place: it calls call for rec
+	// until it succeeds or the policy decides something other than a
+	// retry in place (a skip, a retry topic, the dead-letter topic),
+	// which the caller carries out. Between attempts it has the policy
+	// log and count the retry, calls done(nil) (when done is not nil)
+	// and waits the backoff, holding rec's key-shard and nothing else.
+	Attempts(ctx context.Context, rec *consumer.Record, topics bool, done func(*consumer.Record), call func() error) Attempt
 	// DeadLetterRecord and RetryTopicRecord return the record that carries
 	// rec to the dead-letter topic or to step's retry topic, for a scope
 	// that produces it itself (the Kafka scope, in its transaction).
@@ -162,27 +243,22 @@ type Observer interface {
 	WantsLag() bool
 }
 
+// Attempt is how a record's attempts on one hop ended (Failures.Attempts).
+type Attempt = link.Attempt
+
 // NewRunner returns a runner for scope s, with cfg's defaults filled in.
 func NewRunner(cfg consumer.Config, s Scope) (*consumer.Runner, error) {
 	return link.NewRunner.(func(consumer.Config, any) (*consumer.Runner, error))(cfg, s)
 }
 
 // CheckConfig returns cfg with its defaults filled in, and the error every
-// runner's constructor returns for it (nil when it is valid), for a scope
-// that runs its own client (the Kafka scope).
+// runner's constructor returns for it (nil when it is valid).
 func CheckConfig(cfg consumer.Config) (consumer.Config, error) {
 	return link.CheckConfig.(func(consumer.Config) (consumer.Config, error))(cfg)
 }
 
 // AsFailures returns the failures a FailureAware scope is handed.
 func AsFailures(f any) Failures { return f.(Failures) }
-
-// NewFailures returns the failure policy of cfg (defaults filled in, as a
-// runner's Config returns them) producing through cl, for a scope that runs
-// its own client (the Kafka scope).
-func NewFailures(cfg consumer.Config, cl *kgo.Client, log *slog.Logger) Failures {
-	return link.NewFailures.(func(consumer.Config, *kgo.Client, *slog.Logger) any)(cfg, cl, log).(Failures)
-}
 
 // NewObserver returns the Observer of group's hooks.
 func NewObserver(group string, hooks []consumer.Hook) Observer {
@@ -192,21 +268,6 @@ func NewObserver(group string, hooks []consumer.Hook) Observer {
 // ObserverOf returns the Observer that f reports through.
 func ObserverOf(f Failures) Observer {
 	return link.ObserverOf.(func(any) any)(f).(Observer)
-}
-
-// EnsureFailureTopics makes sure cfg's dead-letter topic (and, when
-// retryTopics is set, its retry topics) exist, creating them unless the
-// policy says not to. cfg must have its defaults.
-func EnsureFailureTopics(ctx context.Context, cfg consumer.Config, retryTopics bool) error {
-	return link.EnsureFailureTopics.(func(context.Context, consumer.Config, bool) error)(ctx, cfg, retryTopics)
-}
-
-// LeftoverRetryTopics returns the retry topics of cfg's group that its
-// failure policy no longer uses and that still hold records the group has
-// not consumed, with their delays: a runner keeps consuming them until
-// they are drained.
-func LeftoverRetryTopics(ctx context.Context, cfg consumer.Config, retryTopics bool) (map[string]time.Duration, error) {
-	return link.LeftoverRetryTopics.(func(context.Context, consumer.Config, bool) (map[string]time.Duration, error))(ctx, cfg, retryTopics)
 }
 
 // DueOf reads the due time a delay-topic record carries (ok is false when

@@ -3,18 +3,30 @@
 // internal/engine gives them their types. Nothing else uses them.
 package link
 
+import (
+	"time"
+
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// Attempt is how a record's attempts on one hop ended (engine.Attempt).
+type Attempt struct {
+	Err   error           // the handler's last error; nil when it succeeded
+	Step  retrytopic.Step // for a failure: what the failure policy decided
+	N     int             // the attempts made on this hop
+	First time.Time       // when the first of them failed
+	OK    bool            // false: the record was left undone (stopped, or its partition revoked)
+}
+
 // Each variable holds a function of the consumer package, typed in its
 // terms; internal/engine asserts the type.
 var (
-	NewRunner           any // func(consumer.Config, any) (*consumer.Runner, error)
-	CheckConfig         any // func(consumer.Config) (consumer.Config, error)
-	NewFailures         any // func(consumer.Config, *kgo.Client, *slog.Logger) any
-	NewObserver         any // func(string, []consumer.Hook) any
-	ObserverOf          any // func(any) any
-	EnsureFailureTopics any // func(context.Context, consumer.Config, bool) error
-	LeftoverRetryTopics any // func(context.Context, consumer.Config, bool) (map[string]time.Duration, error)
-	DueOf               any // func(*consumer.Record, time.Time, time.Duration) (time.Time, bool)
-	OutcomeOf           any // func(retrytopic.Action) consumer.Outcome
-	ShardOf             any // func(*consumer.Record) int
-	RevokedCh           any // func(*consumer.Record) <-chan struct{}
+	NewRunner   any // func(consumer.Config, any) (*consumer.Runner, error)
+	CheckConfig any // func(consumer.Config) (consumer.Config, error)
+	NewObserver any // func(string, []consumer.Hook) any
+	ObserverOf  any // func(any) any
+	DueOf       any // func(*consumer.Record, time.Time, time.Duration) (time.Time, bool)
+	OutcomeOf   any // func(retrytopic.Action) consumer.Outcome
+	ShardOf     any // func(*consumer.Record) int
+	RevokedCh   any // func(*consumer.Record) <-chan struct{}
 )

@@ -1,0 +1,149 @@
+package commit
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"slices"
+	"strings"
+)
+
+// MaxUndone bounds the records of one partition that a transactional
+// runner has dispatched and not finished. Records of a partition finish out
+// of order (another key's record may retry in place while later ones
+// commit), and the offset committed for a partition cannot pass its lowest
+// unfinished record; so that the records finished after it are not handled
+// again after a crash, a transactional commit also records, in the
+// offset's metadata, which records above the offset are unfinished ([Done]).
+// Bounding them keeps that metadata to a few kilobytes, below the broker's
+// offset.metadata.max.bytes (4096 by default).
+const MaxUndone = 256
+
+// Done is what a transactional commit records for one partition: every
+// record below Offset is done, and so is every record in [Offset, End)
+// except the Undone ones (sorted, each in [Offset, End)). Offset is the
+// committed offset; the rest travels in the offset's metadata
+// ([Done.Metadata]), so that the partition's next owner skips the records
+// whose outputs are already committed.
+type Done struct {
+	Offset int64
+	End    int64
+	Undone []int64
+}
+
+// metaPrefix starts the offset metadata kscope writes: the version of the
+// encoding that follows.
+const metaPrefix = "kscope1:"
+
+// Metadata encodes d's records done above Offset as offset commit
+// metadata: uvarints of End-Offset, len(Undone) and the gaps between
+// Offset and the undone offsets, in base64. It is empty when nothing above
+// Offset is done.
+func (d Done) Metadata() string {
+	if d.End <= d.Offset {
+		return ""
+	}
+	b := binary.AppendUvarint(nil, uint64(d.End-d.Offset))
+	b = binary.AppendUvarint(b, uint64(len(d.Undone)))
+	prev := d.Offset
+	for _, u := range d.Undone {
+		b = binary.AppendUvarint(b, uint64(u-prev))
+		prev = u
+	}
+	return metaPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// ParseDone decodes what [Done.Metadata] wrote for committed offset
+// offset. Metadata that kscope did not write (another tool's, or none)
+// means nothing above offset is done; so does metadata that does not
+// decode, which is also reported as an error.
+func ParseDone(offset int64, meta string) (Done, error) {
+	none := Done{Offset: offset, End: offset}
+	if !strings.HasPrefix(meta, metaPrefix) {
+		return none, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(meta[len(metaPrefix):])
+	if err != nil {
+		return none, err
+	}
+	errTruncated := errors.New("truncated")
+	next := func() (uint64, error) {
+		v, n := binary.Uvarint(b)
+		if n <= 0 {
+			return 0, errTruncated
+		}
+		b = b[n:]
+		return v, nil
+	}
+	span, err := next()
+	if err != nil {
+		return none, err
+	}
+	n, err := next()
+	if err != nil || n > uint64(len(b)) {
+		return none, errTruncated
+	}
+	d := Done{Offset: offset, End: offset + int64(span)}
+	prev := offset
+	for range n {
+		gap, err := next()
+		if err != nil {
+			return none, err
+		}
+		prev += int64(gap)
+		d.Undone = append(d.Undone, prev)
+	}
+	return d, nil
+}
+
+// IsDone reports whether d says offset o is done.
+func (d Done) IsDone(o int64) bool {
+	return o < d.Offset || (o < d.End && !slices.Contains(d.Undone, o))
+}
+
+// Equal reports whether d and e say the same.
+func (d Done) Equal(e Done) bool {
+	return d.Offset == e.Offset && d.End == e.End && slices.Equal(d.Undone, e.Undone)
+}
+
+// Progress returns what a transactional commit records for the partition
+// now: the assignment's finished and unfinished records, on top of prior,
+// what was committed before the assignment consumed from prior.Offset
+// (records past the last one added keep their state in prior). The
+// committed offset is the lowest unfinished record; the metadata lists the
+// unfinished records between it and the highest finished one.
+func (p *Partition) Progress(prior Done) Done {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	last := p.lastAdd
+	if last < 0 {
+		return prior
+	}
+	var undone []int64
+	end := prior.End
+	if p.commit.Offset >= 0 {
+		end = max(end, p.commit.Offset)
+	}
+	for _, e := range p.entries[p.head:] {
+		if e.done {
+			end = max(end, e.last()+1)
+		} else {
+			undone = append(undone, e.offset)
+		}
+	}
+	for _, u := range prior.Undone {
+		if u > last {
+			undone = append(undone, u)
+		}
+	}
+	w := max(last+1, prior.End)
+	if len(undone) > 0 {
+		w = min(w, undone[0])
+	}
+	end = max(end, w)
+	i := 0
+	for i < len(undone) && undone[i] < end {
+		i++
+	}
+	return Done{Offset: w, End: end, Undone: undone[:i:i]}
+}

@@ -1,0 +1,123 @@
+package commit_test
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/kscope-dev/kscope/commit"
+)
+
+func TestDoneMetadataRoundTrip(t *testing.T) {
+	for _, d := range []commit.Done{
+		{Offset: 7, End: 7},
+		{Offset: 100, End: 110, Undone: []int64{103, 105}},
+		{Offset: 0, End: 1 << 40, Undone: []int64{0, 1, 1 << 39}},
+	} {
+		got, err := commit.ParseDone(d.Offset, d.Metadata())
+		if err != nil || !got.Equal(d) {
+			t.Fatalf("ParseDone(Metadata(%+v)) = %+v, %v", d, got, err)
+		}
+	}
+	// Metadata that is not kscope's says nothing is done above the offset;
+	// kscope's, damaged, says the same and reports why.
+	if got, err := commit.ParseDone(5, "written by another tool"); err != nil || !got.Equal(commit.Done{Offset: 5, End: 5}) {
+		t.Fatalf("foreign metadata: %+v, %v", got, err)
+	}
+	meta := commit.Done{Offset: 5, End: 50, Undone: []int64{6, 7, 8}}.Metadata()
+	if got, err := commit.ParseDone(5, meta[:len(meta)-2]); err == nil || !got.Equal(commit.Done{Offset: 5, End: 5}) {
+		t.Fatalf("truncated metadata: %+v, %v", got, err)
+	}
+}
+
+// A partition consumed from scratch commits its lowest unfinished record
+// and lists the unfinished ones below the highest finished one.
+func TestProgressOfAFreshAssignment(t *testing.T) {
+	p := commit.NewPartition("t", 0)
+	prior := commit.Done{Offset: 100, End: 100}
+	if got := p.Progress(prior); !got.Equal(prior) {
+		t.Fatalf("nothing added: %+v", got)
+	}
+	for o := int64(100); o < 110; o++ {
+		p.Add(o, 0)
+	}
+	p.DoneAll([]int64{100, 101, 102, 104, 106, 107, 108, 109})
+	want := commit.Done{Offset: 103, End: 110, Undone: []int64{103, 105}}
+	if got := p.Progress(prior); !got.Equal(want) {
+		t.Fatalf("Progress = %+v, want %+v", got, want)
+	}
+}
+
+// After a crash, the next owner's progress keeps what the last commit said
+// of the records it has not fetched yet.
+func TestProgressKeepsThePriorStateBeyondWhatWasFetched(t *testing.T) {
+	prior := commit.Done{Offset: 100, End: 200, Undone: []int64{150, 180}}
+	p := commit.NewPartition("t", 0)
+	var done []int64
+	for o := int64(100); o <= 160; o++ {
+		p.Add(o, 0)
+		if o != 150 {
+			done = append(done, o)
+		}
+	}
+	p.DoneAll(done)
+	want := commit.Done{Offset: 150, End: 200, Undone: []int64{150, 180}}
+	if got := p.Progress(prior); !got.Equal(want) {
+		t.Fatalf("Progress = %+v, want %+v", got, want)
+	}
+	p.Done(150)
+	want = commit.Done{Offset: 180, End: 200, Undone: []int64{180}}
+	if got := p.Progress(prior); !got.Equal(want) {
+		t.Fatalf("after 150: Progress = %+v, want %+v", got, want)
+	}
+}
+
+// Whatever finishes in whatever order, Progress says of every offset
+// exactly what is true of it: done in this assignment, or, past what it
+// fetched, done in the prior commit.
+func TestProgressIsExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 2000 {
+		start := int64(rng.IntN(50))
+		prior := commit.Done{Offset: start, End: start + int64(rng.IntN(40))}
+		for o := prior.Offset; o < prior.End; o++ {
+			if rng.IntN(4) == 0 {
+				prior.Undone = append(prior.Undone, o)
+			}
+		}
+		p := commit.NewPartition("t", 0)
+		fetched := int64(rng.IntN(60))
+		truth := map[int64]bool{}
+		var added []int64
+		for o := start; o < start+fetched; o++ {
+			if prior.IsDone(o) {
+				p.Add(o, 0)
+				p.Done(o) // skipped as done, as the runner does
+				truth[o] = true
+				continue
+			}
+			p.Add(o, 0)
+			added = append(added, o)
+		}
+		rng.Shuffle(len(added), func(i, j int) { added[i], added[j] = added[j], added[i] })
+		for _, o := range added[:rng.IntN(len(added)+1)] {
+			p.Done(o)
+			truth[o] = true
+		}
+		last := start + fetched - 1
+		got := p.Progress(prior)
+		if !slices.IsSorted(got.Undone) || len(got.Undone) > 0 && (got.Undone[0] < got.Offset || got.Undone[len(got.Undone)-1] >= got.End) {
+			t.Fatalf("round %d: malformed %+v", round, got)
+		}
+		for o := int64(0); o < start+fetched+60; o++ {
+			want := truth[o] || o < start
+			if o > last {
+				want = prior.IsDone(o)
+			}
+			if got.IsDone(o) != want {
+				t.Fatalf("round %d: prior %+v, fetched up to %d: Progress %+v says offset %d done=%v, want %v",
+					round, prior, last, got, o, got.IsDone(o), want)
+			}
+		}
+	}
+}

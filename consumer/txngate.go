@@ -1,0 +1,138 @@
+package consumer
+
+import (
+	"sync"
+	"time"
+)
+
+// gate lets key-shard workers add finished records to the open Kafka
+// transaction, and the poll loop end it while none is adding. A worker
+// joins only once its record is finished: a record that retries in place
+// waits between its attempts outside any transaction, so it holds its
+// key-shard and nothing else.
+type gate struct {
+	mu     sync.Mutex
+	cond   sync.Cond
+	isOpen bool      // workers may join
+	first  time.Time // when the first worker joined the open transaction
+	joins  int       // input records joined
+	joined int       // workers adding now
+	closed bool      // the runner stops: nothing joins any more
+	kick   func()    // wakes the poll loop
+	max    int       // input records after which the transaction ends early
+}
+
+func newGate(maxRecords int) *gate {
+	g := &gate{max: maxRecords}
+	g.cond.L = &g.mu
+	return g
+}
+
+// join waits for an open transaction and reports whether rec may join it:
+// not when the runner stops or rec's assignment ended (revoked, lost or
+// rewound after an abort). A caller that joined calls leave.
+func (g *gate) join(rec *Record) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for !g.isOpen && !g.closed && !rec.Revoked() {
+		g.cond.Wait()
+	}
+	if g.closed || rec.Revoked() {
+		return false
+	}
+	g.joined++
+	if g.first.IsZero() {
+		g.first = time.Now()
+		g.wake()
+	}
+	return true
+}
+
+// leave ends a join; input says whether it added an input record.
+func (g *gate) leave(input bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.joined--
+	if input {
+		g.joins++
+		if g.joins == g.max {
+			g.wake()
+		}
+	}
+	if g.joined == 0 {
+		g.cond.Broadcast()
+	}
+}
+
+func (g *gate) wake() {
+	if g.kick != nil {
+		g.kick()
+	}
+}
+
+// setKick registers the function that wakes the poll loop.
+func (g *gate) setKick(f func()) {
+	g.mu.Lock()
+	g.kick = f
+	g.mu.Unlock()
+}
+
+// open lets workers join a new transaction.
+func (g *gate) open() {
+	g.mu.Lock()
+	g.isOpen, g.first, g.joins = true, time.Time{}, 0
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// shut stops workers from joining the open transaction, waits for those
+// adding to it, and returns when the first joined (zero when none did).
+func (g *gate) shut() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.isOpen = false
+	for g.joined > 0 {
+		g.cond.Wait()
+	}
+	return g.first
+}
+
+// reopen lets workers join the transaction shut left open (nothing joined
+// it).
+func (g *gate) reopen() {
+	g.mu.Lock()
+	g.isOpen = true
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// close releases every worker waiting to join: nothing joins any more.
+func (g *gate) close() {
+	g.mu.Lock()
+	g.closed, g.isOpen = true, false
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// release wakes the workers waiting to join, so that those whose
+// assignment ended give up.
+func (g *gate) release() {
+	g.mu.Lock()
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// endAt returns when the open transaction ends: interval after its first
+// join, at once when it holds max input records, or never (zero) while
+// nothing joined it.
+func (g *gate) endAt(interval time.Duration) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.isOpen || g.first.IsZero() {
+		return time.Time{}
+	}
+	if g.joins >= g.max {
+		return g.first
+	}
+	return g.first.Add(interval)
+}
