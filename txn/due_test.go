@@ -18,9 +18,9 @@ import (
 
 // A retry record whose due time lies far beyond its topic's delay (a forged
 // header, or a host whose clock runs years ahead) does not hold its retry
-// partition: the transactional loop rewinds to a held record after every
-// commit and reads its due time again, so a cap relative to the time of
-// reading would hold it forever.
+// partition: an aborted transaction rewinds the partition and the held
+// record's due time is read again, so a cap relative to the time of
+// reading would hold it for ever longer.
 func TestFarFutureDueTimeDoesNotHoldTheRetryPartition(t *testing.T) {
 	k := setup(t)
 	cfg := config(k, "far-due")
