@@ -30,6 +30,13 @@ func (r *Runner) pollLoop(ctx context.Context) {
 // client was closed.
 func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 	if r.txs != nil {
+		// The scope prepares what was assigned since the last poll
+		// (restores its state) before the poll waits, so that its timers
+		// run even while no record comes.
+		if err := r.txs.TxnPrepare(r.runCtx); err != nil {
+			r.setFatal(err)
+			return false
+		}
 		var stop func()
 		if ctx, stop = r.txnPollContext(ctx); ctx == nil {
 			return false // due now

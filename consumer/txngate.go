@@ -19,6 +19,7 @@ type gate struct {
 	joined int       // workers adding now
 	closed bool      // the runner stops: nothing joins any more
 	kick   func()    // wakes the poll loop
+	kicked bool      // a wake came while no poll was waiting
 	max    int       // input records after which the transaction ends early
 }
 
@@ -64,16 +65,25 @@ func (g *gate) leave(input bool) {
 	}
 }
 
+// wake wakes the poll loop. A wake that comes while no poll waits is kept
+// for the next one, so that it is not lost between two polls.
 func (g *gate) wake() {
 	if g.kick != nil {
 		g.kick()
+		return
 	}
+	g.kicked = true
 }
 
-// setKick registers the function that wakes the poll loop.
+// setKick registers the function that wakes the poll loop (nil between
+// polls); a wake kept since the last poll calls it at once.
 func (g *gate) setKick(f func()) {
 	g.mu.Lock()
 	g.kick = f
+	if f != nil && g.kicked {
+		g.kicked = false
+		f()
+	}
 	g.mu.Unlock()
 }
 

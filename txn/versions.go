@@ -282,7 +282,11 @@ func (s *versionStore) missing(inputs []string) map[tp]uint64 {
 func (s *versionStore) setKick(f func()) {
 	s.mu.Lock()
 	s.kick = f
+	pending := len(s.owned) > 0
 	s.mu.Unlock()
+	if pending {
+		f() // partitions were assigned before the runner could be woken
+	}
 }
 
 // takeExpired returns the parked records of every owned partition that
