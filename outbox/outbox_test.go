@@ -425,6 +425,12 @@ func TestBadOptions(t *testing.T) {
 			t.Errorf("error %v does not name %s", err, want)
 		}
 	}
+	// A client option that rules out transactions is refused here, not
+	// when Run starts the first partition's producer.
+	_, err = outbox.New(outbox.Options{Brokers: []string{"127.0.0.1:9092"}, Partitions: 1, ClientOptions: []kgo.Opt{kgo.DisableIdempotentWrite()}})
+	if err == nil || !strings.Contains(err.Error(), "ClientOptions") || !strings.Contains(err.Error(), "idempotent") {
+		t.Errorf("a client option that conflicts with transactions: %v", err)
+	}
 	if _, err := (outbox.Writer{}).Add(context.Background(), nil, &kgo.Record{}); err == nil || !strings.Contains(err.Error(), "Topic") {
 		t.Errorf("a record without a topic: %v", err)
 	}

@@ -26,10 +26,13 @@ type workers struct {
 	wg    sync.WaitGroup
 	fatal func() error
 	err   error
+	// failed is closed when a publisher failed for good (err), so that
+	// Run returns at once.
+	failed chan struct{}
 }
 
 func newWorkers(r *Relay) *workers {
-	w := &workers{r: r, run: map[int]*publisher{}}
+	w := &workers{r: r, run: map[int]*publisher{}, failed: make(chan struct{})}
 	w.fatal = func() error {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -62,6 +65,7 @@ func (w *workers) start(ctx context.Context, p int) {
 			w.mu.Lock()
 			if w.err == nil {
 				w.err = err
+				close(w.failed)
 			}
 			w.mu.Unlock()
 		}
@@ -119,6 +123,17 @@ type row struct {
 	headers []byte
 }
 
+// producerOpts are the options of a partition's transactional producer.
+func (o Options) producerOpts(txnID string) []kgo.Opt {
+	return append(append([]kgo.Opt{}, o.ClientOptions...),
+		kgo.SeedBrokers(o.Brokers...),
+		kgo.TransactionalID(txnID),
+		kgo.TransactionTimeout(o.TransactionTimeout),
+		kgo.RecordPartitioner(positionPartitioner{topic: o.PositionTopic, rest: kgo.StickyKeyPartitioner(nil)}),
+		kgo.ProducerLinger(0),
+	)
+}
+
 // errFenced says another producer with the partition's transactional id
 // took over: this one must stop.
 var errFenced = errors.New("fenced")
@@ -130,13 +145,7 @@ func (pub *publisher) publish(ctx context.Context) error {
 	r := pub.r
 	log := r.log.With("partition", pub.p)
 	txnID := r.o.TransactionalID + "-" + strconv.Itoa(pub.p)
-	opts := append(append([]kgo.Opt{}, r.o.ClientOptions...),
-		kgo.SeedBrokers(r.o.Brokers...),
-		kgo.TransactionalID(txnID),
-		kgo.TransactionTimeout(r.o.TransactionTimeout),
-		kgo.RecordPartitioner(positionPartitioner{topic: r.o.PositionTopic, rest: kgo.StickyKeyPartitioner(nil)}),
-		kgo.ProducerLinger(0),
-	)
+	opts := r.o.producerOpts(txnID)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)

@@ -142,6 +142,16 @@ func (o Options) validate() error {
 	if o.TransactionTimeout < 0 {
 		bad("TransactionTimeout", "is %s; set a positive duration (0 selects %s)", o.TransactionTimeout, DefaultTransactionTimeout)
 	}
+	if len(o.Brokers) > 0 {
+		// franz-go checks its options when a client is built (which
+		// does not connect yet): a conflict with the producers'
+		// transactions is reported here rather than when Run starts them.
+		if cl, err := kgo.NewClient(o.producerOpts(o.TransactionalID + "-0")...); err != nil {
+			bad("ClientOptions", "conflict with the relay's transactional producers (%v); remove the conflicting option", err)
+		} else {
+			cl.Close()
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -245,7 +255,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		for _, p := range r.o.OwnPartitions {
 			workers.start(ctx, p)
 		}
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-workers.failed:
+		}
 		return workers.fatal()
 	}
 	// A group on the position topic assigns the partitions: partition p of
@@ -274,15 +287,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("kscope: outbox relay: creating the group client: %w", err)
 	}
 	defer cl.Close()
+	// The client's group management assigns and revokes the partitions
+	// in the background: nothing is fetched, so nothing needs polling.
 	cl.PauseFetchTopics(r.o.PositionTopic)
-	for ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		if fs.IsClientClosed() {
-			break
-		}
-		if err := workers.fatal(); err != nil {
-			return err
-		}
+	select {
+	case <-ctx.Done():
+	case <-workers.failed:
 	}
 	return workers.fatal()
 }

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -11,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/internal/kread"
 )
 
 // PartitionStatus is where one outbox partition stands.
@@ -138,24 +139,14 @@ func readPositions(ctx context.Context, o Options, parts []int) (map[int]int64, 
 		return nil, err
 	}
 	defer rd.Close()
-	for len(left) > 0 {
-		fs := rd.PollFetches(ctx)
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+	err = kread.ToEnd(ctx, rd, map[string]map[int32]int64{o.PositionTopic: left}, kread.Options{}, func(rec *kgo.Record) error {
+		if v, err := strconv.ParseInt(string(rec.Value), 10, 64); err == nil {
+			pos[int(rec.Partition)] = v
 		}
-		if err := fs.Err0(); err != nil && !errors.Is(err, context.Canceled) {
-			return nil, err
-		}
-		fs.EachRecord(func(rec *kgo.Record) {
-			if !rec.Attrs.IsControl() {
-				if v, err := strconv.ParseInt(string(rec.Value), 10, 64); err == nil {
-					pos[int(rec.Partition)] = v
-				}
-			}
-			if end, ok := left[rec.Partition]; ok && rec.Offset >= end-1 {
-				delete(left, rec.Partition)
-			}
-		})
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return pos, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/kread"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -449,41 +450,23 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 // (read_committed) and applies their records to the state of the input
 // partition each belongs to (src maps a changelog topic to its input).
 func readChangelog(ctx context.Context, cl *kgo.Client, left map[tp]int64, state map[tp]*partVersions, src map[string]string) error {
-	for len(left) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return err
+	ends := map[string]map[int32]int64{}
+	for k, end := range left {
+		if ends[k.topic] == nil {
+			ends[k.topic] = map[int32]int64{}
 		}
-		var ferr error
-		fs.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) && !kerr.IsRetriable(err) {
-				ferr = fmt.Errorf("kscope: reading changelog %s[%d]: %w", t, p, err)
-			}
-		})
-		if ferr != nil {
-			return ferr
-		}
-		var aerr error
-		fs.EachRecord(func(r *kgo.Record) {
-			k := tp{r.Topic, r.Partition}
-			end, ok := left[k]
-			if !ok || r.Offset >= end {
-				return
-			}
-			if !r.Attrs.IsControl() {
-				if err := state[tp{src[r.Topic], r.Partition}].apply(r); err != nil && aerr == nil {
-					aerr = fmt.Errorf("kscope: changelog %s[%d]@%d is corrupt: %w", r.Topic, r.Partition, r.Offset, err)
-				}
-			}
-			if r.Offset >= end-1 {
-				delete(left, k)
-			}
-		})
-		if aerr != nil {
-			return aerr
-		}
+		ends[k.topic][k.partition] = end
 	}
-	return nil
+	err := kread.ToEnd(ctx, cl, ends, kread.Options{}, func(r *kgo.Record) error {
+		if err := state[tp{src[r.Topic], r.Partition}].apply(r); err != nil {
+			return fmt.Errorf("%s[%d]@%d is corrupt: %w", r.Topic, r.Partition, r.Offset, err)
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("kscope: reading the changelog: %w", err)
+	}
+	return err
 }
 
 // stableEnds waits until no transaction is open on the changelog

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/kread"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -253,67 +254,24 @@ func scan(ctx context.Context, brokers []string, adm *kadm.Client, topic string,
 func scanPartition(ctx context.Context, cl *kgo.Client, topic string, p int32, b partitionBounds, idle time.Duration, fn func(*kgo.Record) error) error {
 	cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p: kgo.NewOffset().At(b.begin)}})
 	defer cl.RemoveConsumePartitions(map[string][]int32{topic: {p}})
-	next := b.begin // the offset up to which the partition was read
-	for next < b.end {
-		pollCtx, cancel := context.WithTimeout(ctx, idle)
-		fetches := cl.PollFetches(pollCtx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
+	err := kread.ToEnd(ctx, cl, map[string]map[int32]int64{topic: {p: b.end}}, kread.Options{
+		Idle: idle,
+		// The client resumed at the log start: records were deleted by
+		// retention while reading.
+		Tolerate: func(err error) bool { return errors.As(err, new(*kgo.ErrDataLoss)) },
+	}, func(rec *kgo.Record) error {
+		if rec.Offset < b.begin {
+			return nil
 		}
-		progressed := false
-		var ferr error
-		fetches.EachError(func(t string, fp int32, err error) {
-			switch {
-			case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-			case errors.As(err, new(*kgo.ErrDataLoss)):
-				// The client resumed at the log start: records were
-				// deleted by retention while reading.
-			case kerr.IsRetriable(err):
-			default:
-				if ferr == nil {
-					ferr = fmt.Errorf("reading %s partition %d: %w", t, fp, err)
-				}
-			}
-		})
-		if ferr != nil {
-			return ferr
-		}
-		for rec := range fetches.RecordsAll() {
-			if rec.Topic != topic || rec.Partition != p || rec.Offset < next {
-				continue
-			}
-			progressed = true
-			next = rec.Offset + 1
-			if rec.Offset >= b.end {
-				break
-			}
-			if rec.Attrs.IsControl() {
-				continue
-			}
-			if err := fn(rec); err != nil {
-				return err
-			}
-		}
-		if !progressed && next < b.end && pollTimedOut(fetches) {
-			return fmt.Errorf("reading %s partition %d: no record for %v at offset %d, before the end offset %d seen at start; "+
-				"records may have been deleted (retention) or the cluster is slow: re-run, raise --idle-timeout, or narrow the read with --from-offset/--to-offset",
-				topic, p, idle, next, b.end)
-		}
-	}
-	return nil
-}
-
-// pollTimedOut reports whether a poll returned because its own deadline
-// passed.
-func pollTimedOut(fs kgo.Fetches) bool {
-	timedOut := false
-	fs.EachError(func(_ string, _ int32, err error) {
-		if errors.Is(err, context.DeadlineExceeded) {
-			timedOut = true
-		}
+		return fn(rec)
 	})
-	return timedOut
+	var idleErr *kread.IdleError
+	if errors.As(err, &idleErr) {
+		return fmt.Errorf("reading %s partition %d: no record for %v at offset %d, before the end offset %d seen at start; "+
+			"records may have been deleted (retention) or the cluster is slow: re-run, raise --idle-timeout, or narrow the read with --from-offset/--to-offset",
+			topic, p, idle, max(idleErr.Offset, b.begin), b.end)
+	}
+	return err
 }
 
 // warnDecode writes a note about malformed kscope headers of r.

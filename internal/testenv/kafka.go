@@ -16,6 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/internal/kread"
 )
 
 // Containers starts backends in containers. The integration module provides
@@ -313,31 +315,18 @@ func (k *Kafka) ReadAll(t testing.TB, topic string) []*kgo.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	left := 0
-	for _, e := range ends {
-		if e > 0 {
-			left++
-		}
-	}
 	cl, err := k.Client(kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	var out []*kgo.Record
-	for left > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("reading %s: %d partitions not read to their end: %v", topic, left, err)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if end := ends[r.Partition]; end > 0 && r.Offset == end-1 {
-				left--
-			}
-			if !r.Attrs.IsControl() {
-				out = append(out, r)
-			}
-		})
+	err = kread.ToEnd(ctx, cl, map[string]map[int32]int64{topic: ends}, kread.Options{}, func(r *kgo.Record) error {
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("reading %s to its end: %v", topic, err)
 	}
 	return out
 }
