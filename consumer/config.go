@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -128,9 +129,10 @@ type Config struct {
 	// policy; see retrytopic.Policy.
 	Failures retrytopic.Policy
 
-	// Hooks observe the runner: metrics, traces, lag (see [Hook]; the
-	// kscopeprom and kscopeotel packages provide them). None by default.
-	Hooks []Hook
+	// Hooks observe the runner: metrics, traces, lag (see package hook;
+	// the kscopeprom and kscopeotel packages provide them). None by
+	// default.
+	Hooks []hook.Hook
 }
 
 // withDefaults returns c with zero fields set to their defaults.

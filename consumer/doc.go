@@ -50,8 +50,8 @@
 //
 // # Observability
 //
-// Config.Hooks takes observers found by the Hook* interfaces they
-// implement ([Hook]): deliveries and their outcomes, span context for the
+// Config.Hooks takes observers, found by the interfaces of package hook
+// they implement: deliveries and their outcomes, span context for the
 // handler, fetches, routing, commits, lag per partition, rebalances. This
 // package imports no metrics or tracing library; packages kscopeprom
 // (Prometheus) and kscopeotel (OpenTelemetry) are the adapters. Logs go to

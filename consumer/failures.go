@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -80,10 +81,10 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 	switch step.Action {
 	case retrytopic.ActionSkip:
 		f.skipped.Add(1)
-		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(recordAttrs(rec, total, err, 0), slog.String("outcome", string(OutcomeSkipped)))...)
+		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(recordAttrs(rec, total, err, 0), slog.String("outcome", string(hook.OutcomeSkipped)))...)
 	case retrytopic.ActionRetry:
 		f.retries.Add(1)
-		f.obs.Event(rec, EventRetry, step.Class.String())
+		f.obs.Event(rec, hook.EventRetry, step.Class.String())
 		f.log.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
 			append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("outcome", "retrying"))...)
 	case retrytopic.ActionDeadLetter, retrytopic.ActionRetryTopic:
@@ -97,16 +98,16 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 			return err
 		}
 		if step.Action == retrytopic.ActionRetryTopic {
-			f.obs.Event(rec, EventRetryTopic, topic)
+			f.obs.Event(rec, hook.EventRetryTopic, topic)
 			f.routed.Add(1)
 			f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record sent to a retry topic",
-				append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("retry_topic", topic), slog.String("outcome", string(OutcomeRetried)))...)
+				append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("retry_topic", topic), slog.String("outcome", string(hook.OutcomeRetried)))...)
 			break
 		}
 		f.deadLettered.Add(1)
-		f.obs.Event(rec, EventDeadLetter, out.Topic)
+		f.obs.Event(rec, hook.EventDeadLetter, out.Topic)
 		f.dltLog.Log(ctx, f.log, slog.LevelError, "kscope: record sent to the dead-letter topic", "records sent to the dead-letter topic",
-			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(OutcomeDeadLettered)))...)
+			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(hook.OutcomeDeadLettered)))...)
 	}
 	return nil
 }
@@ -277,7 +278,7 @@ func (f *failures) produce(ctx context.Context, source, kind, class string, out 
 	for attempt := 1; ; attempt++ {
 		err := f.cl.ProduceSync(ctx, out).FirstErr()
 		if ctx.Err() == nil {
-			f.obs.Route(Route{Topic: source, Kind: kind, Class: class, Target: out.Topic, Err: err})
+			f.obs.Route(hook.Route{Topic: source, Kind: kind, Class: class, Target: out.Topic, Err: err})
 		}
 		if err == nil {
 			return nil

@@ -9,19 +9,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/engine"
 )
 
 // observeAll runs every Observer call of a delivery's hot path.
 func observeAll(obs engine.Observer, r *consumer.Record, out *kgo.Record, err error) {
 	ctx := obs.Start(context.Background(), r)
-	obs.Event(r, consumer.EventRetry, "")
+	obs.Event(r, hook.EventRetry, "")
 	obs.Inject(obs.Context(ctx, r), out)
-	obs.Route(consumer.Route{Topic: "orders", Kind: "dlt", Class: "terminal", Target: "g.kscope-dlt", Err: err})
-	obs.End(r, consumer.OutcomeSuccess, err)
+	obs.Route(hook.Route{Topic: "orders", Kind: "dlt", Class: "terminal", Target: "g.kscope-dlt", Err: err})
+	obs.End(r, hook.OutcomeSuccess, err)
 	obs.Fetched("orders", 0, 10)
 	obs.Commit(3, nil)
-	obs.Lag(consumer.Lag{Topic: "orders", Offsets: 5})
+	obs.Lag(hook.Lag{Topic: "orders", Offsets: 5})
 	obs.Lateness("orders", time.Millisecond)
 }
 
@@ -49,24 +50,24 @@ func BenchmarkObserverNoHooks(b *testing.B) {
 
 type recordHook struct{ starts, ends int }
 
-func (h *recordHook) OnRecordStart(ctx context.Context, _ consumer.RecordStart) context.Context {
+func (h *recordHook) OnRecordStart(ctx context.Context, _ hook.RecordStart) context.Context {
 	h.starts++
 	return context.WithValue(ctx, h, h.starts)
 }
 
-func (h *recordHook) OnRecordEnd(context.Context, consumer.RecordEnd) { h.ends++ }
+func (h *recordHook) OnRecordEnd(context.Context, hook.RecordEnd) { h.ends++ }
 
 // A hook is found by the interfaces it implements; a delivery ends once.
 func TestHooksAreFoundByInterface(t *testing.T) {
 	h := &recordHook{}
-	obs := engine.NewObserver("g", []consumer.Hook{h, "not a hook"})
+	obs := engine.NewObserver("g", []hook.Hook{h, "not a hook"})
 	r := &consumer.Record{Record: &kgo.Record{Topic: "orders"}}
 	ctx := obs.Start(context.Background(), r)
 	if ctx.Value(h) != 1 || obs.Context(context.Background(), r) != ctx {
 		t.Fatal("the delivery's context is not the one the hook returned")
 	}
-	obs.End(r, consumer.OutcomeSuccess, nil)
-	obs.End(r, consumer.OutcomeAborted, nil)
+	obs.End(r, hook.OutcomeSuccess, nil)
+	obs.End(r, hook.OutcomeAborted, nil)
 	if h.starts != 1 || h.ends != 1 {
 		t.Fatalf("starts %d, ends %d; want 1 and 1", h.starts, h.ends)
 	}

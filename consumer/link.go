@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/engine/link"
 )
 
@@ -12,7 +13,7 @@ func init() {
 		cfg = cfg.withDefaults()
 		return cfg, cfg.validate()
 	}
-	link.NewObserver = func(group string, hooks []Hook) any { return newObserver(group, hooks) }
+	link.NewObserver = func(group string, hooks []hook.Hook) any { return newObserver(group, hooks) }
 	link.ObserverOf = func(f any) any { return f.(*failures).obs }
 	link.DueOf = dueOf
 	link.OutcomeOf = outcomeOf

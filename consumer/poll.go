@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -272,7 +273,7 @@ func (r *Runner) reportLag() {
 		if !ok && hwm == 0 {
 			continue // nothing fetched yet: the position is not known
 		}
-		l := Lag{Topic: st.Topic, Partition: st.Partition, InFlight: pending, Paused: paused[st]}
+		l := hook.Lag{Topic: st.Topic, Partition: st.Partition, InFlight: pending, Paused: paused[st]}
 		if ok {
 			l.Offsets = max(hwm-next, 0)
 		} else {

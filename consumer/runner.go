@@ -224,6 +224,25 @@ func (r *Runner) failureStats() FailureStats {
 	return f.stats()
 }
 
+// start readies the scope, the key-shard pool and the failure topics (they
+// exist before the group starts consuming: the retry topics are consumed
+// too), and creates the Kafka client.
+func (r *Runner) start(runCtx context.Context) (*kgo.Client, error) {
+	if st, ok := r.scope.(starter); ok {
+		if err := st.Start(runCtx); err != nil {
+			return nil, err
+		}
+	}
+	r.newPool()
+	if _, ok := r.scope.(failureAware); ok {
+		if err := r.ensureFailureTopics(runCtx); err != nil {
+			return nil, err
+		}
+	}
+	r.runCtx = runCtx
+	return r.newClient(runCtx)
+}
+
 // Client returns the runner's Kafka client while Run is running, else nil.
 // Use it for what kscope does not wrap (metadata, lag queries); do not poll,
 // commit or close it.
@@ -247,28 +266,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	stop := r.life.Stop
 	r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer r.hardCancel()
-	if st, ok := r.scope.(starter); ok {
-		if err := st.Start(runCtx); err != nil {
-			if runCtx.Err() != nil {
-				return nil // stopped while starting: a clean stop
-			}
-			return err
-		}
-	}
-
-	r.newPool()
-	if _, ok := r.scope.(failureAware); ok {
-		// The failure topics exist before the group starts consuming
-		// (the retry topics are consumed too).
-		if err := r.ensureFailureTopics(runCtx); err != nil {
-			if runCtx.Err() != nil {
-				return nil // stopped while starting: a clean stop
-			}
-			return err
-		}
-	}
-	r.runCtx = runCtx
-	cl, err := r.newClient(runCtx)
+	cl, err := r.start(runCtx)
 	if err != nil {
 		if runCtx.Err() != nil {
 			return nil // stopped while starting: a clean stop

@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine/link"
 	"github.com/kscope-dev/kscope/internal/guard"
@@ -85,7 +86,7 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 	obs := s.f.Observer()
 	for _, r := range batch {
 		if !s.deliver(ctx, obs, r, done) {
-			obs.End(r, OutcomeAborted, nil)
+			obs.End(r, hook.OutcomeAborted, nil)
 			return
 		}
 	}
@@ -100,7 +101,7 @@ func (s *atLeastOnce) deliver(ctx context.Context, obs *observer, r *Record, don
 		return false
 	}
 	if a.Err == nil {
-		obs.End(r, OutcomeSuccess, nil)
+		obs.End(r, hook.OutcomeSuccess, nil)
 		done(r)
 		return true
 	}
@@ -151,18 +152,18 @@ func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done 
 	}
 }
 
-// OutcomeOf returns the outcome of a delivery whose failure ended in step
+// hook.OutcomeOf returns the outcome of a delivery whose failure ended in step
 // action a: skipped, retried (a retry topic) or dead-lettered.
-func outcomeOf(a retrytopic.Action) Outcome {
+func outcomeOf(a retrytopic.Action) hook.Outcome {
 	switch a {
 	case retrytopic.ActionSkip:
-		return OutcomeSkipped
+		return hook.OutcomeSkipped
 	case retrytopic.ActionRetryTopic:
-		return OutcomeRetried
+		return hook.OutcomeRetried
 	case retrytopic.ActionDeadLetter:
-		return OutcomeDeadLettered
+		return hook.OutcomeDeadLettered
 	}
-	return OutcomeAborted
+	return hook.OutcomeAborted
 }
 
 // callHandler runs h and turns a panic into an error, so that one bad record

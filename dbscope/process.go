@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -37,7 +38,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 	}
 	defer func() {
 		for _, r := range batch {
-			obs.End(r, consumer.OutcomeAborted, nil) // a no-op for the records that ended
+			obs.End(r, hook.OutcomeAborted, nil) // a no-op for the records that ended
 		}
 	}()
 	pending := batch
@@ -145,7 +146,7 @@ func (s *scope) settle(ctx context.Context, work []*consumer.Record, res []resul
 		}
 		switch res[i].out {
 		case parkedOutcome:
-			obs.End(r, consumer.OutcomeParked, nil)
+			obs.End(r, hook.OutcomeParked, nil)
 			done(r)
 		case rerouteOutcome:
 			if err := s.reroute(ctx, r, res[i].st); err != nil {
@@ -154,7 +155,7 @@ func (s *scope) settle(ctx context.Context, work []*consumer.Record, res []resul
 			if res[i].st.status == statusDLT && r.Key != nil && s.ordered() {
 				release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
 			}
-			obs.End(r, consumer.OutcomeDuplicate, nil)
+			obs.End(r, hook.OutcomeDuplicate, nil)
 			done(r)
 		case failedOutcome:
 			delete(calls, r) // its next attempt calls the handler again
@@ -207,7 +208,7 @@ func (s *scope) routeFailed(ctx context.Context, r *consumer.Record, res result,
 	if step.Action != retrytopic.ActionRetry {
 		out := engine.OutcomeOf(step.Action)
 		if g := res.gap; (g == gapDetected || g == gapWaiting) && step.Action == retrytopic.ActionRetryTopic {
-			out = consumer.OutcomeGap
+			out = hook.OutcomeGap
 		}
 		s.obs.End(r, out, res.err)
 	}
@@ -237,7 +238,7 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 		for _, r := range recs {
 			if m, ok := s.mark(r); ok && r.Offset < m {
 				s.replaySkipped.Add(1)
-				s.obs.End(r, consumer.OutcomeDuplicate, nil)
+				s.obs.End(r, hook.OutcomeDuplicate, nil)
 				done(r)
 				continue
 			}
@@ -286,14 +287,14 @@ func (s *scope) account(work []*consumer.Record, res []result, done func(*consum
 	for i, r := range work {
 		switch res[i].gap {
 		case gapDetected, gapAccepted, gapDead:
-			obs.Event(r, consumer.EventVersionGap, res[i].gapDetail)
+			obs.Event(r, hook.EventVersionGap, res[i].gapDetail)
 		case gapHealed:
-			obs.Event(r, consumer.EventVersionHeal, "")
+			obs.Event(r, hook.EventVersionHeal, "")
 		}
 		switch res[i].out {
 		case applied:
 			s.applied.Add(1)
-			obs.End(r, consumer.OutcomeSuccess, nil)
+			obs.End(r, hook.OutcomeSuccess, nil)
 			done(r)
 		case skipped:
 			s.skipped.Add(1)
@@ -301,16 +302,16 @@ func (s *scope) account(work []*consumer.Record, res []result, done func(*consum
 				s.log.Warn("kscope: record skipped without its writes", "err", res[i].err,
 					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
 			}
-			obs.End(r, consumer.OutcomeSkipped, res[i].err)
+			obs.End(r, hook.OutcomeSkipped, res[i].err)
 			done(r)
 		case duplicate:
 			s.duplicates.Add(1)
-			obs.Event(r, consumer.EventDuplicate, "")
-			obs.End(r, consumer.OutcomeDuplicate, nil)
+			obs.Event(r, hook.EventDuplicate, "")
+			obs.End(r, hook.OutcomeDuplicate, nil)
 			done(r)
 		case staleOutcome:
 			s.stale.Add(1)
-			obs.End(r, consumer.OutcomeStale, nil)
+			obs.End(r, hook.OutcomeStale, nil)
 			done(r)
 		case failedOutcome:
 			s.failed.Add(1)

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/kscopeotel"
 )
 
@@ -19,7 +20,7 @@ func Example() {
 		Brokers: []string{"localhost:9092"},
 		Group:   "notifier",
 		Topics:  []string{"notifications"},
-		Hooks:   []consumer.Hook{tracer},
+		Hooks:   []hook.Hook{tracer},
 		// Optional: franz-go's kotel client spans for produce and fetch.
 		ClientOptions: tracer.ClientOptions(),
 	}

@@ -41,6 +41,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 )
 
 // MaxErrorLen bounds the error text recorded on a span.
@@ -64,9 +65,9 @@ type Tracer struct {
 
 // The hooks Tracer implements.
 var (
-	_ consumer.HookRecord      = (*Tracer)(nil)
-	_ consumer.HookRecordEvent = (*Tracer)(nil)
-	_ consumer.HookInject      = (*Tracer)(nil)
+	_ hook.RecordHook      = (*Tracer)(nil)
+	_ hook.RecordEventHook = (*Tracer)(nil)
+	_ hook.InjectHook      = (*Tracer)(nil)
 )
 
 // New returns a Tracer.
@@ -88,11 +89,11 @@ func (t *Tracer) ClientOptions() []kgo.Opt {
 	return []kgo.Opt{kgo.WithHooks(k.Hooks()...)}
 }
 
-// OnRecordStart implements consumer.HookRecord: it starts the delivery's
+// OnRecordStart implements hook.RecordHook: it starts the delivery's
 // span under the trace the record carries.
-func (t *Tracer) OnRecordStart(ctx context.Context, s consumer.RecordStart) context.Context {
+func (t *Tracer) OnRecordStart(ctx context.Context, s hook.RecordStart) context.Context {
 	r := s.Record
-	ctx = t.prop.Extract(ctx, kotel.NewRecordCarrier(r.Record))
+	ctx = t.prop.Extract(ctx, kotel.NewRecordCarrier(r))
 	ctx, _ = t.tracer.Start(ctx, "process "+r.Topic,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
@@ -107,13 +108,13 @@ func (t *Tracer) OnRecordStart(ctx context.Context, s consumer.RecordStart) cont
 	return ctx
 }
 
-// OnRecordEnd implements consumer.HookRecord: it ends the span with the
+// OnRecordEnd implements hook.RecordHook: it ends the span with the
 // delivery's outcome.
-func (t *Tracer) OnRecordEnd(ctx context.Context, e consumer.RecordEnd) {
+func (t *Tracer) OnRecordEnd(ctx context.Context, e hook.RecordEnd) {
 	span := trace.SpanFromContext(ctx)
 	span.SetAttributes(attribute.String("kscope.outcome", string(e.Outcome)))
 	switch e.Outcome {
-	case consumer.OutcomeDeadLettered, consumer.OutcomeRetried, consumer.OutcomeAborted:
+	case hook.OutcomeDeadLettered, hook.OutcomeRetried, hook.OutcomeAborted:
 		msg, typ := string(e.Outcome), string(e.Outcome)
 		if e.Err != nil {
 			msg, typ = truncate(e.Err.Error()), consumer.ClassOf(e.Err).String()
@@ -124,8 +125,8 @@ func (t *Tracer) OnRecordEnd(ctx context.Context, e consumer.RecordEnd) {
 	span.End()
 }
 
-// OnRecordEvent implements consumer.HookRecordEvent: a span event.
-func (t *Tracer) OnRecordEvent(ctx context.Context, _ string, _ *consumer.Record, ev consumer.Event, detail string) {
+// OnRecordEvent implements hook.RecordEventHook: a span event.
+func (t *Tracer) OnRecordEvent(ctx context.Context, _ string, _ *kgo.Record, ev hook.Event, detail string) {
 	var opts []trace.EventOption
 	if detail != "" {
 		opts = append(opts, trace.WithAttributes(attribute.String("kscope.detail", truncate(detail))))
@@ -133,7 +134,7 @@ func (t *Tracer) OnRecordEvent(ctx context.Context, _ string, _ *consumer.Record
 	trace.SpanFromContext(ctx).AddEvent(string(ev), opts...)
 }
 
-// InjectRecord implements consumer.HookInject: the produced record carries
+// InjectRecord implements hook.InjectHook: the produced record carries
 // the delivery's trace context.
 func (t *Tracer) InjectRecord(ctx context.Context, r *kgo.Record) {
 	t.prop.Inject(ctx, kotel.NewRecordCarrier(r))

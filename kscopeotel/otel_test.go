@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/kscopeotel"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -60,7 +61,7 @@ func TestDeliverySpansFollowTheRecordThroughItsRetries(t *testing.T) {
 	run, err := consumer.New(consumer.Config{
 		Brokers: k.Brokers, Group: "traced", Topics: []string{"orders"}, Shards: 2,
 		Logger: slog.New(slog.DiscardHandler),
-		Hooks:  []consumer.Hook{kscopeotel.New(kscopeotel.Options{TracerProvider: tp, Propagator: prop})},
+		Hooks:  []hook.Hook{kscopeotel.New(kscopeotel.Options{TracerProvider: tp, Propagator: prop})},
 		Failures: retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, RetryableAttempts: 5,
 			Backoff: time.Millisecond, MaxBackoff: time.Millisecond, Ladder: []time.Duration{50 * time.Millisecond}},
 	}, h)

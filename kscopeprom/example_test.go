@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/kscopeprom"
 )
 
@@ -25,7 +26,7 @@ func Example() {
 		Brokers: []string{"localhost:9092"},
 		Group:   "notifier",
 		Topics:  []string{"notifications"},
-		Hooks:   []consumer.Hook{m},
+		Hooks:   []hook.Hook{m},
 	}, consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
 		return nil
 	}))

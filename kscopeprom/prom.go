@@ -46,8 +46,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 )
 
 // Options configure the metrics.
@@ -82,14 +83,14 @@ type Metrics struct {
 
 // The hooks Metrics implements.
 var (
-	_ consumer.HookRecord        = (*Metrics)(nil)
-	_ consumer.HookRecordEvent   = (*Metrics)(nil)
-	_ consumer.HookFetch         = (*Metrics)(nil)
-	_ consumer.HookRoute         = (*Metrics)(nil)
-	_ consumer.HookCommit        = (*Metrics)(nil)
-	_ consumer.HookLag           = (*Metrics)(nil)
-	_ consumer.HookRebalance     = (*Metrics)(nil)
-	_ consumer.HookRetryLateness = (*Metrics)(nil)
+	_ hook.RecordHook        = (*Metrics)(nil)
+	_ hook.RecordEventHook   = (*Metrics)(nil)
+	_ hook.FetchHook         = (*Metrics)(nil)
+	_ hook.RouteHook         = (*Metrics)(nil)
+	_ hook.CommitHook        = (*Metrics)(nil)
+	_ hook.LagHook           = (*Metrics)(nil)
+	_ hook.RebalanceHook     = (*Metrics)(nil)
+	_ hook.RetryLatenessHook = (*Metrics)(nil)
 )
 
 // New creates the metrics and registers them.
@@ -140,44 +141,44 @@ func (m *Metrics) Handler() http.Handler {
 // Gatherer returns what Handler serves.
 func (m *Metrics) Gatherer() prometheus.Gatherer { return m.gatherer }
 
-// OnRecordStart implements consumer.HookRecord.
-func (m *Metrics) OnRecordStart(ctx context.Context, _ consumer.RecordStart) context.Context {
+// OnRecordStart implements hook.RecordHook.
+func (m *Metrics) OnRecordStart(ctx context.Context, _ hook.RecordStart) context.Context {
 	return ctx
 }
 
-// OnRecordEnd implements consumer.HookRecord.
-func (m *Metrics) OnRecordEnd(_ context.Context, e consumer.RecordEnd) {
-	if e.Outcome == consumer.OutcomeAborted {
+// OnRecordEnd implements hook.RecordHook.
+func (m *Metrics) OnRecordEnd(_ context.Context, e hook.RecordEnd) {
+	if e.Outcome == hook.OutcomeAborted {
 		return
 	}
 	m.processed.WithLabelValues(e.Group, e.Record.Topic, string(e.Outcome)).Inc()
 	m.duration.WithLabelValues(e.Group, e.Record.Topic).Observe(e.Duration.Seconds())
 }
 
-// OnRecordEvent implements consumer.HookRecordEvent: in-place retries.
-func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *consumer.Record, ev consumer.Event, _ string) {
-	if ev == consumer.EventRetry {
+// OnRecordEvent implements hook.RecordEventHook: in-place retries.
+func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, ev hook.Event, _ string) {
+	if ev == hook.EventRetry {
 		m.retries.WithLabelValues(group, r.Topic).Inc()
 	}
 }
 
-// OnFetch implements consumer.HookFetch.
-func (m *Metrics) OnFetch(f consumer.Fetch) {
+// OnFetch implements hook.FetchHook.
+func (m *Metrics) OnFetch(f hook.Fetch) {
 	m.received.WithLabelValues(f.Group, f.Topic).Add(float64(f.Records))
 }
 
-// OnRoute implements consumer.HookRoute.
-func (m *Metrics) OnRoute(r consumer.Route) {
+// OnRoute implements hook.RouteHook.
+func (m *Metrics) OnRoute(r hook.Route) {
 	m.routes.WithLabelValues(r.Group, r.Topic, r.Kind, r.Class, result(r.Err)).Inc()
 }
 
-// OnCommit implements consumer.HookCommit.
-func (m *Metrics) OnCommit(c consumer.Commit) {
+// OnCommit implements hook.CommitHook.
+func (m *Metrics) OnCommit(c hook.Commit) {
 	m.commits.WithLabelValues(c.Group, result(c.Err)).Inc()
 }
 
-// OnLag implements consumer.HookLag.
-func (m *Metrics) OnLag(l consumer.Lag) {
+// OnLag implements hook.LagHook.
+func (m *Metrics) OnLag(l hook.Lag) {
 	p := strconv.Itoa(int(l.Partition))
 	m.lag.WithLabelValues(l.Group, l.Topic, p).Set(float64(l.Offsets))
 	m.lagAge.WithLabelValues(l.Group, l.Topic, p).Set(l.Age.Seconds())
@@ -189,7 +190,7 @@ func (m *Metrics) OnLag(l consumer.Lag) {
 	m.paused.WithLabelValues(l.Group, l.Topic, p).Set(paused)
 }
 
-// OnPartitionGone implements consumer.HookLag: the partition's series go.
+// OnPartitionGone implements hook.LagHook: the partition's series go.
 func (m *Metrics) OnPartitionGone(group, topic string, partition int32) {
 	p := strconv.Itoa(int(partition))
 	for _, g := range []*prometheus.GaugeVec{m.lag, m.lagAge, m.inFlight, m.paused} {
@@ -197,12 +198,12 @@ func (m *Metrics) OnPartitionGone(group, topic string, partition int32) {
 	}
 }
 
-// OnRebalance implements consumer.HookRebalance.
-func (m *Metrics) OnRebalance(r consumer.Rebalance) {
+// OnRebalance implements hook.RebalanceHook.
+func (m *Metrics) OnRebalance(r hook.Rebalance) {
 	m.rebal.WithLabelValues(r.Group, r.Kind).Inc()
 }
 
-// OnRetryLateness implements consumer.HookRetryLateness.
+// OnRetryLateness implements hook.RetryLatenessHook.
 func (m *Metrics) OnRetryLateness(group, topic string, late time.Duration) {
 	m.lateness.WithLabelValues(group, topic).Observe(late.Seconds())
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/kscopeprom"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -154,7 +155,7 @@ func TestScrapedCountsMatchTheScenario(t *testing.T) {
 	flakyTries := 0
 	r, err := dbscope.New(consumer.Config{
 		Brokers: k.Brokers, Group: group, Topics: []string{topic}, Shards: 4,
-		CommitInterval: 50 * time.Millisecond, Hooks: []consumer.Hook{m}, Logger: slog.New(slog.DiscardHandler),
+		CommitInterval: 50 * time.Millisecond, Hooks: []hook.Hook{m}, Logger: slog.New(slog.DiscardHandler),
 		Failures: retrytopic.Policy{InPlaceAttempts: 1, RetryableAttempts: 10, Backoff: time.Millisecond, MaxBackoff: time.Millisecond,
 			Ladder: []time.Duration{100 * time.Millisecond}},
 	}, dbscope.Options{Pool: pool, BatchSize: 8}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
@@ -262,7 +263,7 @@ func TestPartitionGoneDeletesItsSeries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.OnLag(consumer.Lag{Group: "g", Topic: "t", Partition: 3, Offsets: 5, InFlight: 2, Paused: true})
+	m.OnLag(hook.Lag{Group: "g", Topic: "t", Partition: 3, Offsets: 5, InFlight: 2, Paused: true})
 	if n := series(t, m.Gatherer(), "kscope_consumer_lag_records"); n != 1 {
 		t.Fatalf("%d lag series, want 1", n)
 	}
@@ -313,7 +314,7 @@ func TestKafkaScopeCounts(t *testing.T) {
 	}
 	r, err := txn.New(consumer.Config{
 		Brokers: k.Brokers, Group: "enricher", Topics: []string{"orders"}, Shards: 4,
-		Hooks: []consumer.Hook{m}, Logger: slog.New(slog.DiscardHandler),
+		Hooks: []hook.Hook{m}, Logger: slog.New(slog.DiscardHandler),
 	}, txn.Options{TransactionalID: "enricher-prom"}, txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
 		if string(r.Value) == "poison" {
 			return consumer.DecodeError(errors.New("unparseable order"))

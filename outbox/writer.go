@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/hook"
 )
 
 // Defaults applied to Writer and Options fields left at their zero value.
@@ -36,13 +36,13 @@ type Writer struct {
 	// TablePrefix is the prefix dbscope.Migrate was given. Default
 	// dbscope.DefaultTablePrefix.
 	TablePrefix string
-	// Hooks are consulted on Add: each consumer.HookInject among them
+	// Hooks are consulted on Add: each hook.InjectHook among them
 	// (kscopeotel's tracer, say) writes into the record's headers what it
 	// carries of Add's context, such as the trace of the request or of the
 	// DB-scope delivery that wrote the row. The published record carries
 	// it on, so the consumer downstream continues that trace. Pass the
 	// hooks of the service's consumer Config.
-	Hooks []consumer.Hook
+	Hooks []hook.Hook
 }
 
 func (w Writer) withDefaults() Writer {
@@ -96,7 +96,7 @@ func (w Writer) Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, e
 		return "", errors.New("kscope: outbox.Add: the record has no Topic; set the topic it is to be published to")
 	}
 	for _, h := range w.Hooks {
-		if in, ok := h.(consumer.HookInject); ok {
+		if in, ok := h.(hook.InjectHook); ok {
 			in.InjectRecord(ctx, rec)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
@@ -32,7 +33,7 @@ func (s *scope) handle(ctx context.Context, rec *consumer.Record, done func(*con
 	} else {
 		hctx := obs.Start(ctx, rec)
 		out, err := s.run(ctx, hctx, w, rec, done)
-		if out == consumer.OutcomeAborted {
+		if out == hook.OutcomeAborted {
 			obs.End(rec, out, err)
 			return false
 		}
@@ -49,7 +50,7 @@ func (s *scope) handle(ctx context.Context, rec *consumer.Record, done func(*con
 func (s *scope) join(ctx context.Context, w *work, done func(*consumer.Record)) bool {
 	if w.stopped || w.stale(ctx) || !s.t.Join(w.rec) {
 		if done != nil && !s.obs.Ended(w.rec) {
-			s.obs.End(w.rec, consumer.OutcomeAborted, nil)
+			s.obs.End(w.rec, hook.OutcomeAborted, nil)
 		}
 		return false
 	}
@@ -71,7 +72,7 @@ func (s *scope) join(ctx context.Context, w *work, done func(*consumer.Record)) 
 // outcome (success, skipped, retried, dead_lettered, or aborted when the
 // runner stops or the record is no longer wanted) and the last handler
 // error.
-func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) (consumer.Outcome, error) {
+func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) (hook.Outcome, error) {
 	var em *emitter
 	a := s.f.Attempts(ctx, rec, s.UsesRetryTopics(), done, func() error {
 		em = &emitter{}
@@ -79,7 +80,7 @@ func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, do
 	})
 	err, step, attempt, first := a.Err, a.Step, a.N, a.First
 	if !a.OK || w.stale(ctx) {
-		return consumer.OutcomeAborted, err
+		return hook.OutcomeAborted, err
 	}
 	if err == nil {
 		for _, out := range em.out {
@@ -90,26 +91,26 @@ func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, do
 				tx.produce(ctx, s.t.Session(), out, what)
 			})
 		}
-		return consumer.OutcomeSuccess, nil
+		return hook.OutcomeSuccess, nil
 	}
 	switch step.Action {
 	case retrytopic.ActionSkip:
 		s.f.Route(ctx, rec, err, step, attempt, first) //nolint:errcheck // logs and counts only
 		w.do(func(tx *txnState) { tx.skipped.Add(1) })
-		return consumer.OutcomeSkipped, err
+		return hook.OutcomeSkipped, err
 	case retrytopic.ActionRetryTopic:
 		// The retry record joins the transaction: it becomes visible
 		// exactly when the input's offset commits.
 		out := s.f.RetryTopicRecord(rec, err, step, attempt, first)
 		s.route(ctx, w, rec, out, "retry", step.Class.String())
 		w.do(func(tx *txnState) { tx.retryTopic.Add(1) })
-		s.obs.Event(rec, consumer.EventRetryTopic, out.Topic)
+		s.obs.Event(rec, hook.EventRetryTopic, out.Topic)
 		s.log.Warn("kscope: record sent to a retry topic (in the transaction)",
 			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "retry_topic", out.Topic, "delay", step.Delay, "err", err)
-		return consumer.OutcomeRetried, err
+		return hook.OutcomeRetried, err
 	default:
 		s.deadLetter(ctx, w, rec, err, step, attempt, first)
-		return consumer.OutcomeDeadLettered, err
+		return hook.OutcomeDeadLettered, err
 	}
 }
 
@@ -119,7 +120,7 @@ func (s *scope) deadLetter(ctx context.Context, w *work, rec *consumer.Record, e
 	dl := s.f.DeadLetterRecord(rec, err, step, attempt, first)
 	s.route(ctx, w, rec, dl, "dlt", step.Class.String())
 	w.do(func(tx *txnState) { tx.dead.Add(1) })
-	s.obs.Event(rec, consumer.EventDeadLetter, dl.Topic)
+	s.obs.Event(rec, hook.EventDeadLetter, dl.Topic)
 	s.dltLog.Log(ctx, s.log, slog.LevelError, "kscope: record sent to the dead-letter topic (in the transaction)", "records sent to the dead-letter topic",
 		slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset), slog.String("class", step.Class.String()), slog.Any("err", err))
 }
@@ -130,7 +131,7 @@ func (s *scope) route(ctx context.Context, w *work, rec *consumer.Record, out *k
 	w.do(func(tx *txnState) {
 		tx.wg.Add(1)
 		s.t.Session().Produce(ctx, out, func(_ *kgo.Record, err error) {
-			obs.Route(consumer.Route{Topic: rec.Topic, Kind: kind, Class: class, Target: out.Topic, Err: err})
+			obs.Route(hook.Route{Topic: rec.Topic, Kind: kind, Class: class, Target: out.Topic, Err: err})
 			if err != nil {
 				tx.fail(produceError(out.Topic, fmt.Sprintf("the %s record of %s[%d]@%d", kind, rec.Topic, rec.Partition, rec.Offset), err))
 			}
@@ -148,7 +149,7 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 	f, obs := s.f, s.obs
 	hctx := obs.Start(ctx, rec)
 	now := time.Now()
-	ended := func(out consumer.Outcome, err error) {
+	ended := func(out hook.Outcome, err error) {
 		w.do(func(tx *txnState) {
 			tx.records.Add(1)
 			tx.end(obs, rec, out, err)
@@ -158,13 +159,13 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 	if err != nil {
 		herr := consumer.DecodeError(err) // poison: the DLT, with the reason
 		s.deadLetter(ctx, w, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
-		ended(consumer.OutcomeDeadLettered, herr)
+		ended(hook.OutcomeDeadLettered, herr)
 		return
 	}
 	pv := s.vs.get(tp{rec.Topic, rec.Partition})
 	if pv == nil {
 		w.stopped = true // no longer assigned to this member
-		obs.End(rec, consumer.OutcomeAborted, nil)
+		obs.End(rec, hook.OutcomeAborted, nil)
 		return
 	}
 	key := string(rec.Key)
@@ -173,17 +174,17 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 	switch {
 	case check.Outcome == sequence.Stale:
 		w.do(func(tx *txnState) { tx.stale.Add(1) })
-		ended(consumer.OutcomeStale, nil)
+		ended(hook.OutcomeStale, nil)
 		return
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.DeadLetter:
 		gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}
-		obs.Event(rec, consumer.EventVersionGap, gap.Error())
+		obs.Event(rec, hook.EventVersionGap, gap.Error())
 		herr := consumer.Terminal(gap)
 		s.deadLetter(ctx, w, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
-		ended(consumer.OutcomeDeadLettered, herr)
+		ended(hook.OutcomeDeadLettered, herr)
 		return
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.Wait:
-		obs.Event(rec, consumer.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
+		obs.Event(rec, hook.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
 		if pv.parkedAt(key, v) == nil { // a redelivery of a parked record stays parked as it was
 			p := &parkedRec{Version: v, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
 				Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
@@ -200,18 +201,18 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 			})
 			s.changelog(ctx, w, rec.Topic, rec.Partition, parkedKey(rec.Key, v), val)
 		}
-		ended(consumer.OutcomeGap, nil)
+		ended(hook.OutcomeGap, nil)
 		return
 	case check.Outcome == sequence.Gap:
-		obs.Event(rec, consumer.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
+		obs.Event(rec, hook.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
 	}
 	out, herr := s.run(ctx, sequence.WithResult(hctx, check), w, rec, done)
-	if out == consumer.OutcomeAborted {
+	if out == hook.OutcomeAborted {
 		obs.End(rec, out, herr)
 		return
 	}
 	ended(out, herr)
-	if out != consumer.OutcomeSuccess && out != consumer.OutcomeSkipped {
+	if out != hook.OutcomeSuccess && out != hook.OutcomeSkipped {
 		return // dead-lettered: the key's version stays
 	}
 	if check.Outcome == sequence.Gap {
@@ -240,16 +241,16 @@ func (s *scope) releaseParked(ctx context.Context, w *work, pv *partVersions, re
 		pr := p.record()
 		obs := s.obs
 		hctx := obs.Start(ctx, pr)
-		obs.Event(pr, consumer.EventVersionHeal, "")
+		obs.Event(pr, hook.EventVersionHeal, "")
 		check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
 		out, herr := s.run(ctx, sequence.WithResult(hctx, check), w, pr, nil)
-		if out == consumer.OutcomeAborted {
+		if out == hook.OutcomeAborted {
 			obs.End(pr, out, herr)
 			return
 		}
 		s.unpark(ctx, w, pv, p)
 		w.do(func(tx *txnState) { tx.end(obs, pr, out, herr) })
-		if out != consumer.OutcomeSuccess && out != consumer.OutcomeSkipped {
+		if out != hook.OutcomeSuccess && out != hook.OutcomeSkipped {
 			return
 		}
 		w.do(func(tx *txnState) { tx.gapsHealed.Add(1) })
@@ -282,7 +283,7 @@ func (s *scope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) 
 	s.unpark(ctx, w, pv, p)
 	w.do(func(tx *txnState) {
 		tx.timedOut.Add(1)
-		tx.end(obs, pr, consumer.OutcomeDeadLettered, herr)
+		tx.end(obs, pr, hook.OutcomeDeadLettered, herr)
 	})
 	s.join(ctx, w, nil)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/engine"
 )
 
@@ -26,12 +27,12 @@ type txnState struct {
 // delivery is an observed delivery that ends when the transaction does.
 type delivery struct {
 	rec *consumer.Record
-	out consumer.Outcome
+	out hook.Outcome
 	err error
 }
 
 // end notes how rec's delivery ends if the transaction commits.
-func (t *txnState) end(obs engine.Observer, rec *consumer.Record, out consumer.Outcome, err error) {
+func (t *txnState) end(obs engine.Observer, rec *consumer.Record, out hook.Outcome, err error) {
 	if obs.Ended(rec) {
 		return
 	}
@@ -44,7 +45,7 @@ func (t *txnState) end(obs engine.Observer, rec *consumer.Record, out consumer.O
 func (t *txnState) finish(obs engine.Observer, committed bool) {
 	for _, d := range t.ends {
 		if !committed {
-			d.out = consumer.OutcomeAborted
+			d.out = hook.OutcomeAborted
 		}
 		obs.End(d.rec, d.out, d.err)
 	}

@@ -40,6 +40,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/devenv"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/kscopeotel"
 	"github.com/kscope-dev/kscope/kscopeprom"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -158,7 +159,7 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 		Topics:         []string{topic},
 		CommitInterval: 100 * time.Millisecond,
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-		Hooks:          []consumer.Hook{metrics, tracer},
+		Hooks:          []hook.Hook{metrics, tracer},
 		Failures:       retrytopic.Policy{Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond},
 	}, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
 		v := string(rec.Value)

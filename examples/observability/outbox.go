@@ -10,8 +10,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/devenv"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/kscopeotel"
 	"github.com/kscope-dev/kscope/kscopeprom"
 	"github.com/kscope-dev/kscope/outbox"
@@ -69,7 +69,7 @@ func startOutbox(ctx context.Context, brokers []string, metrics *kscopeprom.Metr
 	}()
 	undo = append(undo, func() { <-relayDone })
 
-	w := outbox.Writer{Outbox: topic, Partitions: 3, Hooks: []consumer.Hook{tracer}}
+	w := outbox.Writer{Outbox: topic, Partitions: 3, Hooks: []hook.Hook{tracer}}
 	sctx, span := tp.Tracer("orders").Start(ctx, "book order")
 	defer span.End()
 	err = pgx.BeginFunc(sctx, pool, func(tx pgx.Tx) error {

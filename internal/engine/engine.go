@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/engine/link"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -223,20 +224,20 @@ type Failures interface {
 // Observer dispatches a runner's hooks (Config.Hooks); every method is a
 // no-op, and allocation-free, when no hook implements its interface.
 type Observer interface {
-	// Start begins a delivery of r (HookRecord) and returns the context the
+	// Start begins a delivery of r (hook.RecordHook) and returns the context the
 	// hooks returned; Context returns it again later.
 	Start(ctx context.Context, r *consumer.Record) context.Context
 	Context(ctx context.Context, r *consumer.Record) context.Context
 	// End ends r's delivery with out, once; Ended reports whether it ended.
-	End(r *consumer.Record, out consumer.Outcome, err error)
+	End(r *consumer.Record, out hook.Outcome, err error)
 	Ended(r *consumer.Record) bool
-	Event(r *consumer.Record, ev consumer.Event, detail string)
+	Event(r *consumer.Record, ev hook.Event, detail string)
 	Inject(ctx context.Context, out *kgo.Record)
-	Route(r consumer.Route)
+	Route(r hook.Route)
 	Commit(partitions int, err error)
 	Rebalance(kind string, partitions int)
 	Fetched(topic string, partition int32, n int)
-	Lag(l consumer.Lag)
+	Lag(l hook.Lag)
 	Gone(topic string, partition int32)
 	Lateness(topic string, late time.Duration)
 	WantsFetch() bool
@@ -261,8 +262,8 @@ func CheckConfig(cfg consumer.Config) (consumer.Config, error) {
 func AsFailures(f any) Failures { return f.(Failures) }
 
 // NewObserver returns the Observer of group's hooks.
-func NewObserver(group string, hooks []consumer.Hook) Observer {
-	return link.NewObserver.(func(string, []consumer.Hook) any)(group, hooks).(Observer)
+func NewObserver(group string, hooks []hook.Hook) Observer {
+	return link.NewObserver.(func(string, []hook.Hook) any)(group, hooks).(Observer)
 }
 
 // ObserverOf returns the Observer that f reports through.
@@ -280,8 +281,8 @@ func DueOf(rec *consumer.Record, now time.Time, maxDelay time.Duration) (time.Ti
 
 // OutcomeOf returns the outcome of a delivery whose failure ended in step
 // action a: skipped, retried (a retry topic) or dead-lettered.
-func OutcomeOf(a retrytopic.Action) consumer.Outcome {
-	return link.OutcomeOf.(func(retrytopic.Action) consumer.Outcome)(a)
+func OutcomeOf(a retrytopic.Action) hook.Outcome {
+	return link.OutcomeOf.(func(retrytopic.Action) hook.Outcome)(a)
 }
 
 // ShardOf returns the key-shard r was routed to.

@@ -23,10 +23,10 @@ type Attempt struct {
 var (
 	NewRunner   any // func(consumer.Config, any) (*consumer.Runner, error)
 	CheckConfig any // func(consumer.Config) (consumer.Config, error)
-	NewObserver any // func(string, []consumer.Hook) any
+	NewObserver any // func(string, []hook.Hook) any
 	ObserverOf  any // func(any) any
 	DueOf       any // func(*consumer.Record, time.Time, time.Duration) (time.Time, bool)
-	OutcomeOf   any // func(retrytopic.Action) consumer.Outcome
+	OutcomeOf   any // func(retrytopic.Action) hook.Outcome
 	ShardOf     any // func(*consumer.Record) int
 	RevokedCh   any // func(*consumer.Record) <-chan struct{}
 )

@@ -1,0 +1,175 @@
+// Package hook is how a kscope runner is observed: the interfaces an
+// observer implements (RecordHook, FetchHook, LagHook, ...) and what they
+// receive. A value given in consumer.Config.Hooks is called through each
+// interface it implements. Packages kscopeprom (Prometheus) and kscopeotel
+// (OpenTelemetry) are such observers; write your own for another system.
+package hook
+
+import (
+	"context"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Hook observes a runner. It is any value that implements one or more of
+// the *Hook interfaces of this package; kscope finds them by type
+// assertion when the runner is built (consumer.Config.Hooks) and calls
+// only those. kscope itself
+// imports no metrics or tracing library: the kscopeprom and kscopeotel
+// packages are hooks for Prometheus and OpenTelemetry. With no hooks, the
+// hot path does no observability work at all.
+//
+// Hooks are called from the runner's goroutines, concurrently, and must not
+// block: a slow hook slows consumption.
+type Hook any
+
+// Outcome is how one delivery of a record ended.
+type Outcome string
+
+// Outcomes of a delivery.
+const (
+	OutcomeSuccess      Outcome = "success"       // the handler's effects are durable
+	OutcomeDuplicate    Outcome = "duplicate"     // already applied (an inbox hit): not handled again
+	OutcomeRetried      Outcome = "retried"       // sent to a retry topic, to be handled again later
+	OutcomeParked       Outcome = "parked"        // sent behind an earlier failing record of its key
+	OutcomeDeadLettered Outcome = "dead_lettered" // sent to the dead-letter topic
+	OutcomeSkipped      Outcome = "skipped"       // a business outcome (Skip): acknowledged, not retried
+	OutcomeStale        Outcome = "stale"         // at or below its key's last applied version: skipped
+	OutcomeGap          Outcome = "gap"           // ahead of its key's next version: waits for the versions before it
+	// OutcomeAborted: the delivery did not finish here (the partition
+	// was revoked, the runner stopped, or the transaction aborted); the
+	// record is delivered again, to this member or the next owner.
+	OutcomeAborted Outcome = "aborted"
+)
+
+// Event names a step in a delivery, reported to RecordEventHook (a span
+// event in kscopeotel).
+type Event string
+
+// Events of a delivery.
+const (
+	EventDuplicate   Event = "kscope.dedupe_hit"   // the inbox already holds the record
+	EventRetry       Event = "kscope.retry"        // a failed attempt is retried in place
+	EventRetryTopic  Event = "kscope.retry_topic"  // routed to a retry topic
+	EventDeadLetter  Event = "kscope.dead_letter"  // routed to the dead-letter topic
+	EventVersionGap  Event = "kscope.version_gap"  // ahead of its key's next version
+	EventVersionHeal Event = "kscope.version_heal" // applied after waiting for the versions before it
+)
+
+// RecordStart is what RecordHook receives when a delivery starts.
+type RecordStart struct {
+	Group  string
+	Record *kgo.Record
+}
+
+// RecordEnd is what RecordHook receives when a delivery ends.
+type RecordEnd struct {
+	Group    string
+	Record   *kgo.Record
+	Outcome  Outcome
+	Duration time.Duration // from the start of the delivery to its durable outcome
+	Err      error         // the last handler error, if any
+}
+
+// RecordHook is called around every delivery of a record to a scope: once
+// when it starts (the context it returns is the one the handler gets) and
+// once when its outcome is durable. A delivery is one pass of a record
+// through a scope: in-place retries belong to it; a hop through a retry
+// topic is a new delivery.
+type RecordHook interface {
+	OnRecordStart(ctx context.Context, s RecordStart) context.Context
+	OnRecordEnd(ctx context.Context, e RecordEnd)
+}
+
+// RecordEventHook is called at the steps of a delivery named by Event.
+// detail is a short, safe description (a topic name, "expected 3, got 5"),
+// never a payload.
+type RecordEventHook interface {
+	OnRecordEvent(ctx context.Context, group string, r *kgo.Record, ev Event, detail string)
+}
+
+// InjectHook is called on every record kscope produces on behalf of a
+// delivery (a retry or dead-letter record, a Kafka-scope output), with the
+// delivery's context, so that the record carries the trace on.
+type InjectHook interface {
+	InjectRecord(ctx context.Context, r *kgo.Record)
+}
+
+// Fetch is what FetchHook receives for each partition of each poll.
+type Fetch struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Records   int
+}
+
+// FetchHook is called for every partition a poll returned records of.
+type FetchHook interface {
+	OnFetch(f Fetch)
+}
+
+// Route is what RouteHook receives when a record was produced to a retry
+// or dead-letter topic, or the attempt failed.
+type Route struct {
+	Group  string
+	Topic  string // the source topic
+	Kind   string // "retry" or "dlt"
+	Class  string // the failure's class (retrytopic.Class), or "parked" for a record sent behind its key's failing one
+	Err    error  // nil when the broker acknowledged it
+	Target string // the retry or dead-letter topic
+}
+
+// RouteHook is called after every produce attempt of a routed record.
+type RouteHook interface {
+	OnRoute(r Route)
+}
+
+// Commit is what CommitHook receives after an offset commit request.
+type Commit struct {
+	Group      string
+	Partitions int
+	Err        error
+}
+
+// CommitHook is called after every offset commit request.
+type CommitHook interface {
+	OnCommit(c Commit)
+}
+
+// Lag is one assigned partition's position, reported by LagHook.
+type Lag struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Offsets   int64         // records not finished: the high watermark minus the lowest unfinished offset
+	Age       time.Duration // age of the oldest unfinished record (0 when none is in flight)
+	InFlight  int           // records polled and not finished
+	Paused    bool          // fetching is paused (backpressure or a held retry record)
+}
+
+// LagHook is called for every assigned partition at every commit interval
+// (OnLag), and when a partition leaves this member (OnPartitionGone, so that
+// its series can be removed).
+type LagHook interface {
+	OnLag(l Lag)
+	OnPartitionGone(group, topic string, partition int32)
+}
+
+// Rebalance is what RebalanceHook receives.
+type Rebalance struct {
+	Group      string
+	Kind       string // "assigned", "revoked" or "lost"
+	Partitions int
+}
+
+// RebalanceHook is called on every assignment, revocation and loss.
+type RebalanceHook interface {
+	OnRebalance(r Rebalance)
+}
+
+// RetryLatenessHook is called when a held retry-topic record is released,
+// with how late after its due time that was.
+type RetryLatenessHook interface {
+	OnRetryLateness(group, topic string, late time.Duration)
+}
