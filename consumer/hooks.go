@@ -105,7 +105,7 @@ func (o *observer) Ended(r *Record) bool {
 	return o == nil || len(o.record) == 0 || r.obs == nil || r.obs.ctx == nil || r.obs.ended
 }
 
-// hook.Event reports a step of r's delivery.
+// Event reports a step of r's delivery.
 func (o *observer) Event(r *Record, ev hook.Event, detail string) {
 	if o == nil || len(o.event) == 0 {
 		return
@@ -127,7 +127,7 @@ func (o *observer) Inject(ctx context.Context, out *kgo.Record) {
 	}
 }
 
-// hook.Route reports a produce attempt of a routed record (r.Group is filled
+// Route reports a produce attempt of a routed record (r.Group is filled
 // in).
 func (o *observer) Route(r hook.Route) {
 	if o == nil || len(o.route) == 0 {
@@ -139,7 +139,7 @@ func (o *observer) Route(r hook.Route) {
 	}
 }
 
-// hook.Commit reports an offset commit request.
+// Commit reports an offset commit request.
 func (o *observer) Commit(partitions int, err error) {
 	if o == nil {
 		return
@@ -149,7 +149,7 @@ func (o *observer) Commit(partitions int, err error) {
 	}
 }
 
-// hook.Rebalance reports an assignment, revocation or loss.
+// Rebalance reports an assignment, revocation or loss.
 func (o *observer) Rebalance(kind string, partitions int) {
 	if o == nil {
 		return
@@ -169,7 +169,7 @@ func (o *observer) Fetched(topic string, partition int32, n int) {
 	}
 }
 
-// hook.Lag reports one partition's position.
+// Lag reports one partition's position.
 func (o *observer) Lag(l hook.Lag) {
 	if o == nil {
 		return

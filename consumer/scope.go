@@ -152,7 +152,7 @@ func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done 
 	}
 }
 
-// hook.OutcomeOf returns the outcome of a delivery whose failure ended in step
+// outcomeOf returns the outcome of a delivery whose failure ended in step
 // action a: skipped, retried (a retry topic) or dead-lettered.
 func outcomeOf(a retrytopic.Action) hook.Outcome {
 	switch a {
