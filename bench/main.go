@@ -59,7 +59,7 @@ func main() {
 	out := flag.String("out", "../BENCHMARKS.md", "where to write the report")
 	svg := flag.String("svg", "../BENCHMARKS-shards.svg", "where the full run writes the shard-count chart")
 	runs := flag.Int("runs", 3, "measured runs per figure (the median is reported)")
-	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r4, r5, rss, sweeps")
+	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r4, pc, r5, rss, sweeps")
 	flag.Parse()
 	if *only != "" {
 		p := plans[*mode]
@@ -166,6 +166,11 @@ func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
 			return err
 		}
 	}
+	if p.has("pc") {
+		if err := b.peerPC(ctx, rep, ioN(64)); err != nil {
+			return err
+		}
+	}
 	if p.has("r5") {
 		if err := b.r5(ctx, p, rep); err != nil {
 			return err
@@ -214,7 +219,7 @@ func (b *bench) r3(ctx context.Context, p plan, rep *report) error {
 	rep.add(scenario{key: "r3_db_vs_naive", title: "r3: DB scope against the naive loop", figs: []figure{q, x, naive},
 		ratio: q.median / naive.median, target: 10, atLeast: true, profile: dbq, cpu: true})
 	rep.add(scenario{key: "r3_db_vs_ceiling", title: "r3: DB scope against PostgreSQL's ceiling", figs: []figure{q, x, ceiling},
-		ratio: q.median / ceiling.median, target: 0.6, atLeast: true, profile: dbq, cpu: true})
+		ratio: q.median / ceiling.median, target: 0.8, atLeast: true, profile: dbq, cpu: true})
 	rep.add(scenario{key: "peer_watermill", title: "Peer: DB scope against Watermill", figs: []figure{q, x, wm, ceiling},
 		ratio: q.median / wm.median, target: 10, atLeast: true, profile: dbq, cpu: true})
 	return nil
@@ -230,6 +235,11 @@ func (b *bench) r4(ctx context.Context, rep *report, n int, ideal float64) error
 	}
 	rep.add(scenario{key: "r4_io_efficiency", title: "r4: I/O-bound handler (5 ms), 64 key-shards", figs: figs,
 		ideal: ideal, ratio: figs[0].median / ideal, target: 0.85, atLeast: true, profile: io})
+	// The timer's ceiling is what 64 sleeping goroutines reach on this
+	// machine (timer slack makes it a little below the nominal ideal):
+	// that is the runner's real bound.
+	rep.add(scenario{key: "r4_vs_timer", title: "r4: I/O-bound handler against the timer's ceiling", figs: figs,
+		ratio: figs[0].median / figs[1].median, target: 0.97, atLeast: true})
 	return nil
 }
 

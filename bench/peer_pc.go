@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+// pcDir holds the Parallel Consumer harness: a Maven project whose single
+// class runs the r4 workload (KEY ordering, 64-way concurrency, a 5 ms
+// sleep per record) and prints {"records":N,"seconds":S,"handler_ms":M}.
+const pcDir = "pc"
+
+// errNoJVM says that the machine lacks the JDK or Maven the peer needs.
+var errNoJVM = errors.New("java or mvn not found on PATH")
+
+// buildPC builds the harness once (Maven resolves Parallel Consumer and its
+// dependencies from Maven Central into the local repository) and returns
+// its class path.
+func buildPC(ctx context.Context) (string, error) {
+	for _, tool := range []string{"java", "mvn"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "", errNoJVM
+		}
+	}
+	cmd := exec.CommandContext(ctx, "mvn", "-q", "-B", "package", "-DskipTests")
+	cmd.Dir = pcDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the Parallel Consumer harness: %w\n%s", err, out)
+	}
+	abs, err := filepath.Abs(pcDir)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(abs, "target", "pc-bench-1.jar") + string(os.PathListSeparator) + filepath.Join(abs, "target", "lib", "*"), nil
+}
+
+// parallelConsumer runs the harness as a contender on b's broker and topic.
+func (b *bench) parallelConsumer(classpath string) func(ctx context.Context, n int) (result, error) {
+	return func(ctx context.Context, n int) (result, error) {
+		ctx, cancel := context.WithTimeout(ctx, runTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "java", "-cp", classpath, "dev.kscope.bench.PcBench",
+			strings.Join(b.k.Brokers, ","), b.topic, b.name("pc"), fmt.Sprint(n), "64", fmt.Sprint(ioDelay.Milliseconds()))
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return result{}, fmt.Errorf("Parallel Consumer: %w: %s", err, stderr.String())
+		}
+		var got struct {
+			Records   int     `json:"records"`
+			Seconds   float64 `json:"seconds"`
+			HandlerMs float64 `json:"handler_ms"`
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+			return result{}, fmt.Errorf("Parallel Consumer printed %q: %w", out, err)
+		}
+		return result{
+			records: got.Records,
+			elapsed: time.Duration(got.Seconds * float64(time.Second)),
+			handler: time.Duration(got.HandlerMs * float64(time.Millisecond)),
+		}, nil
+	}
+}
+
+// peerPC runs the r4 workload on kscope and on Confluent Parallel Consumer
+// against the same Apache Kafka broker: b's own when the run uses one, else
+// one started for this scenario.
+func (b *bench) peerPC(ctx context.Context, rep *report, n int) error {
+	cp, err := buildPC(ctx)
+	if errors.Is(err, errNoJVM) {
+		b.logf("peer Parallel Consumer: skipped (%v)", err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ab := b
+	if b.k.Kind == "kfake" {
+		b.logf("peer Parallel Consumer: starting Apache Kafka %s", testenv.ApacheKafkaVersion)
+		k, err := testenv.StartApacheKafka(ctx, testenv.ApacheOptions{})
+		if err != nil {
+			return fmt.Errorf("starting Apache Kafka for the Parallel Consumer peer: %w", err)
+		}
+		defer k.Close()
+		ab = &bench{k: k, pg: b.pg, pool: b.pool, runs: b.runs, log: b.log, out: b.out, topic: "bench.records.apache"}
+		b.logf("peer Parallel Consumer: producing %d records to Apache Kafka", n*2)
+		if err := ab.produceBacklog(ctx, ab.topic, n*2); err != nil {
+			return err
+		}
+	}
+	figs, err := ab.measure(ctx, "peer Parallel Consumer (Apache Kafka)",
+		contender{"kscope AtLeastOnce, 5 ms handler, 64 key-shards (Apache Kafka)", n, ab.kscopeIO(64), nil},
+		contender{"Confluent Parallel Consumer 0.5.3.3, KEY order, concurrency 64, 5 ms handler (Apache Kafka)", n, ab.parallelConsumer(cp), nil})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "peer_parallel_consumer", title: "Peer: kscope against Confluent Parallel Consumer (r4 workload, Apache Kafka)", figs: figs,
+		ratio: figs[0].median / figs[1].median, target: 1.2, atLeast: true})
+	return nil
+}
