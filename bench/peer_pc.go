@@ -54,7 +54,7 @@ func (b *bench) parallelConsumer(classpath string) func(ctx context.Context, n i
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		if err != nil {
-			return result{}, fmt.Errorf("Parallel Consumer: %w: %s", err, stderr.String())
+			return result{}, fmt.Errorf("the Parallel Consumer harness: %w: %s", err, stderr.String())
 		}
 		var got struct {
 			Records   int     `json:"records"`
@@ -63,7 +63,7 @@ func (b *bench) parallelConsumer(classpath string) func(ctx context.Context, n i
 		}
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
-			return result{}, fmt.Errorf("Parallel Consumer printed %q: %w", out, err)
+			return result{}, fmt.Errorf("the Parallel Consumer harness printed %q: %w", out, err)
 		}
 		return result{
 			records: got.Records,
