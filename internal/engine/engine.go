@@ -124,9 +124,10 @@ type Transactor interface {
 	// is pending on them any more); TxnGone with revoked or lost ones.
 	TxnAssigned(ps map[string][]int32)
 	TxnGone(ps map[string][]int32)
-	// TxnPrepare runs after every poll, before its records are
-	// dispatched (the versions of newly assigned partitions are restored
-	// there). An error ends Run.
+	// TxnPrepare runs before every poll waits and after every poll,
+	// before its records are dispatched (the versions of newly assigned
+	// partitions are restored there, so that their timers run even while
+	// no record comes). An error ends Run.
 	TxnPrepare(ctx context.Context) error
 	// TxnTick runs before every poll: it does the scope's work that is
 	// due at now and returns when more is (zero for never); the poll
