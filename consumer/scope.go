@@ -7,8 +7,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/backoff"
-	"github.com/kscope-dev/kscope/internal/engine/link"
 	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -111,45 +109,6 @@ func (s *atLeastOnce) deliver(ctx context.Context, obs *observer, r *Record, don
 	obs.End(r, outcomeOf(a.Step.Action), a.Err)
 	done(r)
 	return true
-}
-
-// Attempts is every scope's retry in place: it calls call for rec until
-// it succeeds or the failure policy decides something other than a retry
-// in place (a skip, a retry topic, the dead-letter topic), which the
-// caller carries out; see link.Attempt for what it returns. Between attempts it has the policy log and count the retry,
-// hands over the done reports kept so far (done(nil): the records before
-// rec may commit meanwhile), and waits the backoff, holding rec's
-// key-shard and nothing else. ok is false when rec was left undone: ctx
-// ended, or rec's partition was revoked, before an attempt or during the
-// wait.
-func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done func(*Record), call func() error) (a link.Attempt) {
-	for a.N = 1; ; a.N++ {
-		if ctx.Err() != nil || rec.Revoked() {
-			return a
-		}
-		if a.Err = call(); a.Err == nil {
-			a.OK = true
-			return a
-		}
-		if ctx.Err() != nil {
-			return a // canceled mid-handler: the next owner handles it
-		}
-		if a.First.IsZero() {
-			a.First = time.Now()
-		}
-		a.Step = f.Decide(ctx, rec, a.Err, a.N, topics)
-		if a.Step.Action != retrytopic.ActionRetry {
-			a.OK = true
-			return a
-		}
-		f.Route(ctx, rec, a.Err, a.Step, a.N, a.First) //nolint:errcheck // a retry in place: logs and counts only
-		if done != nil {
-			done(nil)
-		}
-		if !backoff.SleepOr(ctx, a.Step.Delay, revokedCh(rec)) {
-			return a // stopped, or revoked: the next owner handles it
-		}
-	}
 }
 
 // outcomeOf returns the outcome of a delivery whose failure ended in step

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -154,25 +154,24 @@ func (s *scope) markDead(ctx context.Context, id, topic string, key []byte) erro
 	})
 }
 
-// retryTx runs fn in a transaction until it commits, retrying transient
-// errors with backoff; only a done ctx or a lasting error stops it.
+// retryTx runs fn in a transaction until it commits, on the runner's
+// retry loop (engine.Failures.Rounds): a failed transaction is retried
+// after a growing backoff; only a done ctx stops it.
 func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(ctx, s.o.Pool, fn)
-		if err == nil {
-			s.transactions.Add(1)
-			return nil
+	if s.f.Rounds(ctx, nil, func() engine.Round {
+		if err := pgx.BeginFunc(ctx, s.o.Pool, fn); err != nil {
+			if ctx.Err() != nil {
+				return engine.Round{Stop: true}
+			}
+			s.txRetries.Add(1)
+			return engine.Round{More: true, Err: err}
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		s.txRetries.Add(1)
-		d := backoff.Delay(attempt, retryBase, retryCap)
-		s.log.Warn("kscope: a parking transaction failed; retrying", "err", err, "attempt", attempt, "retry_in", d)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
-		}
+		s.transactions.Add(1)
+		return engine.Round{}
+	}) {
+		return nil
 	}
+	return ctx.Err()
 }
 
 // release applies the waiting records of key (of original topic topic)
@@ -182,39 +181,36 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // rest stay behind it). It does nothing while the key has a head.
 func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 	tries := map[string]int{} // in-place attempts per identity
-	for {
+	var err error
+	ok := s.f.Rounds(ctx, nil, func() engine.Round {
 		var rel released
-		err := s.retryTx(ctx, func(tx pgx.Tx) error {
+		if err = s.retryTx(ctx, func(tx pgx.Tx) error {
 			var err error
 			rel, err = s.releaseTx(ctx, tx, topic, key, tries)
 			return err
-		})
-		if err != nil {
-			return err
+		}); err != nil {
+			return engine.Round{Stop: true}
 		}
 		if rel.routed != nil {
 			attempt := tries[rel.routed.id] + 1
-			if err := s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, time.Now()); err != nil {
-				return err
+			if err = s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, time.Now()); err != nil {
+				return engine.Round{Stop: true}
 			}
-			if err := s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter); err != nil {
-				return err
+			if err = s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter); err != nil {
+				return engine.Round{Stop: true}
 			}
-			if rel.step.Action != retrytopic.ActionDeadLetter {
-				return nil // the key's new head is in the retry topics
-			}
-			continue
+			// Past a dead letter, the next waiting record is the key's
+			// head; one in the retry topics holds the key.
+			return engine.Round{More: rel.step.Action == retrytopic.ActionDeadLetter}
 		}
-		if rel.wait > 0 {
-			if !backoff.Sleep(ctx, rel.wait) {
-				return ctx.Err()
-			}
-			continue
-		}
-		if rel.n < maxSavepoints {
-			return nil
-		}
+		// A retry in place waits its delay; a full transaction may have
+		// left more waiting records.
+		return engine.Round{More: rel.wait > 0 || rel.n >= maxSavepoints, Wait: rel.wait}
+	})
+	if !ok && err == nil {
+		err = ctx.Err()
 	}
+	return err
 }
 
 // released is what one release transaction did.

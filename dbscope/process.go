@@ -8,7 +8,6 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -30,7 +29,10 @@ type result struct {
 	release   bool            // the record was its key's head: the key's waiting records are released
 }
 
-// Process implements engine.Scope.
+// Process implements engine.Scope. The batch runs in rounds on the
+// runner's retry loop (engine.Failures.Rounds): each round is one
+// transaction over the records still pending, then what it decided is
+// carried out; see batchRun.round.
 func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
 	obs := s.obs
 	for _, r := range batch {
@@ -41,89 +43,84 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 			obs.End(r, hook.OutcomeAborted, nil) // a no-op for the records that ended
 		}
 	}()
-	pending := batch
-	limit := s.txLimit(len(pending)) // the next transaction takes pending[:limit]
-	fails := map[*consumer.Record]*failure{}
-	var calls map[*consumer.Record]*queuedCall
+	b := &batchRun{s: s, ctx: ctx, done: done, pending: batch, limit: s.txLimit(len(batch)),
+		fails: map[*consumer.Record]*failure{}}
 	if s.qh != nil {
-		calls = make(map[*consumer.Record]*queuedCall, len(batch))
+		b.calls = make(map[*consumer.Record]*queuedCall, len(batch))
 	}
-	txFailed := 0 // transactions failed in a row
-	for attempt := 0; len(pending) > 0; {
-		if ctx.Err() != nil || pending[0].Revoked() {
-			return
-		}
-		work, res, stop, err := s.apply(ctx, pending[:limit], done, fails, calls)
-		if err == nil && txFailed > 0 {
-			s.log.Info("kscope: the batch's transaction committed after failed attempts (PostgreSQL is back)", "failed_attempts", txFailed,
-				"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset)
-			txFailed = 0
-		}
-		if err != nil {
-			txFailed++
-			attempt++
-			var ok bool
-			if limit, ok = s.txFailed(ctx, err, pending, limit, attempt, calls, done); !ok {
-				return
-			}
-			continue
-		}
-		rest := pending[limit:] // after a transient failure: not tried yet
-		// The transaction committed. Carry out what it decided for the
-		// records that did not apply: a parked record is stored in
-		// PostgreSQL and done; a failed one is retried in place, sent to a
-		// retry topic or dead-lettered, and done once the broker has it.
-		// A key whose head resolved has its waiting records released.
-		kept, wait, release, ok := s.settle(ctx, work, res, fails, calls, done)
-		if !ok {
-			return
-		}
-		for _, k := range release {
-			if err := s.release(ctx, k.topic, k.key); err != nil {
-				return
-			}
-		}
-		if stop != nil {
-			delete(calls, stop.rec) // its next attempt calls the handler again
-			var d time.Duration
-			attempt, d = s.transientBackoff(stop, pending, attempt)
-			wait = max(wait, d)
-		} else {
-			attempt = 0
-		}
-		if len(kept) == 0 && len(rest) == 0 {
-			return
-		}
-		// What is left goes again, in order: the records kept for a retry
-		// in place, those deferred behind them and those the transaction
-		// did not reach, with the rest of the batch behind them.
-		pending = append(kept, rest...)
-		limit = s.txLimit(len(pending))
-		done(nil) // what is durable may commit while the rest waits
-		if wait > 0 && !backoff.SleepOr(ctx, wait, engine.RevokedCh(pending[0])) {
-			return
-		}
-	}
+	s.f.Rounds(ctx, done, b.round)
 }
 
-// transientBackoff counts the transient failure of stop's record and
-// returns the attempt and its backoff. A record's handler
-// failed transiently (a statement timeout, a deadlock): the records before
-// it committed, and it goes again, with the rest, after a backoff. The
-// backoff grows only while the same record fails first: when records
-// before it committed, the batch made progress and it starts over, so a
-// batch whose records time out one by one is not slowed down more and
-// more.
-func (s *scope) transientBackoff(stop *transientError, pending []*consumer.Record, attempt int) (int, time.Duration) {
-	if len(pending) > 0 && stop.rec != pending[0] {
-		attempt = 0
+// batchRun is one Process call's state across its rounds.
+type batchRun struct {
+	s       *scope
+	ctx     context.Context
+	done    func(*consumer.Record)
+	pending []*consumer.Record // in order; the next transaction takes pending[:limit]
+	limit   int
+	fails   map[*consumer.Record]*failure    // the failures of each record so far
+	calls   map[*consumer.Record]*queuedCall // a QueueHandler's calls, kept for a retry of the transaction
+}
+
+// round runs one transaction over the pending records and carries out
+// what it decided. When the transaction did not commit, the round failed:
+// the same records go again after the loop's backoff, up to the record
+// whose statement failed, when a transient error names one. When it
+// committed, a parked record is stored in PostgreSQL and done; a failed
+// one is retried in place (kept, after the policy's delay), sent to a
+// retry topic or dead-lettered, and done once the broker has it; a key
+// whose head resolved has its waiting records released. A record that
+// failed transiently (a statement timeout, a deadlock) stopped the
+// transaction: the records before it committed, and it goes again, with
+// the rest, after the loop's backoff, which grows only while the same
+// record fails first (a batch whose records time out one by one is not
+// slowed down more and more).
+func (b *batchRun) round() engine.Round {
+	s, ctx, pending := b.s, b.ctx, b.pending
+	if ctx.Err() != nil || pending[0].Revoked() {
+		return engine.Round{Stop: true}
 	}
-	attempt++
-	s.txRetries.Add(1)
-	d := backoff.Delay(attempt, retryBase, retryCap)
-	s.log.Warn("kscope: a record failed transiently; the records before it committed, retrying from it", "err", stop.err,
-		"topic", stop.rec.Topic, "partition", stop.rec.Partition, "offset", stop.rec.Offset, "attempt", attempt, "retry_in", d)
-	return attempt, d
+	work, res, stop, err := s.apply(ctx, pending[:b.limit], b.done, b.fails, b.calls)
+	if err != nil {
+		if ctx.Err() != nil {
+			return engine.Round{Stop: true}
+		}
+		s.txRetries.Add(1)
+		var te *transientError
+		if errors.As(err, &te) {
+			delete(b.calls, te.rec) // its statement failed: its handler runs again
+			if cut := slices.Index(pending[:b.limit], te.rec); cut > 0 {
+				b.limit = cut
+			}
+		}
+		return engine.Round{More: true, Of: pending[0], Err: err}
+	}
+	rest := pending[b.limit:] // after a transient failure: not tried yet
+	kept, wait, release, ok := s.settle(ctx, work, res, b.fails, b.calls, b.done)
+	if !ok {
+		return engine.Round{Stop: true}
+	}
+	for _, k := range release {
+		if err := s.release(ctx, k.topic, k.key); err != nil {
+			return engine.Round{Stop: true}
+		}
+	}
+	next := engine.Round{Wait: wait}
+	if stop != nil {
+		delete(b.calls, stop.rec) // its next attempt calls the handler again
+		s.txRetries.Add(1)
+		next.Err, next.Progress = stop, stop.rec != pending[0]
+	}
+	if len(kept) == 0 && len(rest) == 0 {
+		return next
+	}
+	// What is left goes again, in order: the records kept for a retry in
+	// place, those deferred behind them and those the transaction did not
+	// reach, with the rest of the batch behind them.
+	b.pending = append(kept, rest...)
+	b.limit = s.txLimit(len(b.pending))
+	next.More, next.Of = true, b.pending[0]
+	return next
 }
 
 // heldKey names a key whose waiting records may be released.
@@ -332,29 +329,4 @@ func (s *scope) account(work []*consumer.Record, res []result, done func(*consum
 			s.gapsDetected.Add(1)
 		}
 	}
-}
-
-// txFailed waits before the batch's transaction, which failed with err on
-// pending[:limit], is tried again (attempt is its count of failures in a
-// row), and returns the records the next one takes: up to the record whose
-// statement failed, when a transient error names one. It reports false
-// when the batch stops (ctx done or the partition revoked).
-func (s *scope) txFailed(ctx context.Context, err error, pending []*consumer.Record, limit, attempt int,
-	calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (int, bool) {
-	if ctx.Err() != nil {
-		return limit, false
-	}
-	var te *transientError
-	if errors.As(err, &te) {
-		delete(calls, te.rec) // its statement failed: its handler runs again
-		if cut := slices.Index(pending[:limit], te.rec); cut > 0 {
-			limit = cut
-		}
-	}
-	s.txRetries.Add(1)
-	d := backoff.Delay(attempt, retryBase, retryCap)
-	s.log.Warn("kscope: transaction failed; retrying the batch", "err", err, "records", limit,
-		"topic", pending[0].Topic, "partition", pending[0].Partition, "first_offset", pending[0].Offset, "attempt", attempt, "retry_in", d)
-	done(nil) // what is durable may commit while the batch waits
-	return limit, backoff.SleepOr(ctx, d, engine.RevokedCh(pending[0]))
 }

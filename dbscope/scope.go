@@ -3,6 +3,7 @@ package dbscope
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -330,7 +331,9 @@ type transientError struct {
 	err error
 }
 
-func (e *transientError) Error() string { return e.err.Error() }
+func (e *transientError) Error() string {
+	return fmt.Sprintf("the record at %s/%d offset %d failed transiently: %v", e.rec.Topic, e.rec.Partition, e.rec.Offset, e.err)
+}
 func (e *transientError) Unwrap() error { return e.err }
 
 // errConnLost is a record's failure when the connection was lost under its

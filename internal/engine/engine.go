@@ -6,7 +6,7 @@
 //
 // The runner (consumer.Runner) is kscope's one engine: it owns polling,
 // key-shard dispatch, the in-flight bound, holding not-yet-due retry
-// records, the retry loop (Failures.Attempts), the commit watermark, lag,
+// records, the retry loop (Failures.Rounds), the commit watermark, lag,
 // stats and shutdown, for every scope. A scope is the unit of work it runs
 // per batch of one key-shard: it makes each record's effect durable and
 // says so with done; the runner commits offsets only up to the lowest
@@ -200,12 +200,20 @@ type Failures interface {
 	// its failure metadata and waits for the broker's acknowledgement,
 	// retrying with backoff until it succeeds or ctx is done.
 	Route(ctx context.Context, rec *consumer.Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error
-	// Attempts is every scope's retry in place: it calls call for rec
-	// until it succeeds or the policy decides something other than a
-	// retry in place (a skip, a retry topic, the dead-letter topic),
-	// which the caller carries out. Between attempts it has the policy
-	// log and count the retry, calls done(nil) (when done is not nil)
-	// and waits the backoff, holding rec's key-shard and nothing else.
+	// Rounds is the runner's one retry loop: it calls round until a round
+	// says there is no more (Round.More false) and reports whether it
+	// ended with its work done (false: ctx ended, Round.Of's partition
+	// was revoked, or a round said Stop). Between two rounds it calls
+	// done(nil) (when done is not nil) and waits, holding the caller's
+	// key-shard and nothing else: Round.Wait, or after a failed round
+	// (Round.Err) a backoff that grows while rounds fail in a row, and
+	// logs the failure. The DB scope runs a batch's transactions on it.
+	Rounds(ctx context.Context, done func(*consumer.Record), round func() Round) bool
+	// Attempts is a record's retry in place, on Rounds: it calls call
+	// for rec until it succeeds or the policy decides something other
+	// than a retry in place (a skip, a retry topic, the dead-letter
+	// topic), which the caller carries out. Before each retry the policy
+	// logs and counts it.
 	Attempts(ctx context.Context, rec *consumer.Record, topics bool, done func(*consumer.Record), call func() error) Attempt
 	// DeadLetterRecord and RetryTopicRecord return the record that carries
 	// rec to the dead-letter topic or to step's retry topic, for a scope
@@ -247,6 +255,14 @@ type Observer interface {
 
 // Attempt is how a record's attempts on one hop ended (Failures.Attempts).
 type Attempt = link.Attempt
+
+// Round is what one round of a scope's work did (Failures.Rounds): whether
+// there is a next round, the record it starts with (Of: its partition's
+// revocation stops the loop), the wait before it (Wait: a retry in place's
+// delay), and whether this round failed (Err, and Progress when some of
+// its records were done first; a failed round is logged and backs off) or
+// left records undone (Stop: the loop ends).
+type Round = link.Round[*consumer.Record]
 
 // NewRunner returns a runner for scope s, with cfg's defaults filled in.
 func NewRunner(cfg consumer.Config, s Scope) (*consumer.Runner, error) {

@@ -30,3 +30,14 @@ var (
 	ShardOf     any // func(*consumer.Record) int
 	RevokedCh   any // func(*consumer.Record) <-chan struct{}
 )
+
+// Round is what one round of a scope's work did (engine.Round); R is
+// *consumer.Record.
+type Round[R any] struct {
+	More     bool          // there is a next round
+	Of       R             // the record the next round starts with: its partition's revocation stops the loop (nil: only ctx does)
+	Wait     time.Duration // the wait before the next round: a retry in place's delay
+	Err      error         // the round failed: the next one waits the loop's growing backoff
+	Progress bool          // with Err: some of the round's records were done first (the backoff starts over)
+	Stop     bool          // the round left records undone (ctx ended while it carried out a decision): the loop ends
+}

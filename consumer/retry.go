@@ -1,0 +1,114 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/engine/link"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// The backoff of a failed round (a transaction that did not commit, a
+// statement that timed out): it grows while rounds fail in a row.
+const (
+	roundBase = 100 * time.Millisecond
+	roundCap  = 30 * time.Second
+)
+
+// Rounds is kscope's one retry loop; every scope's in-place retries run on
+// it (Attempts for a record at a time, the DB scope for a batch in a
+// transaction). It calls round until a round says there is no more, and
+// between two rounds hands over the done reports kept so far (done(nil),
+// when done is not nil: what is durable may commit meanwhile) and waits:
+// the round's Wait (a retry in place's delay, which the failure policy
+// chose), or, after a failed round, a backoff that grows while rounds fail
+// in a row. The wait holds the caller's key-shard and nothing else. It
+// reports false when work was left undone: ctx ended, the partition of the
+// record the next round starts with (Round.Of) was revoked, or a round
+// said Stop.
+func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() link.Round[*Record]) bool {
+	failed := 0 // rounds failed in a row
+	for {
+		r := round()
+		if r.Stop {
+			return false
+		}
+		wait := r.Wait
+		if r.Err != nil {
+			if r.Progress {
+				failed = 0
+			}
+			failed++
+			d := backoff.Delay(failed, roundBase, roundCap)
+			wait = max(wait, d)
+			attrs := []slog.Attr{slog.Any("err", r.Err), slog.Int("attempt", failed), slog.Duration("retry_in", d)}
+			if r.Of != nil {
+				attrs = append(attrs, slog.String("topic", r.Of.Topic), slog.Int("partition", int(r.Of.Partition)), slog.Int64("offset", r.Of.Offset))
+			}
+			f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: a transaction failed; retrying", attrs...)
+		} else if failed > 0 {
+			f.log.Info("kscope: a transaction committed after failed attempts", "failed_attempts", failed)
+			failed = 0
+		}
+		if !r.More {
+			return true
+		}
+		if ctx.Err() != nil || (r.Of != nil && r.Of.Revoked()) {
+			return false
+		}
+		if done != nil {
+			done(nil)
+		}
+		if wait > 0 {
+			var revoked <-chan struct{}
+			if r.Of != nil {
+				revoked = revokedCh(r.Of)
+			}
+			if !backoff.SleepOr(ctx, wait, revoked) {
+				return false // stopped, or revoked: the next owner handles it
+			}
+		}
+	}
+}
+
+// Attempts runs one record's in-place retries on [failures.Rounds]: it
+// calls call for rec until it succeeds or the failure policy decides
+// something other than a retry in place (a skip, a retry topic, the
+// dead-letter topic), which the caller carries out; see link.Attempt for
+// what it returns. Before each retry the policy logs and counts it. OK is
+// false when rec was left undone: ctx ended, or rec's partition was
+// revoked, before an attempt or during the wait.
+func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done func(*Record), call func() error) (a link.Attempt) {
+	if ctx.Err() != nil || rec.Revoked() {
+		return a
+	}
+	// The first attempt runs here: a record that succeeds at once (nearly
+	// all of them) costs no closure.
+	if a.N, a.Err = 1, call(); a.Err == nil {
+		a.OK = true
+		return a
+	}
+	a.OK = f.Rounds(ctx, done, func() link.Round[*Record] {
+		if a.N > 1 {
+			if a.Err = call(); a.Err == nil {
+				return link.Round[*Record]{}
+			}
+		}
+		if ctx.Err() != nil {
+			return link.Round[*Record]{Stop: true} // canceled mid-handler: the next owner handles it
+		}
+		if a.First.IsZero() {
+			a.First = time.Now()
+		}
+		a.Step = f.Decide(ctx, rec, a.Err, a.N, topics)
+		if a.Step.Action != retrytopic.ActionRetry {
+			return link.Round[*Record]{}
+		}
+		f.Route(ctx, rec, a.Err, a.Step, a.N, a.First) //nolint:errcheck // a retry in place: logs and counts only
+		a.N++
+		return link.Round[*Record]{More: true, Of: rec, Wait: a.Step.Delay}
+	})
+	return a
+}

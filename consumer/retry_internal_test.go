@@ -1,0 +1,121 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kscope-dev/kscope/commit"
+	"github.com/kscope-dev/kscope/internal/engine/link"
+	"github.com/kscope-dev/kscope/partition"
+)
+
+func roundsFailures() *failures {
+	return &failures{log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObserver("g", nil), dltLog: newDLTLog()}
+}
+
+// attemptLog keeps the "attempt" of every record logged.
+type attemptLog struct {
+	slog.Handler
+	attempts *[]int64
+}
+
+func (h attemptLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "attempt" {
+			*h.attempts = append(*h.attempts, a.Value.Int64())
+		}
+		return true
+	})
+	return nil
+}
+
+// TestRoundsHandsOverDoneBetweenRounds: between two rounds the loop hands
+// over the done reports kept so far, so that what is durable commits while
+// the rest waits; after the last round it does not.
+func TestRoundsHandsOverDoneBetweenRounds(t *testing.T) {
+	f := roundsFailures()
+	rounds, flushes := 0, 0
+	ok := f.Rounds(context.Background(), func(r *Record) {
+		if r != nil {
+			t.Fatalf("done(%v): the loop only hands over (done(nil))", r)
+		}
+		flushes++
+	}, func() link.Round[*Record] {
+		rounds++
+		return link.Round[*Record]{More: rounds < 3}
+	})
+	if !ok || rounds != 3 || flushes != 2 {
+		t.Fatalf("ok=%v rounds=%d flushes=%d, want true 3 2", ok, rounds, flushes)
+	}
+}
+
+// TestRoundsBacksOffFailedRounds: a failed round is retried after a backoff
+// that grows while rounds fail in a row and starts over after progress;
+// the round's own wait (a retry in place) is not shortened by it.
+func TestRoundsBacksOffFailedRounds(t *testing.T) {
+	f := roundsFailures()
+	var attempts []int64
+	f.log = slog.New(attemptLog{slog.NewTextHandler(io.Discard, nil), &attempts})
+	boom := errors.New("connection reset")
+	var gaps []time.Duration
+	last := time.Now()
+	script := []link.Round[*Record]{
+		{More: true, Err: boom},
+		{More: true, Err: boom},
+		{More: true, Err: boom},                 // the third in a row: at least 200ms
+		{More: true, Err: boom, Progress: true}, // starts over
+		{More: true, Wait: 350 * time.Millisecond},
+		{},
+	}
+	i := 0
+	ok := f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+		now := time.Now()
+		if i > 0 {
+			gaps = append(gaps, now.Sub(last))
+		}
+		last = now
+		i++
+		return script[i-1]
+	})
+	if !ok || i != len(script) {
+		t.Fatalf("ok=%v rounds=%d", ok, i)
+	}
+	if want := []int64{1, 2, 3, 1}; !slices.Equal(attempts, want) {
+		t.Fatalf("logged attempts %v, want %v: the backoff grows while rounds fail in a row and starts over after progress", attempts, want)
+	}
+	if gaps[2] < 200*time.Millisecond || gaps[4] < 350*time.Millisecond {
+		t.Fatalf("waits %v: want the third backoff at least 200ms and the round's own wait at least 350ms", gaps)
+	}
+}
+
+// TestRoundsStopsAtRevocation: a revoke during the wait ends the loop at
+// once (the next owner gets the record), and so does a round that says
+// Stop; both report the work as not done.
+func TestRoundsStopsAtRevocation(t *testing.T) {
+	f := roundsFailures()
+	a := partition.NewAssignment(context.Background(), commit.NewPartition("t", 0))
+	rec := &Record{part: &partState{Assignment: a}}
+	start := time.Now()
+	ok := f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+		go a.Revoke()
+		return link.Round[*Record]{More: true, Of: rec, Wait: time.Hour}
+	})
+	if ok || time.Since(start) > 10*time.Second {
+		t.Fatalf("ok=%v after %v: a revoke must end the wait", ok, time.Since(start))
+	}
+	if f.Rounds(context.Background(), nil, func() link.Round[*Record] { return link.Round[*Record]{Stop: true} }) {
+		t.Fatal("a round that stops must report the work undone")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if f.Rounds(ctx, nil, func() link.Round[*Record] {
+		cancel()
+		return link.Round[*Record]{More: true, Wait: time.Hour}
+	}) {
+		t.Fatal("a canceled context must end the loop with the work undone")
+	}
+}
