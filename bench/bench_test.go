@@ -30,7 +30,7 @@ func TestNoopScenario(t *testing.T) {
 	}
 	s := rep.scenarios[0]
 	for _, f := range s.figs {
-		if len(f.runs) != 1 || f.median <= 0 || f.runs[0].records != 2000 {
+		if len(f.runs) != 1 || f.median <= 0 || f.runs[0].records <= 0 || f.runs[0].records > 2000 {
 			t.Fatalf("%s: runs %+v, median %v", f.name, f.runs, f.median)
 		}
 	}
@@ -51,6 +51,31 @@ func TestNoopScenario(t *testing.T) {
 	}
 	if _, ok := rep.summary()["r1_noop"]; !ok {
 		t.Fatalf("summary %v lacks r1_noop", rep.summary())
+	}
+}
+
+// TestMeterWindow: a run is timed from the moment a tenth of its records
+// are done, and counts only the records done after that.
+func TestMeterWindow(t *testing.T) {
+	m := newMeter(100)
+	m.add(4)
+	if m.warmAt.Load() != 0 {
+		t.Fatal("the window opened before a tenth of the records were done")
+	}
+	m.add(11) // 15 done: the window opens here
+	m.add(85)
+	select {
+	case <-m.done:
+	default:
+		t.Fatal("the meter did not finish at its target")
+	}
+	if r := m.result(); r.records != 85 || r.elapsed != time.Duration(m.end.Load()-m.warmAt.Load()) {
+		t.Fatalf("result %+v: want the 85 records after the window opened, over the window", r)
+	}
+	one := newMeter(100)
+	one.add(100) // a single batch: no window, the whole run counts
+	if r := one.result(); r.records != 100 {
+		t.Fatalf("result %+v: want the whole run when the window never opened before the end", r)
 	}
 }
 

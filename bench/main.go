@@ -36,6 +36,8 @@ type plan struct {
 	watermill int // records per Watermill run
 	ioSeconds float64
 	txn       int // records per r5 run
+	// On the Apache Kafka broker: records per r1 run and per r5 run.
+	apacheNoop, apacheTxn int
 	rssFor    time.Duration
 	sweeps    bool // shard-count and batch-size sweeps
 	only      map[string]bool
@@ -44,11 +46,15 @@ type plan struct {
 // runs reports whether the plan includes the scenario.
 func (p plan) has(name string) bool { return p.only == nil || p.only[name] }
 
+// The runs of both modes are long enough for their steady state (the
+// window after the first tenth of a run's records, see meter) to dominate,
+// so that the quick run's ratios agree with the full run's; the full run
+// repeats the scenarios on more records and adds the sweeps.
 var plans = map[string]plan{
-	"quick": {mode: "quick", backlog: 1_000_000, noop: 1_000_000, db: 20_000, naive: 1_500, ceiling: 40_000,
-		watermill: 3_000, ioSeconds: 2.5, txn: 100_000, rssFor: 10 * time.Second},
-	"full": {mode: "full", backlog: 1_000_000, noop: 1_000_000, db: 60_000, naive: 5_000, ceiling: 120_000,
-		watermill: 10_000, ioSeconds: 8, txn: 300_000, rssFor: 25 * time.Second, sweeps: true},
+	"quick": {mode: "quick", backlog: 1_000_000, noop: 1_000_000, db: 100_000, naive: 2_000, ceiling: 100_000,
+		watermill: 5_000, ioSeconds: 3, txn: 200_000, apacheNoop: 1_000_000, apacheTxn: 100_000, rssFor: 10 * time.Second},
+	"full": {mode: "full", backlog: 2_000_000, noop: 2_000_000, db: 300_000, naive: 5_000, ceiling: 300_000,
+		watermill: 10_000, ioSeconds: 8, txn: 500_000, apacheNoop: 2_000_000, apacheTxn: 200_000, rssFor: 25 * time.Second, sweeps: true},
 }
 
 func main() {
@@ -59,7 +65,9 @@ func main() {
 	out := flag.String("out", "../BENCHMARKS.md", "where to write the report")
 	svg := flag.String("svg", "../BENCHMARKS-shards.svg", "where the full run writes the shard-count chart")
 	runs := flag.Int("runs", 3, "measured runs per figure (the median is reported)")
-	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r4, pc, r5, rss, sweeps")
+	summaryPath := flag.String("summary", "", "also write the last line (the JSON summary) to this file")
+	quickPath := flag.String("quick", "", "a quick run's summary file (-summary) to show beside this run's ratios")
+	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r4, apache (Parallel Consumer and the Apache Kafka figures), r5, rss, sweeps")
 	flag.Parse()
 	if *only != "" {
 		p := plans[*mode]
@@ -76,16 +84,33 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	rep, err := run(ctx, p, *runs, *out, *svg)
+	var quick map[string]any
+	if *quickPath != "" {
+		data, err := os.ReadFile(*quickPath)
+		if err == nil {
+			err = json.Unmarshal(data, &quick)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: reading the quick run's summary:", err)
+			os.Exit(2)
+		}
+	}
+	rep, err := run(ctx, p, *runs, *out, *svg, quick)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 	line, _ := json.Marshal(rep.summary())
+	if *summaryPath != "" {
+		if err := os.WriteFile(*summaryPath, append(line, '\n'), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
 	fmt.Println(string(line))
 }
 
-func run(ctx context.Context, p plan, runs int, outPath, svgPath string) (*report, error) {
+func run(ctx context.Context, p plan, runs int, outPath, svgPath string, quick map[string]any) (*report, error) {
 	started := time.Now()
 	machine0, children0 := machineCPU(), childrenCPU()
 	b := &bench{runs: runs, log: slog.New(slog.DiscardHandler), out: os.Stderr, topic: "bench.records"}
@@ -124,6 +149,7 @@ func run(ctx context.Context, p plan, runs int, outPath, svgPath string) (*repor
 	}
 
 	rep := newReport(p, runs, k.Kind, pg)
+	rep.quick = quick
 	b.logf("producing the %d-record backlog to %s (%d partitions, %d keys, %d-byte values)", p.backlog, b.topic, partitions, keys, valueSize)
 	t0 := time.Now()
 	if err := b.produceBacklog(ctx, b.topic, p.backlog); err != nil {
@@ -166,8 +192,8 @@ func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
 			return err
 		}
 	}
-	if p.has("pc") {
-		if err := b.peerPC(ctx, rep, ioN(64)); err != nil {
+	if p.has("apache") || p.has("pc") {
+		if err := b.apache(ctx, p, rep, ioN(64)); err != nil {
 			return err
 		}
 	}
@@ -269,7 +295,7 @@ func (b *bench) rss(ctx context.Context, p plan, rep *report) error {
 		rep.rss = append(rep.rss, r)
 		peaks = append(peaks, r.peakMiB)
 	}
-	rep.add(scenario{key: "peak_rss_mib", title: "Peak RSS of a consumer on a 1,000,000-record backlog", ratio: median(peaks), target: 256})
+	rep.add(scenario{key: "peak_rss_mib", title: fmt.Sprintf("Peak RSS of a consumer on a %s-record backlog", group(int64(p.backlog))), ratio: median(peaks), target: 128})
 	return nil
 }
 

@@ -14,19 +14,28 @@ import (
 	"time"
 )
 
-// meter times one run: from the first record handed to the code under test
-// to the moment the target count of records is done.
+// meter times one run in its steady state: from the moment a tenth of the
+// target count of records is done (the warm-up: group join, first fetches,
+// workers starting) to the moment the target count is. The same window
+// applies to every contender, so a short run and a long one measure the
+// same rate.
 type meter struct {
 	target int64
+	warmN  int64 // records done before the window opens
 	n      atomic.Int64
 	first  atomic.Int64 // unix nanoseconds of the first record seen
+	warmAt atomic.Int64 // unix nanoseconds when warmN records were done
+	warmed atomic.Int64 // records done at warmAt
 	end    atomic.Int64
 	done   chan struct{}
 	once   sync.Once
 }
 
+// warmFraction is the share of a run's records done before its window opens.
+const warmFraction = 10
+
 func newMeter(target int) *meter {
-	return &meter{target: int64(target), done: make(chan struct{})}
+	return &meter{target: int64(target), warmN: int64(target) / warmFraction, done: make(chan struct{})}
 }
 
 // start marks the first record seen; later calls are cheap no-ops.
@@ -36,10 +45,19 @@ func (m *meter) start() {
 	}
 }
 
+// observe opens the window once n records are done, if it is not open yet.
+func (m *meter) observe(n int64) {
+	if n >= m.warmN && m.warmAt.Load() == 0 && m.warmAt.CompareAndSwap(0, time.Now().UnixNano()) {
+		m.warmed.Store(n)
+	}
+}
+
 // add counts k finished records.
 func (m *meter) add(k int64) {
 	m.start()
-	if m.n.Add(k) >= m.target {
+	n := m.n.Add(k)
+	m.observe(n)
+	if n >= m.target {
 		m.finish()
 	}
 }
@@ -51,8 +69,14 @@ func (m *meter) finish() {
 	})
 }
 
+// result returns the run's rate over its window (over the whole run when
+// the window did not open before the end, as with a run of one batch).
 func (m *meter) result() result {
-	return result{records: int(m.target), elapsed: time.Duration(m.end.Load() - m.first.Load())}
+	end, at, warmed := m.end.Load(), m.warmAt.Load(), m.warmed.Load()
+	if at > 0 && end > at && warmed < m.target {
+		return result{records: int(m.target - warmed), elapsed: time.Duration(end - at)}
+	}
+	return result{records: int(m.target), elapsed: time.Duration(end - m.first.Load())}
 }
 
 // result is one run of one contender.
@@ -95,7 +119,9 @@ func untilDone(ctx context.Context, m *meter, run func(context.Context) error, d
 			<-errc
 			return fmt.Errorf("timed out after %s with %d of %d records done", runTimeout, done(), m.target)
 		case <-tick.C:
-			if done() >= m.target {
+			d := done()
+			m.observe(d)
+			if d >= m.target {
 				m.finish()
 				cancel()
 				return <-errc

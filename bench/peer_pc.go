@@ -73,13 +73,15 @@ func (b *bench) parallelConsumer(classpath string) func(ctx context.Context, n i
 	}
 }
 
-// peerPC runs the r4 workload on kscope and on Confluent Parallel Consumer
-// against the same Apache Kafka broker: b's own when the run uses one, else
-// one started for this scenario.
-func (b *bench) peerPC(ctx context.Context, rep *report, n int) error {
+// apache runs, against an Apache Kafka broker (b's own when the run uses
+// one, else one started here), the r4 workload on kscope and on Confluent
+// Parallel Consumer (peer_parallel_consumer) and, when the run's own figures
+// are kfake's, r1, r3 against the naive loop and r5 again, reported beside
+// them with the suffix _apache.
+func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	cp, err := buildPC(ctx)
 	if errors.Is(err, errNoJVM) {
-		b.logf("peer Parallel Consumer: skipped (%v)", err)
+		b.logf("Apache Kafka and the Parallel Consumer peer: skipped (%v)", err)
 		return nil
 	}
 	if err != nil {
@@ -87,15 +89,16 @@ func (b *bench) peerPC(ctx context.Context, rep *report, n int) error {
 	}
 	ab := b
 	if b.k.Kind == "kfake" {
-		b.logf("peer Parallel Consumer: starting Apache Kafka %s", testenv.ApacheKafkaVersion)
+		b.logf("Apache Kafka: starting %s", testenv.ApacheKafkaVersion)
 		k, err := testenv.StartApacheKafka(ctx, testenv.ApacheOptions{})
 		if err != nil {
-			return fmt.Errorf("starting Apache Kafka for the Parallel Consumer peer: %w", err)
+			return fmt.Errorf("starting Apache Kafka: %w", err)
 		}
 		defer k.Close()
 		ab = &bench{k: k, pg: b.pg, pool: b.pool, runs: b.runs, log: b.log, out: b.out, topic: "bench.records.apache"}
-		b.logf("peer Parallel Consumer: producing %d records to Apache Kafka", n*2)
-		if err := ab.produceBacklog(ctx, ab.topic, n*2); err != nil {
+		backlog := max(n*2, p.apacheNoop)
+		b.logf("Apache Kafka: producing %d records", backlog)
+		if err := ab.produceBacklog(ctx, ab.topic, backlog); err != nil {
 			return err
 		}
 	}
@@ -107,5 +110,29 @@ func (b *bench) peerPC(ctx context.Context, rep *report, n int) error {
 	}
 	rep.add(scenario{key: "peer_parallel_consumer", title: "Peer: kscope against Confluent Parallel Consumer (r4 workload, Apache Kafka)", figs: figs,
 		ratio: figs[0].median / figs[1].median, target: 1.2, atLeast: true})
+	if ab == b {
+		return nil // the run's own figures are Apache Kafka's
+	}
+	if figs, err = ab.measure(ctx, "r1 no-op (Apache Kafka)",
+		contender{"kscope AtLeastOnce, no-op handler (Apache Kafka)", p.apacheNoop, ab.kscopeNoop, nil},
+		contender{"raw franz-go PollFetches loop (Apache Kafka)", p.apacheNoop, ab.rawLoop, nil}); err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r1_noop_apache", title: "r1 on Apache Kafka", figs: figs,
+		ratio: figs[0].median / figs[1].median, target: 0.9, atLeast: true, cpu: true})
+	if figs, err = ab.measure(ctx, "r3 DB scope (Apache Kafka)",
+		contender{"kscope DB scope, queued handler (Apache Kafka)", p.db, ab.kscopeDBQueued(0), ab.resetDB},
+		contender{"naive loop: a transaction and a sync offset commit per record (Apache Kafka)", p.naive, ab.naiveDB, ab.resetDB}); err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r3_db_vs_naive_apache", title: "r3 against the naive loop on Apache Kafka", figs: figs,
+		ratio: figs[0].median / figs[1].median, target: 10, atLeast: true})
+	if figs, err = ab.measure(ctx, "r5 Kafka scope (Apache Kafka)",
+		contender{"kscope Kafka scope (txn), one output per input (Apache Kafka)", p.apacheTxn, ab.txnEmit, nil},
+		contender{"kscope AtLeastOnce, handler producing synchronously (Apache Kafka)", p.apacheTxn, ab.aloProduce, nil}); err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r5_txn_vs_alo_apache", title: "r5 on Apache Kafka", figs: figs,
+		ratio: figs[0].median / figs[1].median, target: 0.7, atLeast: true})
 	return nil
 }

@@ -60,6 +60,7 @@ type report struct {
 	batchSweepQueued []sweepPoint
 	boundSweep       []sweepPoint // r1 against MaxInFlightRecords; ideal holds the raw loop's rate
 	svgName          string
+	quick            map[string]any // a quick run's summary, shown beside the full run's ratios
 }
 
 func newReport(p plan, runs int, kafkaKind string, pg *testenv.Postgres) *report {
@@ -70,7 +71,7 @@ func (r *report) add(s scenario) { r.scenarios = append(r.scenarios, s) }
 
 // summary is the JSON line the program prints last.
 func (r *report) summary() map[string]any {
-	out := map[string]any{"mode": r.plan.mode}
+	out := map[string]any{"mode": r.plan.mode, "started": r.started.Format("2006-01-02 15:04 UTC")}
 	missed := []string{}
 	for _, s := range r.scenarios {
 		out[s.key] = math.Round(s.ratio*1000) / 1000
@@ -163,6 +164,7 @@ func (r *report) write(path, svgPath string) error {
 		}
 		fmt.Fprintf(&b, "| `%s` | %.3g | %s %g | %s |\n", s.key, s.ratio, op, s.target, verdict)
 	}
+	r.writeQuick(&b)
 
 	b.WriteString("\n## Method\n\n")
 	b.WriteString(`- Every figure is a **ratio** of two rates measured in the same run, on the same
@@ -179,9 +181,12 @@ func (r *report) write(path, svgPath string) error {
 - Each run uses a fresh consumer group that reads the topic from its start and
   stops when the given number of records is done (for kscope: its effect is
   durable, as the runner counts it; for the loops: after their commit or ack).
-  The rate is records / (time the last of them was done − time the first
-  record reached the code under test): group joins and shutdowns are outside
-  the window, the same for every contender.
+  The rate is that of the run's steady state: the records done in its window
+  / the window's length, the window opening when a tenth of the run's records
+  are done (group join, first fetches and workers starting are behind it) and
+  closing when the last is done. Every contender, the Parallel Consumer
+  harness included, is timed over the same window, and a short run measures
+  the same rate as a long one.
 - Warm-up: each contender runs once on a fifth of its records before the
   measured runs. Then the contenders of a scenario run interleaved (A B A B
   ...), %d times each; the **median** is reported, with every run listed.
@@ -473,4 +478,35 @@ func analysis(s scenario, otherCores float64) string {
 			wb, wp, c.median/w.median, rate(10*w.median), 1000*w.median/c.median, rate(c.median), rate(k.median))
 	}
 	return "The profile below shows where the time goes."
+}
+
+// writeQuick shows the quick run's ratios beside the full run's, with their
+// difference (the quick run is a check of the full one only while they
+// agree within 10%).
+func (r *report) writeQuick(b *strings.Builder) {
+	if r.quick == nil {
+		return
+	}
+	b.WriteString("\n### The quick run beside it\n\n")
+	fmt.Fprintf(b, "`make bench-quick` (%v) ran just before this run, on the same machine; `make bench` runs both. ", r.quick["started"])
+	b.WriteString("Its runs are shorter, timed over the same steady-state window (see Method).\n\n")
+	b.WriteString("| ratio | full | quick | quick / full |\n| --- | ---: | ---: | ---: |\n")
+	worst, worstKey := 0.0, ""
+	for _, s := range r.scenarios {
+		q, ok := r.quick[s.key].(float64)
+		if !ok {
+			fmt.Fprintf(b, "| `%s` | %.3g | — | — |\n", s.key, s.ratio)
+			continue
+		}
+		rel := q / s.ratio
+		if d := math.Abs(rel - 1); d > worst {
+			worst, worstKey = d, s.key
+		}
+		fmt.Fprintf(b, "| `%s` | %.3g | %.3g | %.3f |\n", s.key, s.ratio, q, rel)
+	}
+	verdict := "within 10%: the quick run agrees with the full one"
+	if worst > 0.10 {
+		verdict = "**more than 10%**: the quick run does not agree with the full one on that ratio"
+	}
+	fmt.Fprintf(b, "\nLargest difference: %.1f%% (`%s`), %s.\n", worst*100, worstKey, verdict)
 }

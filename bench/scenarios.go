@@ -154,12 +154,23 @@ func (b *bench) kscopeIO(shards int) func(ctx context.Context, n int) (result, e
 			time.Sleep(ioDelay)
 			slept.Add(int64(time.Since(t0)))
 			calls.Add(1)
+			m.add(1)
 			return nil
 		}))
 		if err != nil {
 			return result{}, err
 		}
-		err = untilDone(ctx, m, r.Run, func() int64 { return r.Stats().Done })
+		// Counted as the handler returns, as the timer's ceiling and the
+		// Parallel Consumer harness count: no ticker of the harness wakes
+		// between the sleepers.
+		rctx, cancel := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(rctx) }()
+		err = waitMeter(ctx, m, errc)
+		cancel()
+		if err == nil {
+			err = <-errc
+		}
 		res := m.result()
 		if c := calls.Load(); c > 0 {
 			res.handler = time.Duration(slept.Load() / c)
