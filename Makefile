@@ -52,7 +52,7 @@ test-kafka:
 test-containers:
 	cd integration && KSCOPE_TEST_CONTAINERS=1 $(GO) test -count=1 -timeout 30m ./...
 
-## bench: the benchmark ratios (writes BENCHMARKS.md and its chart), then the Go micro-benchmarks of the hot paths, with allocation counts
+## bench: the quick run, then the full run with the quick ratios beside its own (writes BENCHMARKS.md and its chart), then the Go micro-benchmarks of the hot paths, with allocation counts
 bench:
 	cd bench && $(GO) run . -mode quick -out $${TMPDIR:-/tmp}/kscope-bench-quick.md -summary $${TMPDIR:-/tmp}/kscope-bench-quick.json
 	cd bench && $(GO) run . -mode full -quick $${TMPDIR:-/tmp}/kscope-bench-quick.json
