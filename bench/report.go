@@ -289,6 +289,12 @@ func (r *report) write(path, svgPath string) error {
 	b.WriteString("\n## Micro-benchmarks\n\n`make bench` also runs the Go micro-benchmarks of the hot paths " +
 		"(`go test -run '^$' -bench . -benchmem ./...`): key-shard routing (`partition`), the commit watermark (`commit`), " +
 		"and the failure-header encode and decode (`retrytopic`), with allocation counts. Their output goes to the terminal.\n")
+	// Before-and-after measurements of past changes are kept in
+	// comparisons.md and carried into every report.
+	if cmp, err := os.ReadFile(comparisonsFile); err == nil {
+		b.WriteString("\n")
+		b.Write(cmp)
+	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
@@ -479,6 +485,10 @@ func analysis(s scenario, otherCores float64) string {
 	}
 	return "The profile below shows where the time goes."
 }
+
+// comparisonsFile holds the before-and-after runs of past changes, which
+// every report ends with.
+const comparisonsFile = "comparisons.md"
 
 // writeQuick shows the quick run's ratios beside the full run's, with their
 // difference (the quick run is a check of the full one only while they
