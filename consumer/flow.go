@@ -156,34 +156,43 @@ func (r *Runner) roomNow() (room, capacity int64) {
 	return room, capacity
 }
 
-// pauseBusiest pauses fetching for the partitions that hold more than their
-// fair share of the capacity (at least the busiest one), so that the room
-// that frees up goes to the others. A paused partition resumes when its
-// unfinished records fall to half its share.
+// pauseBusiest pauses fetching for the partitions that hold more than one
+// and a half times their fair share of the capacity (a slow partition
+// hogging the bound), so that the room that frees up goes to the others,
+// the partitions with records in flight or waiting that hold less. It pauses nothing when the load is
+// about even, or when no other partition would be left fetching: a pause
+// drops what the client buffered for the partition, to be fetched again on
+// resume. A paused partition resumes when its unfinished records fall to
+// half its share.
 func (r *Runner) pauseBusiest(capacity int64) {
 	type cand struct {
 		st      *partState
 		pending int
 	}
+	// The partitions that compete for room are those with records in
+	// flight or records waiting to be polled; an idle one (an empty retry
+	// topic's, say) takes none.
 	r.mu.Lock()
 	cs := make([]cand, 0, len(r.parts))
+	all := make([]*partState, 0, len(r.parts))
 	for _, st := range r.parts {
-		cs = append(cs, cand{st, st.Watermark.Pending()})
+		all = append(all, st)
+		if n := st.Watermark.Pending(); n > 0 || st.hwm.Load() > st.polledTo.Load() {
+			cs = append(cs, cand{st, n})
+		}
 	}
 	r.mu.Unlock()
-	if len(cs) == 0 {
-		return
-	}
 	sort.Slice(cs, func(i, j int) bool { return cs[i].pending > cs[j].pending })
-	share := max(capacity/int64(len(cs)), 1)
+	pending, paused := make([]int, len(cs)), make([]bool, len(cs))
+	for i, c := range cs {
+		pending[i], paused[i] = c.pending, c.st.paused.Load()
+	}
+	busy, share := hogs(pending, paused, capacity)
 
 	r.pauseMu.Lock()
 	defer r.pauseMu.Unlock()
 	toPause := make(map[string][]int32)
-	for i, c := range cs {
-		if c.pending == 0 || (i > 0 && int64(c.pending) <= share) {
-			break
-		}
+	for _, c := range cs[:busy] {
 		c.st.resumeAt.Store(share / 2)
 		if !c.st.paused.Load() && !c.st.Revoked() {
 			c.st.paused.Store(true)
@@ -198,9 +207,9 @@ func (r *Runner) pauseBusiest(capacity int64) {
 	}
 	// A partition may have finished its work between the count and the
 	// pause; do not leave it paused with nothing to wake it.
-	for _, c := range cs {
-		if c.st.paused.Load() && int64(c.st.Watermark.Pending()) <= c.st.resumeAt.Load() {
-			r.resumeLocked(c.st)
+	for _, st := range all {
+		if st.paused.Load() && int64(st.Watermark.Pending()) <= st.resumeAt.Load() {
+			r.resumeLocked(st)
 		}
 	}
 }
@@ -241,4 +250,30 @@ func (r *Runner) setHoldPaused(st *partState, on bool) {
 	case !st.paused.Load():
 		r.cl.ResumeFetchPartitions(tps)
 	}
+}
+
+// hogs decides a backpressure pause: given the pending records of the
+// partitions that compete for room, busiest first, and which of them are
+// paused, it returns how many of the busiest hold more than one and a half
+// times their share of capacity (to pause them), and the share. It returns none when
+// pausing them would leave no other competing partition fetching.
+func hogs(pending []int, paused []bool, capacity int64) (busy int, share int64) {
+	share = max(capacity/int64(max(len(pending), 1)), 1)
+	for _, n := range pending {
+		if int64(n) <= share*3/2 {
+			break
+		}
+		busy++
+	}
+	for i := busy; i < len(pending); i++ {
+		if !paused[i] {
+			return busy, share
+		}
+	}
+	// Pausing would leave no competing partition fetching: the room that
+	// frees up would go to none of them, and the client would drop what
+	// it buffered for them, to be fetched again once they resume, with
+	// nothing in flight meanwhile. The bound holds anyway: the poll loop
+	// takes nothing until there is room.
+	return 0, share
 }

@@ -89,7 +89,7 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 		if len(p.Records) == 0 {
 			return
 		}
-		pn, pb := r.dispatchAll(p.Topic, p.Partition, p.Records)
+		pn, pb := r.dispatchAll(p.Topic, p.Partition, p.HighWatermark, p.Records)
 		n += pn
 		bytes += pb
 	})
@@ -161,7 +161,7 @@ func (r *Runner) state(topic string, p int32) *partState {
 // records join the partition's watermark under one lock, are allocated in
 // one block, and reach each shard's queue under one lock per shard. It
 // returns how many records and bytes the poll held (dispatched or not).
-func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, bytes int64) {
+func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Record) (n, bytes int64) {
 	n = int64(len(recs))
 	st := r.state(topic, part)
 	if st == nil || st.Revoked() {
@@ -171,6 +171,10 @@ func (r *Runner) dispatchAll(topic string, part int32, recs []*kgo.Record) (n, b
 		}
 		return n, bytes
 	}
+	if hwm > 0 {
+		st.hwm.Store(hwm)
+	}
+	st.polledTo.Store(recs[len(recs)-1].Offset + 1)
 	var first int
 	if r.obs.WantsLag() {
 		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {

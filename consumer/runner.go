@@ -33,7 +33,8 @@ type partState struct {
 
 	holdPaused bool // paused while records wait for their due time; under Runner.pauseMu
 
-	hwm atomic.Int64 // the partition's high watermark at the last fetch (kept when lag hooks observe)
+	hwm      atomic.Int64 // the partition's high watermark at the last fetch that returned records (or, for the lag hooks, at the last fetch)
+	polledTo atomic.Int64 // one past the last record polled: records wait to be polled while hwm is beyond it
 
 	holdMu    sync.Mutex
 	held      []*Record // records waiting for their due time or, in a transactional runner, a dispatch slot; in offset order

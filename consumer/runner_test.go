@@ -56,8 +56,9 @@ func TestPerKeyOrderAndNoOverlap(t *testing.T) {
 	}
 }
 
-// Past the in-flight bound the runner pauses the busiest partitions instead
-// of buffering without limit, and resumes them as the work drains.
+// Past the in-flight bound the runner stops taking records instead of
+// buffering without limit, and takes them again as the work drains; a
+// partition paused meanwhile (see TestHogs for which) is resumed.
 func TestBackpressureBoundsInFlight(t *testing.T) {
 	k := testenv.KafkaT(t)
 	ctx := context.Background()
@@ -73,7 +74,7 @@ func TestBackpressureBoundsInFlight(t *testing.T) {
 	cfg.MaxInFlightRecords = 64
 	cfg.MaxInFlightBytes = 1 << 30
 	// The handlers are held at first, so that the bound holds for longer
-	// than a burst: the runner then pauses the busiest partitions.
+	// than a burst.
 	gate := make(chan struct{})
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
 		select {
@@ -89,9 +90,8 @@ func TestBackpressureBoundsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runAsync(t, r)
-	testenv.WaitFor(t, time.Minute, "partitions paused at the held bound", func() bool {
-		st := r.Stats()
-		return st.PausedPartitions > 0 && st.InFlight == int64(cfg.MaxInFlightRecords)
+	testenv.WaitFor(t, time.Minute, "the held bound reached", func() bool {
+		return r.Stats().InFlight == int64(cfg.MaxInFlightRecords)
 	})
 	close(gate)
 	testenv.WaitFor(t, 2*time.Minute, "the backlog drained", func() bool { return obs.Handled() >= int64(total) })
@@ -104,9 +104,6 @@ func TestBackpressureBoundsInFlight(t *testing.T) {
 	}
 	if st.MaxInFlight < int64(cfg.MaxInFlightRecords)/2 {
 		t.Fatalf("in-flight peaked at %d: the backlog never pushed against the bound of %d", st.MaxInFlight, cfg.MaxInFlightRecords)
-	}
-	if st.Pauses == 0 {
-		t.Fatal("the bound was reached but no partition was ever paused")
 	}
 	if st.PausedPartitions != 0 || st.InFlight != 0 {
 		t.Fatalf("after the drain: %d partitions still paused, %d records in flight", st.PausedPartitions, st.InFlight)
