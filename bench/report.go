@@ -277,7 +277,7 @@ func (r *report) write(path, svgPath string) error {
 	if len(r.batchSweep) > 0 {
 		b.WriteString("\n## DB-scope throughput against batch size\n\n")
 		b.WriteString("`dbscope.Options.BatchSize` (default 256), 16 shards, a pool of 24 connections, the one-row handler queued " +
-			"(`dbscope.NewQueued`) and run with `tx.Exec`; records per run as in r3. " +
+			"(`dbscope.NewQueued`) and run with `tx.Exec`; "+group(int64(r.plan.db/3))+" records per run (a third of r3's). " +
 			"A batch is what a shard has queued when it starts a transaction, up to the batch size.\n\n")
 		b.WriteString("| batch size | queued: records/s (median) | records per transaction | bench CPU µs/record | PostgreSQL CPU µs/record | Exec: records/s (median) | records per transaction | bench CPU µs/record | PostgreSQL CPU µs/record |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for i, pt := range r.batchSweep {
