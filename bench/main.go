@@ -35,12 +35,16 @@ type plan struct {
 	ceiling   int // records per ceiling run
 	watermill int // records per Watermill run
 	ioSeconds float64
+	// Seconds of the 5 ms handler per Parallel Consumer run (and kscope's
+	// beside it): Parallel Consumer raises its concurrency over its first
+	// seconds, so a shorter run measures its ramp, not its rate.
+	pcSeconds float64
 	txn       int // records per r5 run
 	// On the Apache Kafka broker: records per r1 run and per r5 run.
 	apacheNoop, apacheTxn int
-	rssFor    time.Duration
-	sweeps    bool // shard-count and batch-size sweeps
-	only      map[string]bool
+	rssFor                time.Duration
+	sweeps                bool // shard-count and batch-size sweeps
+	only                  map[string]bool
 }
 
 // runs reports whether the plan includes the scenario.
@@ -52,9 +56,9 @@ func (p plan) has(name string) bool { return p.only == nil || p.only[name] }
 // repeats the scenarios on more records and adds the sweeps.
 var plans = map[string]plan{
 	"quick": {mode: "quick", backlog: 1_000_000, noop: 1_000_000, db: 100_000, naive: 2_000, ceiling: 100_000,
-		watermill: 5_000, ioSeconds: 3, txn: 200_000, apacheNoop: 1_000_000, apacheTxn: 100_000, rssFor: 15 * time.Second},
+		watermill: 5_000, ioSeconds: 3, pcSeconds: 8, txn: 500_000, apacheNoop: 2_000_000, apacheTxn: 200_000, rssFor: 15 * time.Second},
 	"full": {mode: "full", backlog: 2_000_000, noop: 2_000_000, db: 300_000, naive: 5_000, ceiling: 300_000,
-		watermill: 10_000, ioSeconds: 8, txn: 500_000, apacheNoop: 2_000_000, apacheTxn: 200_000, rssFor: 15 * time.Second, sweeps: true},
+		watermill: 10_000, ioSeconds: 8, pcSeconds: 8, txn: 500_000, apacheNoop: 2_000_000, apacheTxn: 200_000, rssFor: 15 * time.Second, sweeps: true},
 }
 
 func main() {
@@ -193,7 +197,7 @@ func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
 		}
 	}
 	if p.has("apache") || p.has("pc") {
-		if err := b.apache(ctx, p, rep, ioN(64)); err != nil {
+		if err := b.apache(ctx, p, rep, int(ideal(64)*p.pcSeconds)); err != nil {
 			return err
 		}
 	}

@@ -227,9 +227,17 @@ func median(xs []float64) float64 {
 // runs them interleaved (A B A B ...), runs times each, and returns each
 // one's runs and median rate.
 func (b *bench) measure(ctx context.Context, title string, cs ...contender) ([]figure, error) {
+	return b.measureWarm(ctx, title, 5, cs...)
+}
+
+// measureWarm is measure with warm-up runs of 1/warmDiv of each
+// contender's records. A JVM broker needs longer than kfake to reach its
+// steady state (its first full-size runs were a third slower than the
+// rest): its fast scenarios warm up on runs of full size.
+func (b *bench) measureWarm(ctx context.Context, title string, warmDiv int, cs ...contender) ([]figure, error) {
 	b.logf("%s: warm-up", title)
 	for _, c := range cs {
-		if _, err := b.timed(ctx, c, max(c.n/5, 1)); err != nil {
+		if _, err := b.timed(ctx, c, max(c.n/warmDiv, 1)); err != nil {
 			return nil, fmt.Errorf("%s: %s warm-up: %w", title, c.name, err)
 		}
 	}
