@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
@@ -372,14 +373,15 @@ func writeFigs(b *strings.Builder, figs []figure, cpu bool) {
 
 func (r *report) writeRSS(b *strings.Builder, s scenario) {
 	fmt.Fprintf(b, "The consumer runs as a child process (this program re-executed), so the broker's copy of the backlog "+
-		"is not in its memory. It uses the default configuration (16 shards, MaxInFlightRecords 50,000, MaxInFlightBytes 64 MiB) "+
+		"is not in its memory. It uses the default configuration (%d shards, MaxInFlightRecords %s, MaxInFlightBytes %d MiB) "+
 		"and a handler that waits %s, so the backlog is far larger than what is in flight: backpressure bounds memory. "+
 		"Each run consumes for %s, then gets SIGTERM; its peak RSS is the child's `VmHWM` (the high-water mark of its resident set, "+
 		"from /proc/self/status, read as it stops).\n\n"+
 		"The child's rusage `Maxrss` is listed too, and is not the child's: Go starts a child with clone(CLONE_VM|CLONE_VFORK), "+
 		"so it runs in the parent's address space until exec, and Linux's exec records the high-water mark of the address space it "+
 		"leaves (`exec_mmap` → `setmax_mm_hiwater_rss`) in the child's `Maxrss`. That is the benchmark process's own peak, "+
-		"with the in-process broker holding the whole backlog.\n\n", slowDelay, r.plan.rssFor)
+		"with the in-process broker holding the whole backlog.\n\n",
+		consumer.DefaultShards, group(consumer.DefaultMaxInFlightRecords), consumer.DefaultMaxInFlightBytes>>20, slowDelay, r.plan.rssFor)
 	b.WriteString("| run | peak RSS MiB (VmHWM) | rusage Maxrss MiB | records handled | max in flight (records) | max in flight (bytes) | backpressure pauses |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for i, x := range r.rss {
 		fmt.Fprintf(b, "| %d | %.1f | %.1f | %s | %s | %s | %d |\n", i+1, x.peakMiB, x.rusageMiB, group(x.report.Handled), group(x.report.MaxInFlight), group(x.report.MaxInFlightBytes), x.report.Pauses)
