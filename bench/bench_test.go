@@ -96,3 +96,34 @@ func TestShardSVG(t *testing.T) {
 		t.Fatalf("bad chart:\n%s", svg)
 	}
 }
+
+// TestMissedPeerAnalysesSayWhy: a missed Parallel Consumer or Apache r1
+// ratio is explained from the run's own figures, and a missed scenario
+// without a profile does not point at one.
+func TestMissedPeerAnalysesSayWhy(t *testing.T) {
+	ioFig := func(rate float64, handler time.Duration) figure {
+		return figure{median: rate, runs: []result{{records: 1000, elapsed: time.Second, handler: handler}}}
+	}
+	pc := scenario{key: "peer_parallel_consumer", figs: []figure{ioFig(12000, 5330*time.Microsecond), ioFig(12300, 5224*time.Microsecond)},
+		ratio: 12000.0 / 12300, target: 1.2, atLeast: true}
+	got := analysis(pc, 0)
+	for _, want := range []string{"5.330 ms", "5.224 ms", "cannot be met", "1.041× Parallel Consumer"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("peer_parallel_consumer analysis lacks %q:\n%s", want, got)
+		}
+	}
+	cpu := func(rate float64, perRecord time.Duration) figure {
+		return figure{median: rate, runs: []result{{records: 1_000_000, elapsed: time.Second, benchCPU: perRecord * 1_000_000}}}
+	}
+	r1 := scenario{key: "r1_noop_apache", figs: []figure{cpu(3e6, 390*time.Nanosecond), cpu(4e6, 260*time.Nanosecond)},
+		ratio: 0.75, target: 0.9, atLeast: true, cpu: true}
+	if got := analysis(r1, 0); !strings.Contains(got, "0.39 µs per record under kscope") || !strings.Contains(got, "0.26 µs under the raw loop") {
+		t.Errorf("r1_noop_apache analysis:\n%s", got)
+	}
+	other := scenario{key: "r5_txn_vs_alo_apache", figs: []figure{ioFig(1, 0), ioFig(2, 0)}, ratio: 0.5, target: 0.7, atLeast: true}
+	for _, s := range []scenario{pc, r1, other} {
+		if got := analysis(s, 0); strings.Contains(got, "%!") || (s.key == other.key && strings.Contains(got, "profile below")) {
+			t.Errorf("%s analysis: %s", s.key, got)
+		}
+	}
+}

@@ -190,8 +190,8 @@ func (r *report) write(path, svgPath string) error {
   the same rate as a long one.
 - Warm-up: each contender runs once on a fifth of its records before the
   measured runs (on the Apache Kafka broker, whose JVM takes longer to
-  reach its steady state: r1 on all of them, r5 on half). Then the contenders of a scenario run interleaved (A B A B
-  ...), %d times each; the **median** is reported, with every run listed.
+  reach its steady state: r1 on all of them, r5 on half). Then the
+  contenders of a scenario run interleaved (A B A B ...), %d times each; the **median** is reported, with every run listed.
 - DB scenarios empty the inbox and effect tables and checkpoint before each
   run, outside its timing. CPU per record is the CPU the bench process (broker
   included) and the PostgreSQL server used over the whole run (group join and
