@@ -55,7 +55,7 @@ func (d *doneBuf) flushLocked() {
 	// A batch's records are all of one partition assignment.
 	st := d.recs[0].part
 	for _, rec := range d.recs {
-		d.offsets = append(d.offsets, rec.Offset)
+		d.offsets = append(d.offsets, rec.offset)
 	}
 	n := st.Watermark.DoneAll(d.offsets)
 	if n > 0 {

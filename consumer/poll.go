@@ -198,16 +198,30 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 		return n, bytes
 	}
 	// One block for the poll's records of this partition: one allocation
-	// instead of one per record.
+	// instead of one per record. The block holds each key-shard's records
+	// together, in offset order, so that a worker walks its records in
+	// consecutive memory rather than one in every few hundred bytes.
 	block := make([]Record, len(recs))
 	_, delayed := r.delays[topic]
 	th := partition.HashTopic(topic)
+	// The first pass reads each record once (its key, size and offset);
+	// the second lays the block out from what the first kept.
+	route, next := r.routeBuf(len(recs))
 	var added int64
 	for i, rec := range recs {
-		kr := &block[i]
+		s := int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))
 		size := recordSize(rec)
 		added += size
-		*kr = Record{Record: rec, part: st, size: size, shard: int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))}
+		route[i] = routed{offset: rec.Offset, size: size, shard: s}
+		next[s+1]++
+	}
+	for s := 1; s < len(next); s++ {
+		next[s] += next[s-1]
+	}
+	for i, rt := range route {
+		kr := &block[next[rt.shard]]
+		next[rt.shard]++
+		*kr = Record{Record: recs[i], part: st, size: rt.size, offset: rt.offset, shard: rt.shard}
 	}
 	bytes += added
 	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
@@ -220,8 +234,16 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 		defer st.holdMu.Unlock() // after the dispatch below: see hold
 		now = time.Now()
 	}
-	for i := range block {
-		kr := &block[i]
+	// next[s] is now where shard s's records end and shard s+1's start:
+	// shifted by one, it holds their starts again, to walk the poll in
+	// offset order.
+	for i := len(next) - 1; i > 0; i-- {
+		next[i] = next[i-1]
+	}
+	next[0] = 0
+	for _, rt := range route {
+		kr := &block[next[rt.shard]]
+		next[rt.shard]++
 		if (delayed || bounded) && r.hold(st, kr, now) {
 			continue
 		}
@@ -239,6 +261,25 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 		r.shardBuf[shard] = q[:0]
 	}
 	return n, bytes
+}
+
+// routed is what dispatchAll keeps of a record between its passes.
+type routed struct {
+	offset, size int64
+	shard        int32
+}
+
+// routeBuf returns the poll loop's scratch for routing n records, and the
+// shards' positions in the block (shards+1 of them, zeroed).
+func (r *Runner) routeBuf(n int) (route []routed, next []int) {
+	if cap(r.route) < n {
+		r.route = make([]routed, n)
+	}
+	if len(r.routeNext) != r.cfg.Shards+1 {
+		r.routeNext = make([]int, r.cfg.Shards+1)
+	}
+	clear(r.routeNext)
+	return r.route[:n], r.routeNext
 }
 
 // observeFetches reports a poll's records per partition and keeps each

@@ -14,11 +14,12 @@ import (
 type Record struct {
 	*kgo.Record
 
-	part  *partState
-	size  int64
-	shard int32
-	state uint8
-	due   int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
+	part   *partState
+	size   int64
+	offset int64 // Record.Offset, kept beside the runner's own fields
+	shard  int32
+	state  uint8
+	due    int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
 
 	// The delivery's observation (Observer.Start), when hooks observe it.
 	obs *recordObs

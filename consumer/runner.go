@@ -76,10 +76,13 @@ type Runner struct {
 
 	room     chan struct{}
 	waiting  atomic.Bool
-	shardBuf [][]*Record  // the poll loop's per-shard batches, reused
-	doneBufs []*doneBuf   // per shard
-	avgSize  atomic.Int64 // running average record size; 0 until one is seen
-	pauseMu  sync.Mutex
+	shardBuf [][]*Record // the poll loop's per-shard batches, reused
+
+	route     []routed // the poll loop's routing scratch (routeBuf)
+	routeNext []int
+	doneBufs  []*doneBuf   // per shard
+	avgSize   atomic.Int64 // running average record size; 0 until one is seen
+	pauseMu   sync.Mutex
 
 	inflight, inflightBytes         atomic.Int64
 	maxInflight, maxInflightBytes   atomic.Int64
