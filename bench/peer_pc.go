@@ -129,7 +129,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 		ratio: figs[0].median / figs[1].median, target: 10, atLeast: true})
 	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2,
 		contender{"kscope Kafka scope (txn), one output per input (Apache Kafka)", p.apacheTxn, ab.txnEmit, nil},
-		contender{"kscope AtLeastOnce, handler producing synchronously (Apache Kafka)", p.apacheTxn, ab.aloProduce, nil}); err != nil {
+		contender{"kscope AtLeastOnce, handler producing synchronously (Apache Kafka)", p.apacheAlo, ab.aloProduce, nil}); err != nil {
 		return err
 	}
 	rep.add(scenario{key: "r5_txn_vs_alo_apache", title: "r5 on Apache Kafka", figs: figs,
