@@ -65,7 +65,13 @@
 //
 // # What the outbox does not cover
 //
-// Readers must read with isolation.level=read_committed. Whatever a
+// Readers must read with isolation.level=read_committed. A commit that
+// fails as the connection drops may have committed all the same: the
+// outbox publishes what PostgreSQL committed, so a write path that
+// retries such a transaction must first look up whether it committed (an
+// idempotency key in the same transaction), or it publishes twice. A
+// DB-scope handler needs nothing of this: its inbox row makes the
+// redelivered record's transaction a no-op. Whatever a
 // downstream consumer does outside its own exactly-once scope (an e-mail,
 // a gateway call) needs the record's identity as its idempotency key.
 package outbox
