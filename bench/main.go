@@ -319,7 +319,7 @@ func (b *bench) sweeps(ctx context.Context, p plan, rep *report, ioN func(int) i
 		}
 		rep.shardSweep = append(rep.shardSweep, sweepPoint{x: shards, rate: figs[0].median, ideal: ideal(shards), handler: figs[0].handlerLatency()})
 	}
-	for _, bound := range []int{10_000, 50_000, 200_000} {
+	for _, bound := range []int{25_000, 100_000, 200_000} {
 		figs, err := b.measure(ctx, fmt.Sprintf("in-flight sweep %d", bound),
 			contender{fmt.Sprintf("kscope, MaxInFlightRecords %d", bound), p.noop, b.kscopeNoopBound(bound), nil},
 			contender{"raw franz-go PollFetches loop", p.noop, b.rawLoop, nil})

@@ -268,10 +268,12 @@ func (r *report) write(path, svgPath string) error {
 	if len(r.boundSweep) > 0 {
 		b.WriteString("\n## r1 against the in-flight bound\n\n")
 		b.WriteString("The no-op AtLeastOnce runner of r1 with `Config.MaxInFlightRecords` set, against the raw loop measured beside it " +
-			"(interleaved, as in r1). With a small bound the poll loop waits for room while the workers drain, and the workers wait while " +
-			"it polls and dispatches; more slack lets both run at once, and the client fetches the next response while the workers run the last. " +
-			"The default is 50,000: each in-flight record holds about 300 bytes of bookkeeping besides its key, value and headers, " +
-			"so a larger bound is a trade of memory for the last part of a very fast handler's throughput, left to the user.\n\n")
+			"(interleaved, as in r1). The runner polls while half the bound is free, and takes what fits. With a small bound a poll takes " +
+			"part of the response the client buffered, and the client sends its next fetch only once the rest is taken: the poll loop waits " +
+			"for room while the workers drain, and the workers wait while it polls. With half the bound above a fetch response (on this backlog " +
+			"3,000 to 38,000 records) a poll takes the whole response, and the client fetches the next while the workers run the last. " +
+			"The default is 100,000: each in-flight record holds about 300 bytes of bookkeeping besides its key, value and headers, " +
+			"so a larger bound is a trade of memory (see the peak RSS) for the last part of a very fast handler's throughput, left to the user.\n\n")
 		b.WriteString("| MaxInFlightRecords | kscope records/s (median) | raw loop records/s (median) | ratio | kscope bench CPU µs/record |\n| ---: | ---: | ---: | ---: | ---: |\n")
 		for _, pt := range r.boundSweep {
 			fmt.Fprintf(&b, "| %s | %s | %s | %.3f | %.2f |\n", group(int64(pt.x)), rate(pt.rate), rate(pt.ideal), pt.rate/pt.ideal, pt.benchCPU)

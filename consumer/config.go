@@ -29,7 +29,7 @@ const (
 // Defaults applied by [Config] to fields left at their zero value.
 const (
 	DefaultShards             = 16
-	DefaultMaxInFlightRecords = 50_000
+	DefaultMaxInFlightRecords = 100_000
 	DefaultMaxInFlightBytes   = 64 << 20
 	DefaultDrainTimeout       = 15 * time.Second
 	DefaultRebalanceTimeout   = 60 * time.Second
@@ -71,15 +71,19 @@ type Config struct {
 	Shards int
 
 	// MaxInFlightRecords bounds the records that are polled and not yet
-	// finished (queued or running). At the bound the runner stops polling;
-	// if it stays there for more than 100ms it also pauses fetching for the
-	// partitions that hold the most unfinished records. Nothing is dropped.
-	// Default 50,000: about a fetch response's worth beyond the one being
-	// handled, so that the client fetches the next while the workers run
-	// the last. A larger bound buys a little more for very fast handlers,
-	// at about 300 bytes of bookkeeping per record on top of its key,
-	// value and headers (BENCHMARKS.md, "r1 against the in-flight bound":
-	// 200,000 gains about 10% on a no-op handler and doubles the peak RSS).
+	// finished (queued or running). The runner polls while at least half
+	// the bound is free, and a poll takes only what fits, so the bound is
+	// never passed; polling into half the bound lets a poll take the
+	// fetch response the client buffered whole, and the client fetches the
+	// next one while the workers run this one. If the bound holds for more
+	// than 100ms the runner also pauses fetching for the partitions that
+	// hold the most unfinished records. Nothing is dropped.
+	// Default 100,000. Each in-flight record costs about 300 bytes of
+	// bookkeeping on top of its key, value and headers; a consumer whose
+	// slow handler keeps it at the bound on a backlog of 200-byte records
+	// peaks at about 85 MiB of RSS (BENCHMARKS.md, "Peak RSS"). A smaller bound trades a very
+	// fast handler's throughput for memory (BENCHMARKS.md, "r1 against the
+	// in-flight bound").
 	// Queued records of a revoked partition are dropped, not drained, so
 	// the bound does not lengthen a rebalance.
 	// Retry-topic records held until their due time do not count: their

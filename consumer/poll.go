@@ -44,8 +44,8 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 		}
 		defer stop()
 	}
-	room, _ := r.roomNow()
-	if room <= 0 {
+	room, capacity := r.roomNow()
+	if room < max(capacity/2, 1) {
 		r.waitForRoom(ctx)
 		return false
 	}
@@ -114,24 +114,34 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 // for longer than a burst.
 const pauseAfter = 100 * time.Millisecond
 
-// waitForRoom waits at the in-flight bound until a quarter of the capacity
-// is free again (workers signal as they finish), so that polls are not one
-// record at a time. If that takes longer than pauseAfter, it pauses the
-// busiest partitions, so that the room that frees up goes to the others.
+// waitForRoom waits until half the capacity is free (workers signal as
+// they finish). Polling only into that much room means a poll takes the
+// response the client buffered whole: the client sends its next fetch only
+// once the last response is all taken, so a poll that took part of it
+// would leave the client idle while the workers run. If the bound itself
+// holds for longer than pauseAfter, it pauses the busiest partitions, so
+// that the room that frees up goes to the others.
 func (r *Runner) waitForRoom(ctx context.Context) {
 	r.waiting.Store(true)
 	defer r.waiting.Store(false)
-	pause := time.NewTimer(pauseAfter)
-	defer pause.Stop()
+	var pause *time.Timer // started when the wait first finds no room at all
 	for ctx.Err() == nil {
 		room, capacity := r.roomNow()
-		if room >= max(capacity/4, 1) {
+		if room >= max(capacity/2, 1) {
 			return
+		}
+		var atBound <-chan time.Time
+		if room <= 0 {
+			if pause == nil {
+				pause = time.NewTimer(pauseAfter)
+				defer pause.Stop()
+			}
+			atBound = pause.C
 		}
 		select {
 		case <-ctx.Done():
 		case <-r.room:
-		case <-pause.C:
+		case <-atBound:
 			r.pauseBusiest(capacity)
 		}
 	}
