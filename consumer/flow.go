@@ -129,16 +129,24 @@ func (r *Runner) release(rec *Record) {
 }
 
 // releaseN gives back the in-flight room of n records of the given bytes,
-// and wakes the poll loop if it waits for room.
+// and wakes the poll loop if it waits for room and now has what it waits
+// for (see waitForRoom): one wake-up per wait, not one per finished batch.
 func (r *Runner) releaseN(n, bytes int64) {
 	r.inflight.Add(-n)
 	r.inflightBytes.Add(-bytes)
-	if r.waiting.Load() {
+	if r.waiting.Load() && r.roomToPoll() {
 		select {
 		case r.room <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// roomToPoll reports whether half the capacity is free: the room the poll
+// loop waits for before it polls.
+func (r *Runner) roomToPoll() bool {
+	room, capacity := r.roomNow()
+	return room >= max(capacity/2, 1)
 }
 
 // roomNow returns how many records the next poll may take, and the capacity

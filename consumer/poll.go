@@ -44,11 +44,11 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 		}
 		defer stop()
 	}
-	room, capacity := r.roomNow()
-	if room < max(capacity/2, 1) {
+	if !r.roomToPoll() {
 		r.waitForRoom(ctx)
 		return false
 	}
+	room, _ := r.roomNow()
 	fetches := r.cl.PollRecords(ctx, int(room))
 	if fetches.IsClientClosed() {
 		return true
@@ -124,25 +124,29 @@ const pauseAfter = 100 * time.Millisecond
 func (r *Runner) waitForRoom(ctx context.Context) {
 	r.waiting.Store(true)
 	defer r.waiting.Store(false)
-	var pause *time.Timer // started when the wait first finds no room at all
-	for ctx.Err() == nil {
-		room, capacity := r.roomNow()
-		if room >= max(capacity/2, 1) {
-			return
-		}
-		var atBound <-chan time.Time
-		if room <= 0 {
-			if pause == nil {
-				pause = time.NewTimer(pauseAfter)
-				defer pause.Stop()
-			}
-			atBound = pause.C
-		}
+	// Workers wake the wait once half the capacity is free, not at each
+	// finished batch; the ticker finds a bound that holds (a held retry
+	// record that falls due takes its room back while the loop waits).
+	tick := time.NewTicker(pauseAfter)
+	defer tick.Stop()
+	room, _ := r.roomNow()
+	atBound := room <= 0
+	for ctx.Err() == nil && !r.roomToPoll() {
 		select {
 		case <-ctx.Done():
 		case <-r.room:
-		case <-atBound:
-			r.pauseBusiest(capacity)
+		case <-tick.C:
+			room, capacity := r.roomNow()
+			if room > 0 {
+				atBound = false
+				continue
+			}
+			if atBound {
+				// At the bound at two ticks: pause the hogs, once.
+				r.pauseBusiest(capacity)
+				tick.Stop()
+			}
+			atBound = true
 		}
 	}
 }
