@@ -477,9 +477,9 @@ func analysis(s scenario, otherCores float64) string {
 			"a poll sit together in the poll's block, so a worker walks consecutive memory; the poll loop's first read of each record the client "+
 			"decoded (its key, for the route) is a cache miss that a loop that only counts never pays. The poll loop alone, every polled record "+
 			"counted done where it was polled, reached 0.925 (Before and after, below): the runner's shell costs about 0.07 of the ratio, the hand-off "+
-			"and the workers' work the rest. The in-flight bound is the other part: a poll takes only as many records as there is room for, and the "+
-			"client fetches the next response only once the last one is all taken; `make bench` measures the ratio against the bound (the table "+
-			"\"r1 against the in-flight bound\"). Against a broker across a "+
+			"and the workers' work the rest. The in-flight bound is the other part: the client fetches the next response only once the last one is "+
+			"all taken, so the runner polls only while half its bound (100,000 records by default) is free, and a poll takes a whole response; "+
+			"`make bench` measures the ratio against the bound (the table \"r1 against the in-flight bound\"). Against a broker across a "+
 			"network, where a raw consumer waits on fetches rather than on its broker's CPU, the same per-record cost weighs less.",
 			kc, rc, kc-rc, perRaw, perRaw*(1/0.9-1), int(cores), kc*k.median/1e6, rc*raw.median/1e6)
 	case "r3_db_vs_ceiling":
