@@ -81,9 +81,9 @@ type Config struct {
 	// Default 100,000. Each in-flight record costs about 300 bytes of
 	// bookkeeping on top of its key, value and headers; a consumer whose
 	// slow handler keeps it at the bound on a backlog of 200-byte records
-	// peaks at 85 to 100 MiB of RSS (BENCHMARKS.md, "Peak RSS"). A smaller bound trades a very
-	// fast handler's throughput for memory (BENCHMARKS.md, "r1 against the
-	// in-flight bound").
+	// peaks at 85 to 100 MiB of RSS (BENCHMARKS.md, "Peak RSS"). A
+	// smaller bound trades a very fast handler's throughput for memory
+	// (BENCHMARKS.md, "r1 against the in-flight bound").
 	// Queued records of a revoked partition are dropped, not drained, so
 	// the bound does not lengthen a rebalance.
 	// Retry-topic records held until their due time do not count: their
