@@ -288,7 +288,8 @@ func (b *bench) ceilingDB(ctx context.Context, n int) (result, error) {
 	m := newMeter(n)
 	consumerName := b.name("ceiling")
 	value := make([]byte, valueSize)
-	inbox := `INSERT INTO kscope_inbox (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
+	inbox := `WITH ins AS (INSERT INTO kscope_inbox (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id)
+		SELECT count(*) = cardinality($2::text[]), CASE WHEN count(*) = cardinality($2::text[]) THEN NULL ELSE array_agg(message_id) END FROM ins`
 	var wg sync.WaitGroup
 	errc := make(chan error, ceilingConns)
 	m.start()

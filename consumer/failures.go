@@ -248,7 +248,13 @@ func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map
 // Metadata returns the failure metadata rec carries (or, for a record on
 // its first hop, its own coordinates and identity).
 func (f *failures) Metadata(rec *Record) retrytopic.Metadata {
-	m, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
+	return f.MetadataOf(rec, f.identity.Of(rec))
+}
+
+// MetadataOf is Metadata for a record whose identity id the caller has
+// already computed.
+func (f *failures) MetadataOf(rec *Record, id string) retrytopic.Metadata {
+	m, _ := retrytopic.FromRecord(rec.Record, id)
 	return m
 }
 

@@ -116,15 +116,15 @@ func scanParking(rows pgx.Rows) (parking, error) {
 // no lock: only a transaction that already sees it busy (a head or waiting
 // records, both committed before any retry record of the key exists) can
 // change its state concurrently.
-func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
+func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh freshIDs, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
 	tx, fresh, busy, err := s.openTx(ctx, ids, work, metas, ordered)
 	if err != nil {
-		return tx, nil, nil, nil, nil, err
+		return tx, fresh, nil, nil, nil, err
 	}
 	var seenBefore []string
-	if len(fresh) < len(ids) {
+	if !fresh.all {
 		for _, id := range ids {
-			if !fresh[id] {
+			if !fresh.ids[id] {
 				seenBefore = append(seenBefore, id)
 			}
 		}
@@ -132,6 +132,16 @@ func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record
 	known, park, waiting, err = s.loadState(ctx, tx, busy, seenBefore)
 	return tx, fresh, known, park, waiting, err
 }
+
+// freshIDs says which ids of a batch got a new inbox row: all of them, or
+// those in ids.
+type freshIDs struct {
+	all bool
+	ids map[string]bool
+}
+
+// has reports whether id's inbox row is new.
+func (f freshIDs) has(id string) bool { return f.all || f.ids[id] }
 
 // busyKeys are the keys of a batch that have a parked head or waiting
 // records, as two parallel arrays for the SQL.
@@ -143,7 +153,7 @@ type busyKeys struct {
 // openTx is begin's first round trip: BEGIN, the inbox rows of ids (fresh
 // names those that are new), and, for an ordered pipeline, which keys of
 // the batch are busy.
-func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh map[string]bool, busy busyKeys, err error) {
+func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh freshIDs, busy busyKeys, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	var topics []string
@@ -163,23 +173,22 @@ func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Recor
 		}
 	}()
 	if _, err := br.Exec(); err != nil { // BEGIN
-		return tx, nil, busy, err
+		return tx, fresh, busy, err
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return tx, nil, busy, err
+	var newIDs []string
+	if err := br.QueryRow().Scan(&fresh.all, &newIDs); err != nil {
+		return tx, fresh, busy, err
 	}
-	newIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return tx, nil, busy, err
-	}
-	fresh = make(map[string]bool, len(ids))
-	for _, id := range newIDs {
-		fresh[id] = true
+	if !fresh.all {
+		fresh.ids = make(map[string]bool, len(newIDs))
+		for _, id := range newIDs {
+			fresh.ids[id] = true
+		}
 	}
 	if len(keys) > 0 {
+		var rows pgx.Rows
 		if rows, err = br.Query(); err != nil {
-			return tx, nil, busy, err
+			return tx, fresh, busy, err
 		}
 		_, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
 			var topic string

@@ -29,9 +29,9 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		ordered: s.ordered(), vers: s.o.Versions, cut: len(work)}
 	b.metas = make([]retrytopic.Metadata, len(work))
 	for i, r := range work {
-		b.metas[i] = s.f.Metadata(r)
+		b.metas[i] = s.f.MetadataOf(r, ids[i])
 	}
-	var fresh map[string]bool
+	var fresh freshIDs
 	var prior map[string]inboxStatus
 	b.tx, fresh, prior, b.park, b.waiting, err = s.begin(ctx, ids, work, b.metas, b.ordered)
 	defer b.tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
@@ -110,9 +110,16 @@ type batchTx struct {
 
 // classify decides, from the inbox rows read at the start, which records
 // run and which are duplicates or copies being routed again.
-func (b *batchTx) classify(fresh map[string]bool, prior map[string]inboxStatus) {
+func (b *batchTx) classify(fresh freshIDs, prior map[string]inboxStatus) {
 	b.res = make([]result, len(b.work))
 	b.isNew = make([]bool, len(b.work))
+	if fresh.all {
+		// Every id got a new row, so no two are the same: each record runs.
+		for i := range b.work {
+			b.res[i].out, b.isNew[i] = toApply, true
+		}
+		return
+	}
 	seen := make(map[string]bool, len(b.ids))
 	for i, id := range b.ids {
 		r := b.work[i]
@@ -123,7 +130,7 @@ func (b *batchTx) classify(fresh map[string]bool, prior map[string]inboxStatus) 
 			// A second copy in the batch of an identity whose earlier copy
 			// runs (or is routed again): that one's outcome is its own.
 			b.res[i].out = duplicate
-		case fresh[id]:
+		case fresh.has(id):
 			b.res[i].out, b.isNew[i] = toApply, true
 		case had && st.status == statusRetry && m.Stage >= 0 && !m.Parked && m.Attempt == st.attempt:
 			b.res[i].out = toApply // the hop it was sent on: it runs again

@@ -80,9 +80,10 @@ type Metadata struct {
 // FromRecord returns the metadata r carries, filling in what it does not
 // carry from r itself (a record on its first failure carries nothing yet):
 // id (the record's identity, from consumer.Identity), its own coordinates as
-// the original ones. Malformed kscope
-// headers are reported as an error and ignored field by field, so a corrupt
-// or forged header can make a record go to the DLT, never block it.
+// the original ones. Malformed kscope headers are reported as an error and
+// ignored field by field, so a corrupt or forged header can make a record
+// go to the DLT, never block it. The returned OriginalKey shares r's memory
+// (its key, or its header), cut to MaxKeyLength.
 func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	header := func(k string) ([]byte, bool) { return lastHeader(r.Headers, k) }
 	m := Metadata{
@@ -91,8 +92,11 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 		OriginalPartition: r.Partition,
 		OriginalOffset:    r.Offset,
 		OriginalTimestamp: r.Timestamp,
-		OriginalKey:       truncateBytes(r.Key, MaxKeyLength),
+		OriginalKey:       clip(r.Key, MaxKeyLength),
 		Stage:             -1,
+	}
+	if len(r.Headers) == 0 {
+		return m, nil // a first hop without headers: nothing more to read
 	}
 	var errs []error
 	bad := func(h string, v []byte) {
@@ -117,7 +121,7 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 		}
 	}
 	if v, ok := header(HeaderOriginalKey); ok {
-		m.OriginalKey = truncateBytes(v, MaxKeyLength)
+		m.OriginalKey = clip(v, MaxKeyLength)
 	}
 	if v, ok := header(HeaderGroup); ok {
 		m.Group = truncate(string(v), 255)
@@ -274,6 +278,13 @@ func truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + ell
+}
+
+// clip returns at most the first n bytes of b, sharing b's memory, with
+// no room to append into it.
+func clip(b []byte, n int) []byte {
+	n = min(len(b), n)
+	return b[:n:n]
 }
 
 func truncateBytes(b []byte, n int) []byte {

@@ -87,6 +87,30 @@ func TestHeaderValuesAreBounded(t *testing.T) {
 	}
 }
 
+// A record on its first hop, with or without headers, reads as its own
+// origin; the original key is cut to MaxKeyLength and appending to it never
+// writes into the record's key.
+func TestFirstHopMetadataLeavesTheRecordAlone(t *testing.T) {
+	long := []byte(strings.Repeat("k", MaxKeyLength+10))
+	for _, r := range []*kgo.Record{rec(), rec("traceparent", "00-abc-def-01")} {
+		r.Key = append([]byte(nil), long...)
+		m, err := FromRecord(r, "orders/3/42")
+		if err != nil || m.Stage != -1 || m.Attempt != 0 || m.OriginalTopic != "orders" || m.OriginalPartition != 3 || m.OriginalOffset != 42 || m.ID != "orders/3/42" {
+			t.Fatalf("first-hop metadata %+v (%v)", m, err)
+		}
+		if len(m.OriginalKey) != MaxKeyLength {
+			t.Fatalf("original key of %d bytes, want %d", len(m.OriginalKey), MaxKeyLength)
+		}
+		_ = append(m.OriginalKey, 'x')
+		if string(r.Key) != string(long) {
+			t.Fatal("appending to the metadata's key changed the record's key")
+		}
+	}
+	if m, _ := FromRecord(&kgo.Record{Topic: "t"}, "t/0/0"); m.OriginalKey != nil {
+		t.Fatalf("a record without a key has original key %q, want none", m.OriginalKey)
+	}
+}
+
 func FuzzFromRecord(f *testing.F) {
 	f.Add("1", "1700000000000", "0", "retryable", "orders", "3", "42")
 	f.Add("-1", "", "x", "", "", "", "")

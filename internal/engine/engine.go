@@ -223,6 +223,9 @@ type Failures interface {
 	// Metadata returns the failure metadata rec carries (on its first hop,
 	// its own coordinates and identity).
 	Metadata(rec *consumer.Record) retrytopic.Metadata
+	// MetadataOf is Metadata for a record whose identity (id) the caller
+	// has already computed.
+	MetadataOf(rec *consumer.Record, id string) retrytopic.Metadata
 	// Park sends rec, which did not fail, to retry topic stage behind an
 	// earlier record of its key; it waits for the acknowledgement.
 	Park(ctx context.Context, rec *consumer.Record, stage int) error
