@@ -8,10 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -58,7 +58,7 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return
 		}
-		if isFatal(err) {
+		if kafkaerr.Fatal(err) {
 			r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
 			return
 		}
@@ -149,19 +149,6 @@ func (r *Runner) waitForRoom(ctx context.Context) {
 			atBound = true
 		}
 	}
-}
-
-// isFatal reports whether a fetch error cannot heal by retrying.
-func isFatal(err error) bool {
-	for _, e := range []error{
-		kerr.TopicAuthorizationFailed, kerr.GroupAuthorizationFailed,
-		kerr.ClusterAuthorizationFailed, kerr.SaslAuthenticationFailed,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
 }
 
 func (r *Runner) state(topic string, p int32) *partState {

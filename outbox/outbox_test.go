@@ -19,7 +19,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/goleak"
 
 	"github.com/kscope-dev/kscope/internal/testenv"
@@ -415,6 +418,36 @@ func TestRelayGroupSharesPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkExactlyOnce(t, k, want)
+}
+
+// A relay whose group the broker refuses to this client stops and says
+// why, rather than publishing nothing in silence; its rows stay in the
+// table for a relay that is let in.
+func TestRelayStopsWhenItsGroupIsRefused(t *testing.T) {
+	k, pool, _ := setup(t)
+	group := "kscope-outbox-refused"
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.JoinGroup, kmsg.ConsumerGroupHeartbeat}, Group: group, Err: kerr.GroupAuthorizationFailed, Count: -1}); err != nil {
+		t.Skip(err) // refusing a group needs the in-process kfake cluster
+	}
+	const rows = 5
+	writeStream(t, pool, outbox.Writer{Partitions: 2}, "", 2, rows)
+	r, err := outbox.New(outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 2, Group: group, Logger: logger(), PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatal("the relay was still running 30 s after its group was refused")
+	}
+	if !errors.Is(err, kerr.GroupAuthorizationFailed) || !strings.Contains(err.Error(), group) {
+		t.Fatalf("Run returned %v, want the refusal of group %s", err, group)
+	}
+	var left int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM kscope_outbox`).Scan(&left); err != nil || left != rows {
+		t.Fatalf("%d rows left in the outbox (%v), want all %d", left, err, rows)
+	}
 }
 
 // Bad options fail at construction with what to change.

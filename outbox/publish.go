@@ -62,14 +62,20 @@ func (w *workers) start(ctx context.Context, p int) {
 		defer w.wg.Done()
 		defer close(pub.done)
 		if err := pub.publish(pctx); err != nil && pctx.Err() == nil {
-			w.mu.Lock()
-			if w.err == nil {
-				w.err = err
-				close(w.failed)
-			}
-			w.mu.Unlock()
+			w.fail(err)
 		}
 	}()
+}
+
+// fail fails the relay with err, unless it failed already: Run returns
+// the first error.
+func (w *workers) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = err
+		close(w.failed)
+	}
 }
 
 // stop stops publishing partition p and waits until its open transaction

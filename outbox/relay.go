@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/internal/lifecycle"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -228,7 +229,11 @@ func (r *Relay) Pending(ctx context.Context) ([]PartitionStatus, error) {
 }
 
 // Run publishes until ctx is canceled or Close is called (then it returns
-// nil once every partition's open transaction ended), or a fatal error.
+// nil once every partition's open transaction ended), or until an error
+// that retrying cannot heal, which it returns: a partition's producer that
+// cannot be created, or the broker refusing this client the relay's group
+// or its position topic (an authorization error; grant the ACLs and start
+// the relay again). The rows stay in the outbox.
 func (r *Relay) Run(ctx context.Context) error {
 	ctx, end, err := r.life.Begin(ctx)
 	if err != nil {
@@ -242,12 +247,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	// Run's goroutines end with it, on a fatal error as well as on ctx.
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.listen(ctx)
+		r.listen(lctx)
 	}()
-	defer wg.Wait()
 
 	workers := newWorkers(r)
 	defer workers.stopAll()
@@ -288,13 +296,39 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer cl.Close()
 	// The client's group management assigns and revokes the partitions
-	// in the background: nothing is fetched, so nothing needs polling.
+	// in the background; nothing is fetched. A poll returns only what the
+	// group reports: an error that cannot heal (the group or the position
+	// topic refused to this client) stops the relay, others are logged.
 	cl.PauseFetchTopics(r.o.PositionTopic)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.watchGroup(lctx, cl, workers)
+	}()
 	select {
 	case <-ctx.Done():
 	case <-workers.failed:
 	}
-	return workers.fatal()
+	return workers.fatal() // the deferred Close ends the watch's poll
+}
+
+// watchGroup polls the group client, which fetches nothing, for the errors
+// its group management reports, until ctx ends or the client closes. A
+// fatal one fails the relay.
+func (r *Relay) watchGroup(ctx context.Context, cl *kgo.Client, workers *workers) {
+	for {
+		fs := cl.PollFetches(ctx)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			return
+		}
+		fs.EachError(func(_ string, _ int32, err error) {
+			if kafkaerr.Fatal(err) {
+				workers.fail(fmt.Errorf("kscope: outbox relay: the group %q: %w; grant this client the group and the position topic %q", r.o.Group, err, r.o.PositionTopic))
+				return
+			}
+			r.log.Warn("kscope: outbox relay: the group reported an error; the client retries", "group", r.o.Group, "err", err)
+		})
+	}
 }
 
 // ensurePositionTopic creates the position topic (compacted, one
