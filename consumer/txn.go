@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/commit"
+	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/internal/txnerr"
 	"github.com/kscope-dev/kscope/partition"
 )
@@ -104,7 +105,8 @@ func (t txnCtl) Schedule(topic string, p int32, key []byte, fn func(ctx context.
 }
 
 // txnLoop polls and ends transactions until the runner stops; a fatal
-// error (a fenced producer, a timed-out transaction) ends it.
+// error (a fenced producer, a timed-out transaction, a write the broker
+// refuses) ends it.
 func (r *Runner) txnLoop(ctx context.Context) error {
 	r.shardBuf = make([][]*Record, r.cfg.Shards)
 	if err := r.sess.Begin(); err != nil {
@@ -212,6 +214,15 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 	if errors.Is(ferr, kerr.ProducerFenced) || errors.Is(ferr, kerr.InvalidProducerEpoch) {
 		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // fenced: nothing of ours can commit
 		return false, r.txnFenced(ferr, open())
+	}
+	if kafkaerr.Fatal(ferr) {
+		// Refused by the broker's ACLs: every retry would be refused
+		// too. Nothing of the transaction commits; the next owner of its
+		// partitions consumes its records again.
+		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
+		r.commitErrs.Add(1)
+		return false, fmt.Errorf("kscope: the transaction was aborted because the broker refused a write in it (transactional id %s); "+
+			"grant this client write access to the topic it names and start the runner again: %w", r.txnID, ferr)
 	}
 	if ferr != nil {
 		try = kgo.TryAbort

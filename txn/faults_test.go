@@ -2,6 +2,7 @@ package txn_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -158,6 +159,39 @@ func TestMissingOutputTopicIsNamed(t *testing.T) {
 	}
 	if r.Stats().Kafka.Records != 0 {
 		t.Fatalf("%d records committed with their output missing", r.Stats().Kafka.Records)
+	}
+}
+
+// An output the broker refuses to write (the client lacks the ACL) stops
+// the runner with an error that names the topic, rather than aborting and
+// consuming the same records again forever; nothing of the transaction
+// commits, so the records wait for a runner that may write.
+func TestRefusedOutputStopsTheRunner(t *testing.T) {
+	k := setup(t)
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "out", Err: kerr.TopicAuthorizationFailed, Count: -1}); err != nil {
+		t.Skip(err) // refusing a write needs the in-process kfake cluster
+	}
+	if err := k.Produce(context.Background(), &kgo.Record{Topic: "in", Key: []byte("k"), Value: []byte("order-1")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := txn.New(config(k, "g-refused-out"), txn.Options{TransactionalID: "refused-out-1"}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatal("the runner was still running 30 s after the broker refused its output")
+	}
+	if !errors.Is(err, kerr.TopicAuthorizationFailed) || !strings.Contains(err.Error(), "out") || !strings.Contains(err.Error(), "grant") {
+		t.Fatalf("Run returned %v, want the refusal of topic out and what to do", err)
+	}
+	if got := r.Stats().Kafka.Records; got != 0 {
+		t.Fatalf("%d records committed with their output refused", got)
+	}
+	if got, err := k.CommittedOffsets(context.Background(), "g-refused-out", "in"); err != nil || len(got) != 0 {
+		t.Fatalf("committed offsets %v (%v), want none", got, err)
 	}
 }
 

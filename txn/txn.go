@@ -201,7 +201,12 @@ func (o Options) validate() error {
 // Runner runs a Kafka-scope pipeline: the runner of package consumer with
 // the Kafka scope as its unit of work. Build it with [New], Run it, Close
 // it. Run returns [ErrFenced] or [ErrTransactionTimedOut] (wrapped with
-// the details) when the runner cannot go on.
+// the details) when the runner cannot go on, and the broker's
+// authorization error (test it with errors.Is, e.g. against
+// kerr.TopicAuthorizationFailed) when the broker refuses a write of a
+// transaction: an output, a retry or dead-letter record, or the version
+// changelog. That transaction was aborted; its records are consumed again
+// once a runner may write.
 type Runner struct {
 	*consumer.Runner
 	s *scope
