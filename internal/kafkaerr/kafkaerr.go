@@ -1,7 +1,7 @@
-// Package kafkaerr classifies the errors a Kafka client reports while it
-// consumes or manages its group, for every part of kscope that consumes:
-// the runner's poll loop (package consumer) and the outbox relay's group
-// client.
+// Package kafkaerr classifies the errors a Kafka client reports, for every
+// part of kscope that must tell an error that heals from one that does
+// not: the runner's poll loop and its transactions' writes (package
+// consumer) and the outbox relay's group client.
 package kafkaerr
 
 import (
