@@ -15,6 +15,7 @@ import (
 
 	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -294,8 +295,15 @@ func (f *failures) produce(ctx context.Context, source, kind, class string, out 
 		}
 		f.dltErrors.Add(1)
 		d := backoff.Delay(attempt, 100*time.Millisecond, 30*time.Second)
-		f.log.Warn("kscope: producing a failed record to its route failed; the record's offset is held until it succeeds",
-			"topic", out.Topic, "err", err, "retry_in", d)
+		if kafkaerr.Fatal(err) {
+			// Only an operator heals it; the retries pick the grant up
+			// without a restart.
+			f.log.Error("kscope: the broker refuses this client writes to a failure topic; grant it write access to the topic. "+
+				"The record's offset is held until the write succeeds", "topic", out.Topic, "err", err, "retry_in", d)
+		} else {
+			f.log.Warn("kscope: producing a failed record to its route failed; the record's offset is held until it succeeds",
+				"topic", out.Topic, "err", err, "retry_in", d)
+		}
 		if !backoff.Sleep(ctx, d) {
 			return ctx.Err()
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -253,6 +254,55 @@ func TestDLTProduceFailureHoldsTheOffset(t *testing.T) {
 	}
 	if r.Stats().Failures.DLTErrors == 0 {
 		t.Fatal("no failed DLT produce was counted")
+	}
+}
+
+// A dead-letter write the broker refuses (the client lacks the ACL) is
+// logged as an ERROR that names the topic and says what to grant, not as
+// a passing warning; the record's offset is held meanwhile, and the grant
+// heals it without a restart.
+func TestRefusedDLTWriteIsLoggedAsAnError(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "dltrefused", "g-dltrefused"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("poison")}); err != nil {
+		t.Fatal(err)
+	}
+	dlt := retrytopic.DLTopic(group)
+	fault, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: dlt, Err: kerr.TopicAuthorizationFailed, Count: -1})
+	if err != nil {
+		t.Skip(err) // refusing a write needs the in-process kfake cluster
+	}
+	var logs testenv.LogBuffer
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Logger = logs.Logger()
+	cfg.Failures = fastFailures(retrytopic.Policy{})
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		return consumer.Terminal(errors.New("bad record"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "an ERROR naming the refused DLT", func() bool {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "level=ERROR") && strings.Contains(l, dlt) && strings.Contains(l, "grant") && strings.Contains(l, "TOPIC_AUTHORIZATION_FAILED") {
+				return true
+			}
+		}
+		return false
+	})
+	if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] != 0 {
+		t.Fatalf("committed offset %d past the record whose DLT write is refused", com[0])
+	}
+	fault.Remove()
+	testenv.WaitFor(t, time.Minute, "the record dead-lettered once granted", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 
