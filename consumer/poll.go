@@ -68,7 +68,7 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 	if !failed && fetches.NumRecords() > 0 {
 		r.fetchHealth.ok(r.log)
 	}
-	if r.obs.WantsFetch() || r.obs.WantsLag() {
+	if r.obs.WantsLag() {
 		r.observeFetches(fetches)
 	}
 	if r.txs != nil {
@@ -164,6 +164,10 @@ func (r *Runner) state(topic string, p int32) *partState {
 // returns how many records and bytes the poll held (dispatched or not).
 func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Record) (n, bytes int64) {
 	n = int64(len(recs))
+	var markers []int64
+	if r.obs.WantsFetch() {
+		defer func() { r.obs.Fetched(topic, part, int(n)-len(markers)) }()
+	}
 	st := r.state(topic, part)
 	if st == nil || st.Revoked() {
 		// Not ours (any more): the owner consumes them.
@@ -210,11 +214,25 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	route, next := r.routeBuf(len(recs))
 	var added int64
 	for i, rec := range recs {
+		if rec.Attrs.IsControl() {
+			// A transaction marker: no record to deliver, only an offset
+			// the committed position must pass.
+			markers = append(markers, rec.Offset)
+			bytes += recordSize(rec)
+			route[i] = routed{shard: -1}
+			continue
+		}
 		s := int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))
 		size := recordSize(rec)
 		added += size
 		route[i] = routed{offset: rec.Offset, size: size, shard: s}
 		next[s+1]++
+	}
+	if markers != nil {
+		st.Watermark.DoneAll(markers)
+		if recs, route = dropMarkers(recs, route); len(recs) == 0 {
+			return n, bytes
+		}
 	}
 	for s := 1; s < len(next); s++ {
 		next[s] += next[s-1]
@@ -264,10 +282,26 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	return n, bytes
 }
 
-// routed is what dispatchAll keeps of a record between its passes.
+// routed is what dispatchAll keeps of a record between its passes; the
+// shard of a transaction marker is -1.
 type routed struct {
 	offset, size int64
 	shard        int32
+}
+
+// dropMarkers returns the records of a poll and their routes without the
+// transaction markers: a new slice of records (the client's is left
+// alone) and route compacted in place.
+func dropMarkers(recs []*kgo.Record, route []routed) ([]*kgo.Record, []routed) {
+	keep := make([]*kgo.Record, 0, len(recs))
+	kept := route[:0]
+	for i, rt := range route {
+		if rt.shard >= 0 {
+			keep = append(keep, recs[i])
+			kept = append(kept, rt)
+		}
+	}
+	return keep, kept
 }
 
 // routeBuf returns the poll loop's scratch for routing n records, and the
@@ -283,13 +317,10 @@ func (r *Runner) routeBuf(n int) (route []routed, next []int) {
 	return r.route[:n], r.routeNext
 }
 
-// observeFetches reports a poll's records per partition and keeps each
-// partition's high watermark for the lag hooks.
+// observeFetches keeps each partition's high watermark for the lag hooks
+// (dispatchAll reports the records fetched).
 func (r *Runner) observeFetches(fs kgo.Fetches) {
 	fs.EachPartition(func(p kgo.FetchTopicPartition) {
-		if len(p.Records) > 0 {
-			r.obs.Fetched(p.Topic, p.Partition, len(p.Records))
-		}
 		if p.HighWatermark > 0 {
 			if st := r.state(p.Topic, p.Partition); st != nil {
 				st.hwm.Store(p.HighWatermark)

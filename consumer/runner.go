@@ -368,6 +368,12 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
 		kgo.ConsumeTopics(r.topics()...),
+		// Transaction markers reach dispatchAll, which counts them done
+		// at once: the committed offset then passes a transaction's
+		// last marker, and a caught-up group shows no lag (without them
+		// it would stop one short, at the marker, on every partition a
+		// transactional producer writes).
+		kgo.KeepControlRecords(),
 	)
 	if r.txs != nil {
 		// A transactional session aborts the open transaction at a

@@ -101,7 +101,7 @@ type Fetch struct {
 	Group     string
 	Topic     string
 	Partition int32
-	Records   int
+	Records   int // records the poll returned, not counting transaction markers
 }
 
 // FetchHook is called for every partition a poll returned records of.
@@ -142,7 +142,7 @@ type Lag struct {
 	Group     string
 	Topic     string
 	Partition int32
-	Offsets   int64         // records not finished: the high watermark minus the lowest unfinished offset
+	Offsets   int64         // records not finished: the high watermark minus the lowest unfinished offset (a transaction marker is finished once fetched)
 	Age       time.Duration // age of the oldest unfinished record (0 when none is in flight)
 	InFlight  int           // records polled and not finished
 	Paused    bool          // fetching is paused (backpressure or a held retry record)

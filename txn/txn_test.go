@@ -365,3 +365,47 @@ func TestOffsetCommitTimeoutAbortsAndRetries(t *testing.T) {
 	}
 	checkExactlyOnce(t, k, good)
 }
+
+// An input written by a transactional producer (such as another Kafka-scope
+// pipeline) ends in transaction markers: the transactions commit the
+// input's offsets past them, so a caught-up group shows no lag. Records of
+// the aborted input transactions produce nothing.
+func TestTransactionalInputIsCommittedPastItsMarkers(t *testing.T) {
+	k := setup(t)
+	ctx := context.Background()
+	in, err := k.Client(kgo.TransactionalID("upstream"), kgo.DefaultProduceTopic("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	var good []string
+	for x := range 6 {
+		if err := in.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		commit := x%3 != 2
+		for i := range 30 {
+			v := fmt.Sprintf("order-%d-%02d", x, i)
+			if err := in.ProduceSync(ctx, &kgo.Record{Key: fmt.Appendf(nil, "c%02d", i%7), Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			if commit {
+				good = append(good, v)
+			}
+		}
+		if err := in.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := txn.New(config(k, "g-markers"), txn.Options{TransactionalID: "markers-1"}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	testenv.WaitFor(t, time.Minute, "every committed input done", func() bool { return r.Stats().Kafka.Records == int64(len(good)) })
+	testenv.WaitFor(t, 30*time.Second, "offsets committed past the last markers", func() bool { return k.CommittedAll(t, "g-markers", "in") })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, k, good)
+}
