@@ -10,7 +10,7 @@ type Stats struct {
 	Polled           int64    // records dispatched to key-shards
 	Done             int64    // records whose effect is durable
 	PausedPartitions int      // partitions paused for backpressure now
-	Held             int64    // records of delay topics waiting for their due time now
+	Held             int64    // records held back now: delay-topic records waiting for their due time, records of a Kafka-scope partition waiting for one of its commit.MaxUndone dispatch slots, and the records behind either in their partition
 	RetryLateness    Lateness // how late held records were released
 	Pauses           int64    // times a partition was paused for backpressure
 	Assigned         int      // partitions assigned now
