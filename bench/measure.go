@@ -227,14 +227,14 @@ func median(xs []float64) float64 {
 // runs them interleaved (A B A B ...), runs times each, and returns each
 // one's runs and median rate.
 func (b *bench) measure(ctx context.Context, title string, cs ...contender) ([]figure, error) {
-	return b.measureWarm(ctx, title, 5, cs...)
+	return b.measureWarm(ctx, title, 5, b.runs, cs...)
 }
 
 // measureWarm is measure with warm-up runs of 1/warmDiv of each
 // contender's records. A JVM broker needs longer than kfake to reach its
 // steady state (its first full-size runs were a third slower than the
 // rest): its fast scenarios warm up on runs of full size.
-func (b *bench) measureWarm(ctx context.Context, title string, warmDiv int, cs ...contender) ([]figure, error) {
+func (b *bench) measureWarm(ctx context.Context, title string, warmDiv, runs int, cs ...contender) ([]figure, error) {
 	b.logf("%s: warm-up", title)
 	for _, c := range cs {
 		if _, err := b.timed(ctx, c, max(c.n/warmDiv, 1)); err != nil {
@@ -245,7 +245,7 @@ func (b *bench) measureWarm(ctx context.Context, title string, warmDiv int, cs .
 	for i, c := range cs {
 		figs[i] = figure{name: c.name, records: c.n}
 	}
-	for run := range b.runs {
+	for run := range runs {
 		for i, c := range cs {
 			res, err := b.timed(ctx, c, c.n)
 			if err != nil {

@@ -113,7 +113,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	if ab == b {
 		return nil // the run's own figures are Apache Kafka's
 	}
-	if figs, err = ab.measureWarm(ctx, "r1 no-op (Apache Kafka)", 1,
+	if figs, err = ab.measureWarm(ctx, "r1 no-op (Apache Kafka)", 1, ab.runs,
 		contender{"kscope AtLeastOnce, no-op handler (Apache Kafka)", p.apacheNoop, ab.kscopeNoop, nil},
 		contender{"raw franz-go PollFetches loop (Apache Kafka)", p.apacheNoop, ab.rawLoop, nil}); err != nil {
 		return err
@@ -127,7 +127,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	}
 	rep.add(scenario{key: "r3_db_vs_naive_apache", title: "r3 against the naive loop on Apache Kafka", figs: figs,
 		ratio: figs[0].median / figs[1].median, target: 10, atLeast: true})
-	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2,
+	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2, ab.runs,
 		contender{"kscope Kafka scope (txn), one output per input (Apache Kafka)", p.apacheTxn, ab.txnEmit, nil},
 		contender{"kscope AtLeastOnce, handler producing synchronously (Apache Kafka)", p.apacheAlo, ab.aloProduce, nil}); err != nil {
 		return err

@@ -192,13 +192,13 @@ func (r *report) write(path, svgPath string) error {
   measured runs; r1's contenders, on both brokers, on all of them (r1's first
   full read of the backlog ran a third slower, on kfake and on the JVM broker
   alike), and r5's on Apache Kafka on half. Then the
-  contenders of a scenario run interleaved (A B A B ...), %d times each; the **median** is reported, with every run listed.
+  contenders of a scenario run interleaved (A B A B ...), %d times each (r1 on kfake, whose runs are the shortest and noisiest, %d times); the **median** is reported, with every run listed.
 - DB scenarios empty the inbox and effect tables and checkpoint before each
   run, outside its timing. CPU per record is the CPU the bench process (broker
   included) and the PostgreSQL server used over the whole run (group join and
   shutdown included), divided by its records; "cores busy" is that CPU per
   record times the rate: how many cores the contender kept busy.
-`, group(int64(p.backlog)), partitions, group(keys), keySize, valueSize, r.produceTime.Round(100*time.Millisecond), r.runs)
+`, group(int64(p.backlog)), partitions, group(keys), keySize, valueSize, r.produceTime.Round(100*time.Millisecond), r.runs, r.runs+r1ExtraRuns)
 	if p.mode == "quick" {
 		b.WriteString("- This is the **quick** run (`make bench-quick`): smaller record counts than `make bench`, same method.\n")
 	}
