@@ -358,3 +358,74 @@ func TestRunnerCleansUpExpiredInboxRows(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// produceTxns writes n records to each of topic's partitions in each of
+// txns transactions of producer txnID, every third one aborted, and returns
+// how many records were committed.
+func produceTxns(t *testing.T, k *testenv.Kafka, txnID, topic string, partitions int32, txns, n int) int {
+	t.Helper()
+	ctx := context.Background()
+	cl, err := k.Client(kgo.TransactionalID(txnID), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	committed := 0
+	for x := range txns {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for p := range partitions {
+			for i := range n {
+				rec := &kgo.Record{Partition: p, Key: fmt.Appendf(nil, "k%d", i%5), Value: fmt.Appendf(nil, "%s txn %d record %d", txnID, x, i)}
+				if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		commit := x%3 != 2
+		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			committed += int(partitions) * n
+		}
+	}
+	return committed
+}
+
+// An input written by a transactional producer: the DB scope applies the
+// committed records once, none of the aborted ones, and commits its offsets
+// past the transactions' markers, so the group shows no lag; a restarted
+// runner resumes there and applies only what came after.
+func TestTransactionalInputCommittedPastMarkers(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "tx-orders", "g-tx-orders"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	opts := dbscope.Options{Pool: pool, Consumer: "ledger"}
+	total := produceTxns(t, k, "upstream-1", topic, 2, 6, 5)
+	first, err := dbscope.New(baseConfig(k, group, topic), opts, dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, first, k, group, topic, "the first transactions applied", time.Minute, func() bool { return first.Stats().DB.Applied == int64(total) })
+
+	total += produceTxns(t, k, "upstream-2", topic, 2, 3, 4)
+	second, err := dbscope.New(baseConfig(k, group, topic), opts, dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, second, k, group, topic, "the later transactions applied", time.Minute, func() bool {
+		return first.Stats().DB.Applied+second.Stats().DB.Applied == int64(total)
+	})
+	if st := second.Stats().DB; st.Duplicates != 0 {
+		t.Fatalf("the restarted runner met %d duplicates: it did not resume past the first run's markers", st.Duplicates)
+	}
+	if c := countEffects(t, pool); c.rows != total || c.unique != total {
+		t.Fatalf("effects %+v, want %d committed records once each", c, total)
+	}
+}
