@@ -2,13 +2,10 @@ package consumer_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
@@ -48,42 +45,6 @@ func (h *positionHook) caughtUp(n int) bool {
 	return true
 }
 
-// produceInTransactions writes perTxn records to each partition of topic
-// in each of txns transactions, every other one aborted, and returns the
-// number of records committed. Each transaction leaves a marker at the end
-// of every partition it wrote.
-func produceInTransactions(t *testing.T, k *testenv.Kafka, topic string, partitions int32, txns, perTxn int) int {
-	t.Helper()
-	ctx := context.Background()
-	cl, err := k.Client(kgo.TransactionalID("markers-"+topic), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	committed := 0
-	for x := range txns {
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
-		for p := range partitions {
-			for i := range perTxn {
-				rec := &kgo.Record{Partition: p, Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, "txn %d record %d", x, i)}
-				if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		commit := x%2 == 0
-		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
-			t.Fatal(err)
-		}
-		if commit {
-			committed += int(partitions) * perTxn
-		}
-	}
-	return committed
-}
-
 // A topic written by a transactional producer ends in a transaction
 // marker: the runner commits past it, so a group that consumed every record
 // shows no lag, to kscope's lag hooks and to the broker alike (before, it
@@ -96,7 +57,7 @@ func TestTransactionMarkersAreCommittedPast(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, partitions); err != nil {
 		t.Fatal(err)
 	}
-	total := produceInTransactions(t, k, topic, partitions, 5, 4)
+	total := len(k.ProduceInTransactions(t, "upstream", topic, partitions, 5, 4, func(x int) bool { return x%2 == 1 }))
 
 	h := &positionHook{lag: map[int32]hook.Lag{}}
 	var handled atomic.Int64

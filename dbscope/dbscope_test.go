@@ -359,41 +359,6 @@ func TestRunnerCleansUpExpiredInboxRows(t *testing.T) {
 	}
 }
 
-// produceTxns writes n records to each of topic's partitions in each of
-// txns transactions of producer txnID, every third one aborted, and returns
-// how many records were committed.
-func produceTxns(t *testing.T, k *testenv.Kafka, txnID, topic string, partitions int32, txns, n int) int {
-	t.Helper()
-	ctx := context.Background()
-	cl, err := k.Client(kgo.TransactionalID(txnID), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	committed := 0
-	for x := range txns {
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
-		for p := range partitions {
-			for i := range n {
-				rec := &kgo.Record{Partition: p, Key: fmt.Appendf(nil, "k%d", i%5), Value: fmt.Appendf(nil, "%s txn %d record %d", txnID, x, i)}
-				if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		commit := x%3 != 2
-		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
-			t.Fatal(err)
-		}
-		if commit {
-			committed += int(partitions) * n
-		}
-	}
-	return committed
-}
-
 // An input written by a transactional producer: the DB scope applies the
 // committed records once, none of the aborted ones, and commits its offsets
 // past the transactions' markers, so the group shows no lag; a restarted
@@ -407,14 +372,15 @@ func TestTransactionalInputCommittedPastMarkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := dbscope.Options{Pool: pool, Consumer: "ledger"}
-	total := produceTxns(t, k, "upstream-1", topic, 2, 6, 5)
+	everyThird := func(x int) bool { return x%3 == 2 }
+	total := len(k.ProduceInTransactions(t, "upstream-1", topic, 2, 6, 5, everyThird))
 	first, err := dbscope.New(baseConfig(k, group, topic), opts, dbscope.HandlerFunc(insertEffect))
 	if err != nil {
 		t.Fatal(err)
 	}
 	runToEnd(t, first, k, group, topic, "the first transactions applied", time.Minute, func() bool { return first.Stats().DB.Applied == int64(total) })
 
-	total += produceTxns(t, k, "upstream-2", topic, 2, 3, 4)
+	total += len(k.ProduceInTransactions(t, "upstream-2", topic, 2, 3, 4, everyThird))
 	second, err := dbscope.New(baseConfig(k, group, topic), opts, dbscope.HandlerFunc(insertEffect))
 	if err != nil {
 		t.Fatal(err)

@@ -372,31 +372,7 @@ func TestOffsetCommitTimeoutAbortsAndRetries(t *testing.T) {
 // the aborted input transactions produce nothing.
 func TestTransactionalInputIsCommittedPastItsMarkers(t *testing.T) {
 	k := setup(t)
-	ctx := context.Background()
-	in, err := k.Client(kgo.TransactionalID("upstream"), kgo.DefaultProduceTopic("in"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	var good []string
-	for x := range 6 {
-		if err := in.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
-		commit := x%3 != 2
-		for i := range 30 {
-			v := fmt.Sprintf("order-%d-%02d", x, i)
-			if err := in.ProduceSync(ctx, &kgo.Record{Key: fmt.Appendf(nil, "c%02d", i%7), Value: []byte(v)}).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			if commit {
-				good = append(good, v)
-			}
-		}
-		if err := in.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	good := k.ProduceInTransactions(t, "upstream", "in", 3, 6, 10, func(x int) bool { return x%3 == 2 })
 	r, err := txn.New(config(k, "g-markers"), txn.Options{TransactionalID: "markers-1"}, enrich)
 	if err != nil {
 		t.Fatal(err)

@@ -58,6 +58,46 @@ func (k *Kafka) ProduceKeyed(t testing.TB, topic string, keys, perKey int) int {
 	return keys * perKey
 }
 
+// ProduceInTransactions writes perTxn records to each of topic's
+// partitions in each of txns transactions of the transactional producer
+// txnID, aborting transaction x when abort(x), and returns the values of
+// the committed records. Each transaction leaves a marker after its
+// records on every partition it wrote. Keys repeat over five values.
+func (k *Kafka) ProduceInTransactions(t testing.TB, txnID, topic string, partitions int32, txns, perTxn int, abort func(x int) bool) (committed []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, err := k.Client(kgo.TransactionalID(txnID), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for x := range txns {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		var values []string
+		for p := range partitions {
+			for i := range perTxn {
+				v := fmt.Sprintf("%s-txn%d-p%d-%02d", txnID, x, p, i)
+				rec := &kgo.Record{Partition: p, Key: fmt.Appendf(nil, "k%d", i%5), Value: []byte(v)}
+				if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+				values = append(values, v)
+			}
+		}
+		commit := !abort(x)
+		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			committed = append(committed, values...)
+		}
+	}
+	return committed
+}
+
 // ParseKeyed splits a KeyedRecords value into its key and sequence number.
 func ParseKeyed(value []byte) (key string, seq int, ok bool) {
 	k, s, found := strings.Cut(string(value), "/")
