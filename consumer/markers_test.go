@@ -48,7 +48,8 @@ func (h *positionHook) caughtUp(n int) bool {
 // A topic written by a transactional producer ends in a transaction
 // marker: the runner commits past it, so a group that consumed every record
 // shows no lag, to kscope's lag hooks and to the broker alike (before, it
-// stopped one short, at the marker, on every such partition). Markers are
+// stopped one short, at the marker, on every such partition), and past the
+// marker of a transaction that aborts after it caught up. Markers are
 // neither handled nor counted as fetched records.
 func TestTransactionMarkersAreCommittedPast(t *testing.T) {
 	k := testenv.KafkaT(t)
@@ -78,6 +79,12 @@ func TestTransactionMarkersAreCommittedPast(t *testing.T) {
 	testenv.WaitFor(t, time.Minute, "every committed record handled", func() bool { return handled.Load() >= int64(total) })
 	testenv.WaitFor(t, 30*time.Second, "offsets committed past the last marker", func() bool { return k.CommittedAll(t, group, topic) })
 	testenv.WaitFor(t, 30*time.Second, "no lag reported", func() bool { return h.caughtUp(partitions) })
+	// A transaction that aborts now reaches the caught-up runner as a
+	// marker alone (the client drops its records): the runner commits
+	// past it too, with no record to handle.
+	k.ProduceInTransactions(t, "upstream", topic, partitions, 1, 4, func(int) bool { return true })
+	testenv.WaitFor(t, 30*time.Second, "offsets committed past the aborted transaction's markers", func() bool { return k.CommittedAll(t, group, topic) })
+	testenv.WaitFor(t, 30*time.Second, "no lag reported after the aborted transaction", func() bool { return h.caughtUp(partitions) })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

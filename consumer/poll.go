@@ -230,6 +230,12 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	}
 	if markers != nil {
 		st.Watermark.DoneAll(markers)
+		if st.txc != nil {
+			// The Kafka scope commits offsets only in a transaction: a
+			// marker alone in a poll (an input transaction that
+			// aborted, once the runner caught up) must end one too.
+			r.gate.progress()
+		}
 		if recs, route = dropMarkers(recs, route); len(recs) == 0 {
 			return n, bytes
 		}

@@ -14,7 +14,7 @@ type gate struct {
 	mu     sync.Mutex
 	cond   sync.Cond
 	isOpen bool      // workers may join
-	first  time.Time // when the first worker joined the open transaction
+	first  time.Time // when the first worker joined the open transaction (or progress was called)
 	joins  int       // input records joined
 	joined int       // workers adding now
 	closed bool      // the runner stops: nothing joins any more
@@ -47,6 +47,19 @@ func (g *gate) join(rec *Record) bool {
 		g.wake()
 	}
 	return true
+}
+
+// progress records that the open transaction has offsets to commit
+// though no worker joined it: transaction markers of the input, counted
+// done as they were polled. It then ends as if a worker had joined now.
+// Only the poll loop calls it, which is also the one that ends
+// transactions, so the gate is open unless the runner stops.
+func (g *gate) progress() {
+	g.mu.Lock()
+	if g.isOpen && g.first.IsZero() {
+		g.first = time.Now()
+	}
+	g.mu.Unlock()
 }
 
 // leave ends a join; input says whether it added an input record.
@@ -133,8 +146,8 @@ func (g *gate) release() {
 }
 
 // endAt returns when the open transaction ends: interval after its first
-// join, at once when it holds max input records, or never (zero) while
-// nothing joined it.
+// join (or progress), at once when it holds max input records, or never
+// (zero) while nothing joined it and no marker was counted done.
 func (g *gate) endAt(interval time.Duration) time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -361,8 +361,9 @@ func TestRunnerCleansUpExpiredInboxRows(t *testing.T) {
 
 // An input written by a transactional producer: the DB scope applies the
 // committed records once, none of the aborted ones, and commits its offsets
-// past the transactions' markers, so the group shows no lag; a restarted
-// runner resumes there and applies only what came after.
+// past the transactions' markers, so the group shows no lag, also after a
+// transaction that aborts once it caught up; a restarted runner resumes
+// there and applies only what came after.
 func TestTransactionalInputCommittedPastMarkers(t *testing.T) {
 	ctx := context.Background()
 	k := testenv.KafkaT(t)
@@ -378,7 +379,16 @@ func TestTransactionalInputCommittedPastMarkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runToEnd(t, first, k, group, topic, "the first transactions applied", time.Minute, func() bool { return first.Stats().DB.Applied == int64(total) })
+	stop := run(t, first)
+	testenv.WaitFor(t, time.Minute, "the first transactions applied", func() bool { return first.Stats().DB.Applied == int64(total) })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	// A transaction that aborts once the runner caught up reaches it as
+	// markers alone: the committed offsets pass them too.
+	k.ProduceInTransactions(t, "upstream-1", topic, 2, 1, 5, func(int) bool { return true })
+	testenv.WaitFor(t, 30*time.Second, "offsets committed past the aborted transaction's markers", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
 
 	total += len(k.ProduceInTransactions(t, "upstream-2", topic, 2, 3, 4, everyThird))
 	second, err := dbscope.New(baseConfig(k, group, topic), opts, dbscope.HandlerFunc(insertEffect))

@@ -385,3 +385,26 @@ func TestTransactionalInputIsCommittedPastItsMarkers(t *testing.T) {
 	}
 	checkExactlyOnce(t, k, good)
 }
+
+// An input transaction that aborts once the runner has caught up reaches
+// it as a marker alone (the client drops the aborted records), with no
+// input record to end a transaction of the runner's: the runner still
+// ends one, with only its offsets, so that the group passes the marker
+// and shows no lag without waiting for the next input record.
+func TestAbortedInputAfterCatchUpIsCommittedPast(t *testing.T) {
+	k := setup(t)
+	good := k.ProduceInTransactions(t, "upstream", "in", 3, 2, 5, func(int) bool { return false })
+	r, err := txn.New(config(k, "g-alone"), txn.Options{TransactionalID: "alone-1"}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	testenv.WaitFor(t, time.Minute, "every committed input done", func() bool { return r.Stats().Kafka.Records == int64(len(good)) })
+	testenv.WaitFor(t, 30*time.Second, "offsets committed past the first markers", func() bool { return k.CommittedAll(t, "g-alone", "in") })
+	k.ProduceInTransactions(t, "upstream", "in", 3, 1, 5, func(int) bool { return true })
+	testenv.WaitFor(t, 30*time.Second, "offsets committed past the aborted transaction's markers", func() bool { return k.CommittedAll(t, "g-alone", "in") })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, k, good)
+}
