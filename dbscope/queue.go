@@ -79,7 +79,10 @@ type pipeline struct {
 	owners []int // owners[j] is the index of the record that queued statement j; -1 for the scope's own
 }
 
-func newPipeline() *pipeline { return &pipeline{b: &pgx.Batch{}} }
+// newPipeline returns an empty pipeline with room for n statements.
+func newPipeline(n int) *pipeline {
+	return &pipeline{b: &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, n)}, owners: make([]int, 0, n)}
+}
 
 // Exec queues one of the scope's own statements.
 func (p *pipeline) Exec(sql string, args ...any) {

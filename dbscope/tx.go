@@ -46,7 +46,13 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 		return nil, nil, err
 	}
 	b.classify(fresh, prior)
-	b.q = newPipeline()
+	// The scope sends up to three statements of its own; a queued
+	// handler's record usually queues one.
+	room := 3
+	if s.qh != nil {
+		room += len(work)
+	}
+	b.q = newPipeline(room)
 	b.rtx = &recordTx{tx: b.tx}
 	if b.vers != nil {
 		b.versions = make([]int64, len(work))
@@ -205,8 +211,8 @@ func (b *batchTx) record(i int) error {
 // for. It reports whether the record waits.
 func (b *batchTx) waitBehindHead(i int) (bool, error) {
 	r := b.work[i]
-	if !b.ordered || r.Key == nil {
-		return false, nil
+	if !b.ordered || r.Key == nil || (len(b.park) == 0 && len(b.waiting) == 0) {
+		return false, nil // no key of the batch has a head or records waiting
 	}
 	k := pairKey{b.metas[i].OriginalTopic, string(r.Key)}
 	h, ok := b.park.head(k)
