@@ -56,8 +56,8 @@ func (p plan) has(name string) bool { return p.only == nil || p.only[name] }
 // window after the first tenth of a run's records, see meter) to dominate,
 // so that the quick run's ratios agree with the full run's; the full run
 // repeats the scenarios on more records and adds the sweeps. Two sizes are
-// the same in both: the backlog, which the peak-RSS child consumes (its
-// peak depends on the topic it reads), and AtLeastOnce's r5 runs on Apache
+// the same in both: the backlog, which the peak-RSS child consumes (how
+// many records it holds in flight depends on the topic it reads), and AtLeastOnce's r5 runs on Apache
 // Kafka, whose broker produces faster as its JIT warms up over the first
 // few hundred thousand records, so that shorter runs read a lower rate.
 var plans = map[string]plan{
