@@ -109,3 +109,24 @@ func FuzzConfig(f *testing.F) {
 		}
 	})
 }
+
+// A record without identity headers is known by its coordinates. The DB
+// scope computes the identity of every record it writes an inbox row for,
+// so building it costs one allocation, the string's.
+func TestIdentityOfCoordinates(t *testing.T) {
+	r := &consumer.Record{Record: &kgo.Record{Topic: "orders", Partition: 3, Offset: 1234567890123}}
+	if got := (consumer.Identity{}).Of(r); got != "orders/3/1234567890123" {
+		t.Fatalf("identity %q, want orders/3/1234567890123", got)
+	}
+	if n := testing.AllocsPerRun(1000, func() { _ = consumer.Identity{}.Of(r) }); n > 1 {
+		t.Fatalf("%v allocations per identity, want 1", n)
+	}
+}
+
+func BenchmarkIdentityOfCoordinates(b *testing.B) {
+	r := &consumer.Record{Record: &kgo.Record{Topic: "orders", Partition: 3, Offset: 1234567890123}}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = consumer.Identity{}.Of(r)
+	}
+}

@@ -59,7 +59,15 @@ func (i Identity) Of(r *Record) string {
 			return bound(string(t) + "/" + string(p) + "/" + string(o))
 		}
 	}
-	return r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "/" + strconv.FormatInt(r.Offset, 10)
+	// One allocation, the string's: the digits are appended to a buffer on
+	// the stack (this runs for every record that has no identity header).
+	var a [128]byte
+	b := append(a[:0], r.Topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(r.Partition), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, r.Offset, 10)
+	return string(b)
 }
 
 func bound(s string) string {

@@ -464,8 +464,8 @@ func (b *batchTx) routed(i int, step retrytopic.Step, attempt int) {
 // unpark deletes a record's head row once it leaves the retry pipeline;
 // the waiting records of its key are then released.
 func (b *batchTx) unpark(i int) error {
-	if !b.ordered || b.work[i].Key == nil {
-		return nil
+	if !b.ordered || b.work[i].Key == nil || len(b.park) == 0 {
+		return nil // no key of the batch has a head (the usual case)
 	}
 	k := pairKey{b.metas[i].OriginalTopic, string(b.work[i].Key)}
 	if !b.park.has(k, b.ids[i]) {
