@@ -472,7 +472,7 @@ func analysis(s scenario, otherCores float64) string {
 			"kscope's own per-record work costs about %.2f µs of CPU. The raw loop takes %.3f µs of wall time per record, so the target "+
 			"leaves kscope %.3f µs per record on top (1/0.9 − 1 of it). Neither contender kept the %d cores busy (kscope %.2f cores, the raw loop %.2f): "+
 			"the pace is set by the in-process broker, which serves fetches from one goroutine on the same cores, and, for kscope, by the hand-off "+
-			"of every record from the poll loop to a worker. What is left of a record's trip through the runner is per record only where it must be: "+
+			"of every record from the poll loop to a worker. Timed fetch by fetch (Before and after: \"r1: where the distance is, along a fetch's timeline\"), the whole distance is in the fetch chain: the broker's response to a fetch takes about 40%% longer while kscope's dispatch and workers run beside it, the decode keeps its pace, and the poll loop is back in time for the next response. What is left of a record's trip through the runner is per record only where it must be: "+
 			"the key hash, its slot in a per-poll block, and on the worker the revocation check, the handler call and the done report; the watermark, "+
 			"the shard queues, the in-flight accounting and the worker wake-ups are per poll or per batch of up to 64. Each key-shard's records of "+
 			"a poll sit together in the poll's block, so a worker walks consecutive memory; the poll loop's first read of each record the client "+
