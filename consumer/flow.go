@@ -243,11 +243,13 @@ func (r *Runner) resumeLocked(st *partState) {
 
 // setHoldPaused pauses fetching of a delay-topic partition while its head
 // record waits for its due time, and resumes it after, unless backpressure
-// still holds it.
+// still holds it. A revoked partition is never paused: forget, which
+// resumes it, may have run already, and the client keeps a pause across
+// rebalances (the partition, assigned here again, would never be fetched).
 func (r *Runner) setHoldPaused(st *partState, on bool) {
 	r.pauseMu.Lock()
 	defer r.pauseMu.Unlock()
-	if st.holdPaused == on {
+	if st.holdPaused == on || (on && st.Revoked()) {
 		return
 	}
 	st.holdPaused = on

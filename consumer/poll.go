@@ -255,8 +255,19 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	bounded := st.txc != nil
 	var now time.Time
 	if delayed || bounded {
+		if beforeHoldHook != nil {
+			beforeHoldHook()
+		}
 		st.holdMu.Lock()
 		defer st.holdMu.Unlock() // after the dispatch below: see hold
+		if st.Revoked() {
+			// Revoked since the check above (a transactional runner's
+			// rebalance does not wait for the poll loop): dropHeld and
+			// forget may have run already, so nothing may be held or
+			// paused for it any more. Its next owner consumes the records.
+			r.releaseN(int64(len(recs)), added)
+			return n, bytes
+		}
 		now = time.Now()
 	}
 	// next[s] is now where shard s's records end and shard s+1's start:
@@ -287,6 +298,11 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	}
 	return n, bytes
 }
+
+// beforeHoldHook, when set by a test, runs in dispatchAll just before it
+// takes a partition's hold lock: where a rebalance that does not wait for
+// the poll loop can revoke the partition mid-dispatch.
+var beforeHoldHook func()
 
 // routed is what dispatchAll keeps of a record between its passes; the
 // shard of a transaction marker is -1.

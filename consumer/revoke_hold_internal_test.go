@@ -1,0 +1,104 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// delayTxnScope is a transactional scope whose topic "d" is a delay topic:
+// the runner holds its records until their due time, pausing the partition.
+type delayTxnScope struct{}
+
+func (delayTxnScope) Process(_ context.Context, batch []*Record, done func(*Record)) {
+	for _, r := range batch {
+		done(r)
+	}
+}
+func (delayTxnScope) TxnConfig() (string, time.Duration, time.Duration, int) {
+	return "tx", time.Second, 10 * time.Second, 1000
+}
+func (delayTxnScope) UseTxn(any)                       {}
+func (delayTxnScope) TxnFlush() error                  { return nil }
+func (delayTxnScope) TxnEnded(bool)                    {}
+func (delayTxnScope) TxnAssigned(map[string][]int32)   {}
+func (delayTxnScope) TxnGone(map[string][]int32)       {}
+func (delayTxnScope) TxnPrepare(context.Context) error { return nil }
+func (delayTxnScope) TxnTick(time.Time) time.Time      { return time.Time{} }
+func (delayTxnScope) DelayedTopics() map[string]time.Duration {
+	return map[string]time.Duration{"d": time.Hour}
+}
+
+// A transactional runner's rebalance does not wait for the poll loop, so a
+// partition can be revoked while the poll loop dispatches its records. A
+// revoke that ends (its held records dropped, the partition resumed)
+// before the dispatch reaches the records it would hold must not leave
+// them held, or the partition paused: the client keeps a pause across
+// rebalances, and the partition, assigned to this member again, would
+// never be fetched.
+func TestRevokeMidDispatchLeavesNothingHeldOrPaused(t *testing.T) {
+	cases := []struct {
+		name string
+		recs func() []*kgo.Record
+	}{
+		{"records not due yet", func() []*kgo.Record {
+			due := []byte(strconv.FormatInt(time.Now().Add(30*time.Minute).UnixMilli(), 10))
+			recs := make([]*kgo.Record, 10)
+			for i := range recs {
+				recs[i] = &kgo.Record{Topic: "d", Offset: int64(i), Key: []byte("k" + strconv.Itoa(i)),
+					Headers: []kgo.RecordHeader{{Key: HeaderDue, Value: due}}}
+			}
+			return recs
+		}},
+		{"more records than a transaction may leave undone", func() []*kgo.Record {
+			recs := make([]*kgo.Record, 1000)
+			for i := range recs {
+				recs[i] = &kgo.Record{Topic: "d", Offset: int64(i), Key: []byte("k" + strconv.Itoa(i))}
+			}
+			return recs
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"d"}, Shards: 4, Logger: slog.New(slog.DiscardHandler)}.withDefaults(), delayTxnScope{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			r.cl = cl
+			r.hardCtx = context.Background()
+			r.shardBuf = make([][]*Record, r.cfg.Shards)
+			r.newPool()
+			r.pool.Start()
+			defer r.pool.Stop()
+			ctx := context.Background()
+			d0 := map[string][]int32{"d": {0}}
+			r.onAssigned(ctx, cl, d0)
+
+			beforeHoldHook = func() { r.onRevoked(ctx, cl, d0) }
+			defer func() { beforeHoldHook = nil }()
+			recs := c.recs()
+			r.dispatchAll("d", 0, int64(len(recs)), recs)
+			beforeHoldHook = nil
+
+			if held := r.held.Load(); held != 0 {
+				t.Errorf("%d records held for the revoked partition; want none", held)
+			}
+			if in := r.inflight.Load(); in != 0 {
+				t.Errorf("%d records count against the in-flight bound after the revoke; want 0", in)
+			}
+			r.onAssigned(ctx, cl, d0) // assigned to this member again
+			if paused := cl.PauseFetchPartitions(nil); len(paused["d"]) > 0 {
+				t.Fatalf("d[0] is still paused in the client after the revoke and a new assignment (%v): it would never be fetched again", paused)
+			}
+		})
+	}
+}
