@@ -136,6 +136,13 @@ func (r *Runner) txnGone(sts []*partState, ps map[string][]int32) {
 	r.forget(sts)
 	r.gate.release()
 	r.txs.TxnGone(ps)
+	if len(sts) > 0 {
+		// The session now aborts the open transaction, and reports no
+		// other revoke or loss until a transaction ends: end it now,
+		// even if nothing joined it, so that the next one reaches
+		// onRevoked (or onLost).
+		r.gate.endSoon()
+	}
 }
 
 // onLost commits nothing: another member may own the partitions already.

@@ -21,6 +21,7 @@ type gate struct {
 	kick   func()    // wakes the poll loop
 	kicked bool      // a wake came while no poll was waiting
 	max    int       // input records after which the transaction ends early
+	due    bool      // the open transaction ends at the poll loop's next turn (endSoon)
 }
 
 func newGate(maxRecords int) *gate {
@@ -100,10 +101,30 @@ func (g *gate) setKick(f func()) {
 	g.mu.Unlock()
 }
 
+// endSoon makes the open transaction end at the poll loop's next turn,
+// even if nothing joined it, and wakes the poll loop; called between the
+// end of one transaction and the opening of the next, it makes the next
+// one end at once. After a revoke or a loss the transactional session
+// reports no other revoke or loss until a transaction ends: a member that
+// stayed idle would miss the next one and keep the partitions it took as
+// its own.
+func (g *gate) endSoon() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.due = true
+	if g.isOpen && g.first.IsZero() {
+		g.first = time.Now()
+	}
+	g.wake()
+}
+
 // open lets workers join a new transaction.
 func (g *gate) open() {
 	g.mu.Lock()
 	g.isOpen, g.first, g.joins = true, time.Time{}, 0
+	if g.due {
+		g.first = time.Now() // endSoon came while the last one ended
+	}
 	g.cond.Broadcast()
 	g.mu.Unlock()
 }
@@ -113,7 +134,7 @@ func (g *gate) open() {
 func (g *gate) shut() time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.isOpen = false
+	g.isOpen, g.due = false, false
 	for g.joined > 0 {
 		g.cond.Wait()
 	}
@@ -125,6 +146,9 @@ func (g *gate) shut() time.Time {
 func (g *gate) reopen() {
 	g.mu.Lock()
 	g.isOpen = true
+	if g.due && g.first.IsZero() {
+		g.first = time.Now() // endSoon came while it was shut
+	}
 	g.cond.Broadcast()
 	g.mu.Unlock()
 }
@@ -146,15 +170,16 @@ func (g *gate) release() {
 }
 
 // endAt returns when the open transaction ends: interval after its first
-// join (or progress), at once when it holds max input records, or never
-// (zero) while nothing joined it and no marker was counted done.
+// join (or progress), at once when it holds max input records or endSoon
+// asked, or never (zero) while nothing joined it and no marker was counted
+// done.
 func (g *gate) endAt(interval time.Duration) time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.isOpen || g.first.IsZero() {
 		return time.Time{}
 	}
-	if g.joins >= g.max {
+	if g.due || g.joins >= g.max {
 		return g.first
 	}
 	return g.first.Add(interval)

@@ -408,3 +408,35 @@ func TestAbortedInputAfterCatchUpIsCommittedPast(t *testing.T) {
 	}
 	checkExactlyOnce(t, k, good)
 }
+
+// A member that sits idle through two rebalances loses partitions in both,
+// and sees both revocations: the transactional session reports a revoke
+// only once per transaction, so an idle member that did not end its
+// (empty) transaction would keep a partition it no longer owns, and report
+// it as assigned, with its lag, for as long as it runs.
+func TestIdleMemberSeesEveryRevocation(t *testing.T) {
+	k := setup(t)
+	newMember := func(id string) *txn.Runner {
+		cfg := config(k, "g-txn-idle")
+		cfg.ClientOptions = append(cfg.ClientOptions, kgo.HeartbeatInterval(50*time.Millisecond))
+		r, err := txn.New(cfg, txn.Options{TransactionalID: id, CommitInterval: 20 * time.Millisecond}, enrich)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a := newMember("idle-a")
+	runFor(t, a)
+	testenv.WaitFor(t, time.Minute, "a assigned every partition", func() bool { return a.Stats().Assigned == 3 })
+	b := newMember("idle-b")
+	runFor(t, b)
+	testenv.WaitFor(t, time.Minute, "a partition moved to b", func() bool { return a.Stats().Assigned == 2 && b.Stats().Assigned == 1 })
+	c := newMember("idle-c")
+	runFor(t, c)
+	testenv.WaitFor(t, time.Minute, "one partition each", func() bool {
+		return a.Stats().Assigned == 1 && b.Stats().Assigned == 1 && c.Stats().Assigned == 1
+	})
+	good := produceInputs(t, k, 300, 0)
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-txn-idle", "in") })
+	checkExactlyOnce(t, k, good)
+}
