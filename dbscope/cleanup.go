@@ -24,7 +24,9 @@ type CleanupOptions struct {
 
 // CleanupInbox deletes one consumer's inbox rows older than the TTL, at most
 // Batch rows per statement so that no single statement holds locks for long,
-// until none is left. It returns how many rows it deleted.
+// until none is left. It returns how many rows it deleted. Only rows of
+// records with an outcome (applied, skipped, stale or dead-lettered) go, and
+// their age counts from that outcome.
 func CleanupInbox(ctx context.Context, db Execer, o CleanupOptions) (int64, error) {
 	if o.TablePrefix == "" {
 		o.TablePrefix = DefaultTablePrefix

@@ -114,6 +114,9 @@ type Options struct {
 
 	// InboxTTL, when positive, deletes inbox rows older than it while the
 	// runner runs, CleanupBatch rows at a time every CleanupInterval. A
+	// row's age counts from its record's outcome (applied, skipped, stale
+	// or dead-lettered), however long the record spent in the retry topics
+	// before it; rows of records still in the retry topics stay. A
 	// record redelivered after its row was deleted is applied again, so
 	// keep the TTL well beyond the longest redelivery and replay you plan
 	// for (topic retention is a safe bound). Default 0: keep every row.

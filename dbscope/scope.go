@@ -172,7 +172,11 @@ func (s *scope) init(cfg consumer.Config) {
 	s.sqlStatus = `SELECT message_id, status, attempt, stage, via FROM ` + p + `inbox
 		WHERE consumer = $1 AND message_id = ANY($2::text[]) AND status <> 'applied' FOR UPDATE`
 	s.sqlOneStatus = `SELECT status, attempt, stage, via FROM ` + p + `inbox WHERE consumer = $1 AND message_id = $2`
-	s.sqlSetStatus = `UPDATE ` + p + `inbox AS i SET status = u.status, attempt = u.attempt, stage = u.stage, via = u.via
+	// A row's age (processed_at, which the inbox TTL counts from) starts
+	// again when its record reaches an outcome: a record that spent hours
+	// in the retry topics is still recognised for the TTL after that.
+	s.sqlSetStatus = `UPDATE ` + p + `inbox AS i SET status = u.status, attempt = u.attempt, stage = u.stage, via = u.via,
+			processed_at = CASE WHEN u.status IN ('applied', 'dead') AND u.status IS DISTINCT FROM i.status THEN now() ELSE i.processed_at END
 		FROM unnest($2::text[], $3::text[], $4::int[], $5::int[], $6::text[]) AS u(id, status, attempt, stage, via)
 		WHERE i.consumer = $1 AND i.message_id = u.id`
 	s.sqlCountHeads = `SELECT count(*) FROM ` + p + `parked WHERE consumer = $1 AND topic = $2 AND key = $3`
