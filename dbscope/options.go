@@ -26,7 +26,10 @@ import (
 // record, routed by the failure policy, and a skip stays a skip but
 // without its writes (the error passed to the hooks says so). To go on
 // after a statement that may fail, run it in a nested transaction
-// (tx.Begin) and roll that back.
+// (tx.Begin) and roll that back. A write that breaks a deferred constraint
+// (DEFERRABLE INITIALLY DEFERRED) is refused only at COMMIT: the record
+// whose writes broke it fails with the constraint's error, as if its
+// statement had failed, and the other records of its batch commit.
 //
 // The handler runs more than once for one delivery of a record only when:
 //   - the record failed: the handler returned an error (other than a
@@ -37,10 +40,17 @@ import (
 //     records before it commit, and it runs again after a backoff;
 //   - its transaction did not commit after it ran: the connection was
 //     lost, the server restarted, COMMIT failed, or the process stopped or
-//     lost the partition first (the next owner runs it).
+//     lost the partition first (the next owner runs it);
+//   - a record after it in its transaction sent a first statement that
+//     PostgreSQL could not prepare (a table that does not exist, a syntax
+//     error), which aborts the transaction before that record's savepoint,
+//     or a record of its transaction broke a deferred constraint: the
+//     transaction runs again, that record failing with PostgreSQL's error
+//     without its handler being called.
 //
-// A failure of another record in its batch never makes it run again. Only
-// the call whose transaction commits leaves effects in the database.
+// Any other failure of another record in its batch never makes it run
+// again. Only the call whose transaction commits leaves effects in the
+// database.
 // Effects outside the database — an HTTP call, an email — happen once per
 // call: give them an idempotency key (the record's identity is a good
 // one).

@@ -180,13 +180,14 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // becomes the key's new head (it goes to the retry topics or the DLT; the
 // rest stay behind it). It does nothing while the key has a head.
 func (s *scope) release(ctx context.Context, topic string, key []byte) error {
-	tries := map[string]int{} // in-place attempts per identity
+	tries := map[string]int{}   // in-place attempts per identity
+	known := map[string]error{} // failures that aborted an earlier try, per identity
 	var err error
 	ok := s.f.Rounds(ctx, nil, func() engine.Round {
 		var rel released
 		if err = s.retryTx(ctx, func(tx pgx.Tx) error {
 			var err error
-			rel, err = s.releaseTx(ctx, tx, topic, key, tries)
+			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known)
 			return err
 		}); err != nil {
 			return engine.Round{Stop: true}
@@ -226,8 +227,11 @@ type released struct {
 
 // releaseTx is one release transaction: under the key's lock, unless the
 // key has a head, it applies the key's waiting records in order until one
-// fails (it retries in place after rel.wait, or becomes the head).
-func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int) (rel released, err error) {
+// fails (it retries in place after rel.wait, or becomes the head). A
+// record whose failure aborted the transaction before its savepoint is
+// put in known, and the transaction fails: in the next one, that record
+// fails with that error without its handler being called.
+func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error) (rel released, err error) {
 	if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{topic}, [][]byte{key}); err != nil {
 		return rel, err
 	}
@@ -249,7 +253,7 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 		if ws[i].head {
 			return released{n: rel.n}, nil // being routed by another release: it holds the key
 		}
-		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, &rel)
+		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, known, &rel)
 		if err != nil {
 			return rel, err
 		}
@@ -273,7 +277,7 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 
 // releaseOne applies the waiting record w in a release transaction. stop
 // reports that it failed: it retries in place, or it became the key's head.
-func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic string, key []byte, w *waitingRow, tries map[string]int, rel *released) (stop bool, err error) {
+func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic string, key []byte, w *waitingRow, tries map[string]int, known map[string]error, rel *released) (stop bool, err error) {
 	r := w.rec
 	hctx := ctx
 	herr := error(nil)
@@ -298,7 +302,15 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		hctx = sequence.WithResult(hctx, check)
 	}
 	if herr == nil {
+		herr = known[w.id]
+		delete(known, w.id)
+	}
+	if herr == nil {
 		herr = s.applyReleased(hctx, tx, rtx, r)
+		if ie, ok := herr.(*isolateError); ok {
+			known[w.id] = ie.err
+			return true, ie
+		}
 	}
 	if herr != nil && s.transient(herr) {
 		return true, herr
@@ -404,6 +416,9 @@ func (s *scope) applyReleased(ctx context.Context, tx pgx.Tx, rtx *recordTx, r *
 				return errors.Join(herr, err)
 			}
 		} else if aborted {
+			if abortedByStatement(errors.Join(rtx.err, herr)) {
+				return &isolateError{err: herr} // see batchTx.runHandler
+			}
 			return fmt.Errorf("dbscope: the transaction was aborted before the record's savepoint: %w", herr)
 		}
 	}

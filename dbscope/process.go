@@ -251,29 +251,55 @@ func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*c
 	for i, r := range work {
 		ids[i] = s.identity.Of(r)
 	}
-	// A queued statement that fails aborts the transaction: it runs again
-	// without that record's statements, each of which fails its record.
+	// A statement that fails where no savepoint of its record undoes it
+	// (a queued one, a first one that cannot be prepared) aborts the
+	// transaction: it runs again without that record's statements, each
+	// of which fails its record. A COMMIT that fails on a deferred
+	// constraint (an integrity violation) runs again over the records up
+	// to the middle one of those that wrote, and so on, until one record
+	// wrote, which then fails with the violation. The records before it
+	// commit first, so the record that fails is the first whose writes
+	// break the constraint after those of the records before it, as if
+	// the constraints were checked after each record. (A transaction over
+	// fewer records leaves the rest notTried, for the next one.)
 	var known map[int]error
+	lim := len(work)
 	var res []result
 	var stop *transientError
 	var err error
-	for {
-		res, stop, err = s.runTx(ctx, work, ids, fails, calls, known)
+	for again := true; again; {
+		res, stop, err = s.runTx(ctx, work[:lim], ids[:lim], fails, calls, known)
 		var ie *isolateError
-		if !errors.As(err, &ie) || known[ie.i] != nil {
-			break
+		var cv *commitViolation
+		switch {
+		case errors.As(err, &ie) && known[ie.i] == nil:
+			known = withKnown(known, ie.i, ie.err)
+		case errors.As(err, &cv) && len(cv.wrote) == 1:
+			known = withKnown(known, cv.wrote[0], cv)
+		case errors.As(err, &cv) && len(cv.wrote) > 1:
+			lim = cv.wrote[len(cv.wrote)/2]
+		default:
+			again = false
 		}
-		if known == nil {
-			known = make(map[int]error)
-		}
-		known[ie.i] = ie.err
 	}
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	for range work[lim:] {
+		res = append(res, result{out: notTried})
+	}
 	s.transactions.Add(1)
 	s.account(work, res, done)
 	return work, res, stop, nil
+}
+
+// withKnown returns known, made if nil, with record i failing with err.
+func withKnown(known map[int]error, i int, err error) map[int]error {
+	if known == nil {
+		known = make(map[int]error)
+	}
+	known[i] = err
+	return known
 }
 
 // account counts and reports what a committed transaction did to each

@@ -2,6 +2,7 @@ package dbscope
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 
@@ -25,8 +26,9 @@ import (
 // run again without that record's statements (the statements the other
 // records queued are sent again; their handlers are not called again), it
 // goes to the failure policy with the statement's error, and the others
-// commit. A handler that needs to read (a SELECT, a RETURNING value, a row
-// lock) before it writes is a [Handler].
+// commit. Statements that break a deferred constraint, refused only at
+// COMMIT, fail their record the same way. A handler that needs to read (a
+// SELECT, a RETURNING value, a row lock) before it writes is a [Handler].
 //
 // The handler is called once per delivery of a record; the statements it
 // queued are kept while the batch is worked on and sent again when its
@@ -146,7 +148,7 @@ func (p *pipeline) send(ctx context.Context, tx pgx.Tx) error {
 	var failed error
 	for j := range p.b.Len() {
 		if _, err := br.Exec(); err != nil {
-			failed = &stmtError{owner: p.owners[j], err: err}
+			failed = &stmtError{owner: p.ownerOf(j, err), err: err}
 			break
 		}
 	}
@@ -155,6 +157,27 @@ func (p *pipeline) send(ctx context.Context, tx pgx.Tx) error {
 		return failed
 	}
 	return cerr
+}
+
+// ownerOf returns the index of the record whose statement err, read as
+// the result of statement j, is about. pgx prepares the statements new to
+// the connection, and encodes the arguments of all, before it runs any:
+// an error in that step is every statement's result, and it names the
+// statement by its SQL. A statement PostgreSQL cannot prepare fails
+// wherever it is queued, so it is the first record that queued it that
+// fails; an argument pgx cannot encode is blamed on the first record that
+// queued the same SQL.
+func (p *pipeline) ownerOf(j int, err error) int {
+	var pe pgx.ErrPreprocessingBatch
+	if !errors.As(err, &pe) {
+		return p.owners[j]
+	}
+	for k, q := range p.b.QueuedQueries {
+		if q.SQL == pe.SQL() {
+			return p.owners[k]
+		}
+	}
+	return -1
 }
 
 // unwrapStmt returns the statement error inside a *stmtError, or err.

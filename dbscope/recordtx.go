@@ -78,7 +78,10 @@ func (t *recordTx) rollback(ctx context.Context) error {
 }
 
 // Exec runs sql in the transaction; the first statement of a record takes
-// the savepoint in the same round trip.
+// the savepoint in the same round trip. pgx prepares a statement new to
+// the connection before it runs the batch: one PostgreSQL refuses aborts
+// the transaction before the savepoint (batchTx.runHandler then fails the
+// record in a new transaction).
 func (t *recordTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.touched {
 		if t.err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -318,17 +319,40 @@ const (
 	gapDead             // sequence.DeadLetter: to the DLT at once
 )
 
-// isolateError says that a queued statement of record i failed: the
-// transaction is run again without record i's statements, record i taking
-// err as its failure (no handler is called again).
+// isolateError says that a statement of record i failed and aborted the
+// transaction before the record's savepoint could undo it (a queued
+// statement, or a Handler's first statement that PostgreSQL could not
+// prepare): the transaction is run again without record i's statements,
+// record i taking err as its failure (its handler is not called again).
 type isolateError struct {
 	i   int
 	err error
 }
 
 func (e *isolateError) Error() string {
-	return "dbscope: a queued statement failed; rerun the batch without its record: " + e.err.Error()
+	return "dbscope: a record's statement failed and aborted the transaction; rerun the batch without its record: " + e.err.Error()
 }
+
+// abortedByStatement reports whether err, which aborted a transaction,
+// is PostgreSQL refusing a statement (a *pgconn.PgError that is not
+// transient): the record that sent it is at fault, not the transaction.
+func abortedByStatement(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && !IsTransient(pg)
+}
+
+// commitViolation is an integrity violation (SQLSTATE class 23) raised by
+// COMMIT: a deferred constraint broken by the writes of one of the records
+// in wrote, the indexes of those whose writes the transaction held.
+type commitViolation struct {
+	err   error
+	wrote []int
+}
+
+func (e *commitViolation) Error() string {
+	return "dbscope: a deferred constraint failed at commit: " + e.err.Error()
+}
+func (e *commitViolation) Unwrap() error { return e.err }
 
 // transientError is a transient error raised by a queued statement of
 // record rec, or a connection lost under its handler: the transaction is

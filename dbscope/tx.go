@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/engine"
@@ -325,6 +327,17 @@ func (b *batchTx) runQueued(i int, hctx context.Context) (herr error, handled bo
 // record succeeded, or was skipped.
 func (b *batchTx) runHandler(i int, hctx context.Context) (herr error, handled bool, err error) {
 	r := b.work[i]
+	if herr = b.known[i]; herr != nil {
+		// Its first statement aborted an earlier try of this transaction,
+		// or its writes broke a deferred constraint at COMMIT: it fails
+		// with that error, without its handler being called again (a
+		// business skip stays one, without its writes).
+		if b.s.f.Class(herr) == consumer.ClassSkip {
+			b.res[i].err = fmt.Errorf("%w; %s", herr, lostWrites)
+			return herr, true, b.succeed(i, herr)
+		}
+		return herr, false, nil
+	}
 	b.rtx.reset(hctx)
 	herr = b.s.call(hctx, b.rtx, r)
 	if b.rtx.sp {
@@ -347,6 +360,24 @@ func (b *batchTx) runHandler(i int, hctx context.Context) (herr error, handled b
 			return herr, false, err
 		}
 	} else if aborted {
+		// The transaction was aborted before the record's savepoint ran:
+		// recordTx.Exec sends a first statement with its SAVEPOINT in one
+		// round trip, but pgx prepares a statement new to the connection
+		// before running anything of that batch, so a statement
+		// PostgreSQL cannot prepare (a missing table or column, a syntax
+		// or type error) fails before SAVEPOINT. Nothing of the
+		// transaction can be kept. When PostgreSQL refused the statement
+		// (a *pgconn.PgError that is not transient), the record is at
+		// fault: the transaction runs again with the record failing with
+		// herr and its handler not called, as for a queued statement
+		// (the records before it are called again). Taking the savepoint
+		// first instead would cost a round trip for every record whose
+		// first statement may be new to the connection, and pgx does not
+		// say which are. A lost connection or a transient error retries
+		// the transaction.
+		if abortedByStatement(errors.Join(b.rtx.err, herr)) {
+			return herr, false, &isolateError{i: i, err: herr}
+		}
 		return herr, false, fmt.Errorf("dbscope: the transaction was aborted before the record's savepoint: %w", errors.Join(herr, b.rtx.err))
 	}
 	if herr != nil && b.s.transient(herr) {
@@ -427,7 +458,21 @@ func (b *batchTx) commit() error {
 		}
 		return unwrapStmt(err)
 	}
-	return b.tx.Commit(b.ctx)
+	err := b.tx.Commit(b.ctx)
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && strings.HasPrefix(pg.Code, "23") {
+		// An integrity violation at COMMIT: a deferred constraint that a
+		// record's writes broke. Which record is found by running fewer
+		// of them (see scope.apply).
+		v := &commitViolation{err: err}
+		for j := range b.cut {
+			if o := b.res[j].out; (o == applied || o == skipped) && b.known[j] == nil {
+				v.wrote = append(v.wrote, j)
+			}
+		}
+		return v
+	}
+	return err
 }
 
 // setStatus records record i's outcome in its inbox row.

@@ -1,0 +1,285 @@
+package dbscope_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// dltByValue reads the group's dead-letter topic, by record value.
+func dltByValue(t *testing.T, k *testenv.Kafka, group string) map[string]*kgo.Record {
+	t.Helper()
+	out := map[string]*kgo.Record{}
+	for _, d := range k.ReadAll(t, retrytopic.DLTopic(group)) {
+		if out[string(d.Value)] != nil {
+			t.Fatalf("%s dead-lettered twice", d.Value)
+		}
+		out[string(d.Value)] = d
+	}
+	return out
+}
+
+// wantDeadLetter fails the test unless d is a dead letter whose failure
+// metadata names the class, the attempt count and an error containing
+// errPart.
+func wantDeadLetter(t *testing.T, d *kgo.Record, class consumer.Class, attempt, errPart string) {
+	t.Helper()
+	if d == nil {
+		t.Fatal("the failing record is not in the DLT")
+	}
+	if c := testenv.Header(d, retrytopic.HeaderErrorClass); c != class.String() {
+		t.Fatalf("%s: class %q, want %q", d.Value, c, class)
+	}
+	if a := testenv.Header(d, retrytopic.HeaderAttempt); a != attempt {
+		t.Fatalf("%s: dead-lettered after %s attempts, want %s", d.Value, a, attempt)
+	}
+	if e := testenv.Header(d, retrytopic.HeaderError); !strings.Contains(e, errPart) {
+		t.Fatalf("%s: error %q, want it to name %q", d.Value, e, errPart)
+	}
+}
+
+// wantEffectsOnce fails the test unless the effects are those of keys,
+// each applied once.
+func wantEffectsOnce(t *testing.T, got []string, keys string) {
+	t.Helper()
+	if strings.Join(got, ",") != keys {
+		t.Fatalf("effects %v, want %s, each once", got, keys)
+	}
+}
+
+// A record whose first statement PostgreSQL cannot prepare (a table that
+// does not exist, a syntax error) fails alone, as any failing statement
+// does: it is routed by its error's class (a Terminal error to the DLT at
+// once, an unmarked one after its budget), and the other records of its
+// batch commit, each once, with their offsets.
+func TestUnpreparableFirstStatementFailsOnlyItsRecord(t *testing.T) {
+	cases := []struct {
+		name string
+		make func(calls *callCounter) (dbscope.Handler, dbscope.QueueHandler)
+	}{
+		{"Handler", func(calls *callCounter) (dbscope.Handler, dbscope.QueueHandler) {
+			return dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+				calls.add(r)
+				switch string(r.Key) {
+				case "unknown-tenant":
+					if _, err := tx.Exec(ctx, `INSERT INTO ledger_of_unknown_tenant (message_id) VALUES ($1)`, string(r.Value)); err != nil {
+						return consumer.Terminal(err)
+					}
+				case "typo":
+					if _, err := tx.Exec(ctx, `INSERT INTO effects (message_id, key, seq) VALUS ($1, 'typo', 0)`, string(r.Value)); err != nil {
+						return err
+					}
+				}
+				return insertEffect(ctx, tx, r)
+			}), nil
+		}},
+		{"QueueHandler", func(calls *callCounter) (dbscope.Handler, dbscope.QueueHandler) {
+			return nil, dbscope.QueueFunc(func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+				calls.add(r)
+				switch string(r.Key) {
+				case "unknown-tenant":
+					q.Exec(`INSERT INTO ledger_of_unknown_tenant (message_id) VALUES ($1)`, string(r.Value))
+				case "typo":
+					q.Exec(`INSERT INTO effects (message_id, key, seq) VALUS ($1, 'typo', 0)`, string(r.Value))
+				}
+				return queueEffect(ctx, q, r)
+			})
+		}},
+	}
+	for n, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			k := testenv.KafkaT(t)
+			pool := newPool(t)
+			topic, group := fmt.Sprintf("tenants-%d", n), fmt.Sprintf("g-unpreparable-%d", n)
+			if err := k.CreateTopic(ctx, topic, 1); err != nil {
+				t.Fatal(err)
+			}
+			vals := []string{"a/0", "unknown-tenant/0", "b/0", "typo/0", "c/0"}
+			produceValues(t, k, topic, vals...)
+			var calls callCounter
+			h, qh := tc.make(&calls)
+			cfg := baseConfig(k, group, topic)
+			cfg.Shards = 1 // the records share batches
+			cfg.Failures.UnknownAttempts = 2
+			var r *dbscope.Runner
+			var err error
+			if qh != nil {
+				r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, qh)
+			} else {
+				r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, h)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
+			wantOutcomes(t, r, 3, 0, 2)
+			wantEffectsOnce(t, effectKeys(t, pool), "a,b,c")
+			dlt := dltByValue(t, k, group)
+			if len(dlt) != 2 {
+				t.Fatalf("DLT holds %d records, want unknown-tenant/0 and typo/0", len(dlt))
+			}
+			if qh == nil {
+				wantDeadLetter(t, dlt["unknown-tenant/0"], consumer.ClassTerminal, "1", "does not exist")
+			} else {
+				wantDeadLetter(t, dlt["unknown-tenant/0"], consumer.ClassUnknown, "2", "does not exist")
+			}
+			wantDeadLetter(t, dlt["typo/0"], consumer.ClassUnknown, "2", "syntax error")
+			if rep := calls.repeats("unknown-tenant/0", "typo/0"); qh != nil && len(rep) > 0 {
+				t.Fatalf("queued handlers called again: %v", rep)
+			}
+		})
+	}
+}
+
+// A record released from the waiting table whose first statement
+// PostgreSQL cannot prepare fails alone: it is dead-lettered as its
+// Terminal error says, and the record of its key waiting behind it is
+// applied after it.
+func TestReleasedRecordWithUnpreparableStatementIsDeadLettered(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "tenants", "g-release-unpreparable"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		InPlaceAttempts: 1, Ladder: []time.Duration{100 * time.Millisecond}, RetryableAttempts: 1000}
+	var open atomic.Bool
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			switch string(r.Value) {
+			case "K/0":
+				if !open.Load() {
+					return consumer.Retryable(errors.New("ledger 503"))
+				}
+			case "K/1":
+				if _, err := tx.Exec(ctx, `INSERT INTO ledger_of_unknown_tenant (message_id) VALUES ($1)`, string(r.Value)); err != nil {
+					return consumer.Terminal(err)
+				}
+			}
+			return insertEffect(ctx, tx, r)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/0")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K/0 in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	if err := k.Produce(ctx,
+		&kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/1")},
+		&kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/2")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K/1 and K/2 waiting", func() bool { return r.Stats().DB.Parked >= 2 })
+	open.Store(true)
+	testenv.WaitFor(t, time.Minute, "K/1 dead-lettered", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+	testenv.WaitFor(t, time.Minute, "K/0 and K/2 applied", func() bool { return countEffects(t, pool).unique == 2 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(effectOrder(t, pool), ","); got != "K/0,K/2" {
+		t.Fatalf("effects %s, want K/0,K/2, each once, in order", got)
+	}
+	dlt := dltByValue(t, k, group)
+	if len(dlt) != 1 {
+		t.Fatalf("DLT holds %d records, want K/1", len(dlt))
+	}
+	wantDeadLetter(t, dlt["K/1"], consumer.ClassTerminal, "1", "does not exist")
+	var parked, waiting int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM kscope_parked), (SELECT count(*) FROM kscope_waiting)`).Scan(&parked, &waiting); err != nil {
+		t.Fatal(err)
+	}
+	if parked != 0 || waiting != 0 {
+		t.Fatalf("%d parked and %d waiting rows left", parked, waiting)
+	}
+}
+
+// A record whose write breaks a deferred constraint (checked only at
+// COMMIT) fails alone, with the constraint's error, as if its statement
+// had failed: it is routed by the failure policy (here to the DLT once its
+// budget of 2 is spent), and the other records of its batch commit, each
+// once, with their offsets.
+func TestDeferredConstraintViolationFailsOnlyItsRecord(t *testing.T) {
+	const posting = `INSERT INTO postings VALUES ($1, $2)`
+	cases := []struct {
+		name string
+		h    dbscope.Handler
+		qh   dbscope.QueueHandler
+	}{
+		{name: "Handler", h: dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			if _, err := tx.Exec(ctx, posting, string(r.Value), string(r.Key)); err != nil {
+				return err
+			}
+			return insertEffect(ctx, tx, r)
+		})},
+		{name: "QueueHandler", qh: dbscope.QueueFunc(func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+			q.Exec(posting, string(r.Value), string(r.Key))
+			return queueEffect(ctx, q, r)
+		})},
+	}
+	for n, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			k := testenv.KafkaT(t)
+			pool := newPool(t)
+			if _, err := pool.Exec(ctx, `CREATE TABLE accounts (id text PRIMARY KEY);
+				CREATE TABLE postings (message_id text PRIMARY KEY,
+					account text NOT NULL REFERENCES accounts DEFERRABLE INITIALLY DEFERRED);
+				INSERT INTO accounts VALUES ('a'), ('b'), ('c'), ('d'), ('e')`); err != nil {
+				t.Fatal(err)
+			}
+			topic, group := fmt.Sprintf("postings-%d", n), fmt.Sprintf("g-deferred-%d", n)
+			if err := k.CreateTopic(ctx, topic, 1); err != nil {
+				t.Fatal(err)
+			}
+			vals := []string{"a/0", "b/0", "c/0", "nope/0", "d/0", "e/0"}
+			produceValues(t, k, topic, vals...)
+			cfg := baseConfig(k, group, topic)
+			cfg.Shards = 1 // the records share batches
+			cfg.Failures.UnknownAttempts = 2
+			var r *dbscope.Runner
+			var err error
+			if tc.qh != nil {
+				r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, tc.qh)
+			} else {
+				r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, tc.h)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
+			wantOutcomes(t, r, 5, 0, 1)
+			wantEffectsOnce(t, effectKeys(t, pool), "a,b,c,d,e")
+			var postings int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM postings`).Scan(&postings); err != nil {
+				t.Fatal(err)
+			}
+			if postings != 5 {
+				t.Fatalf("%d postings, want 5", postings)
+			}
+			dlt := dltByValue(t, k, group)
+			if len(dlt) != 1 {
+				t.Fatalf("DLT holds %d records, want nope/0", len(dlt))
+			}
+			wantDeadLetter(t, dlt["nope/0"], consumer.ClassUnknown, "2", "postings_account_fkey")
+		})
+	}
+}
