@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -127,15 +128,13 @@ var errRoutedAgain = errors.New("kscope: routed again after a restart; the earli
 
 // reroute routes again the record r whose inbox outcome st says it was
 // being routed by this very copy when the process stopped: the same hop of
-// the retry topics, or the dead-letter topic.
-func (s *scope) reroute(ctx context.Context, r *consumer.Record, st inboxStatus) error {
-	if err := s.rerouteOnly(ctx, r, st); err != nil {
-		return err
+// the retry topics, or the dead-letter topic. dead reports that it went
+// to the dead-letter topic.
+func (s *scope) reroute(ctx context.Context, r *consumer.Record, st inboxStatus) (dead bool, err error) {
+	if dead, err = s.rerouteOnly(ctx, r, st); err != nil || !dead {
+		return dead, err
 	}
-	if st.status == statusDLT {
-		return s.markDead(ctx, s.identity.Of(r), s.f.Metadata(r).OriginalTopic, r.Key)
-	}
-	return nil
+	return true, s.markDead(ctx, s.identity.Of(r), s.f.Metadata(r).OriginalTopic, r.Key)
 }
 
 // markDead records that the dead-letter topic acknowledged the record of
@@ -179,15 +178,30 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // maxSavepoints records, until none is left or one of them fails and
 // becomes the key's new head (it goes to the retry topics or the DLT; the
 // rest stay behind it). It does nothing while the key has a head.
+//
+// While it routes a record that became the head, the record's row is
+// marked in s.inRoute, so that the periodic recovery leaves it alone; a
+// routing that ctx cuts short is left to that recovery.
 func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 	tries := map[string]int{}   // in-place attempts per identity
 	known := map[string]error{} // failures that aborted an earlier try, per identity
+	var marked []int64
+	defer func() {
+		for _, seq := range marked {
+			s.inRoute.remove(seq)
+		}
+	}()
 	var err error
 	ok := s.f.Rounds(ctx, nil, func() engine.Round {
 		var rel released
 		if err = s.retryTx(ctx, func(tx pgx.Tx) error {
 			var err error
 			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known)
+			if err == nil && rel.routed != nil {
+				// Marked before the commit that makes it a head row.
+				s.inRoute.add(rel.routed.seq)
+				marked = append(marked, rel.routed.seq)
+			}
 			return err
 		}); err != nil {
 			return engine.Round{Stop: true}
@@ -201,8 +215,9 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 				return engine.Round{Stop: true}
 			}
 			// Past a dead letter, the next waiting record is the key's
-			// head; one in the retry topics holds the key.
-			return engine.Round{More: rel.step.Action == retrytopic.ActionDeadLetter}
+			// head; one in the retry topics holds the key, unless new
+			// failures do not park (it did not become the head).
+			return engine.Round{More: rel.step.Action == retrytopic.ActionDeadLetter || !s.ordered()}
 		}
 		// A retry in place waits its delay; a full transaction may have
 		// left more waiting records.
@@ -337,7 +352,10 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		rel.done = append(rel.done, w.seq)
 		return false, nil
 	}
-	// It becomes the key's head: routed once this commits.
+	// It becomes the key's head: routed once this commits. Where new
+	// failures do not park (s.ordered is false), one sent to a retry topic
+	// holds the key only while it is routed: its row marks it, with no
+	// parked row.
 	meta := s.f.Metadata(r)
 	total := min(meta.Attempt+tries[w.id]+1, retrytopic.MaxAttempt)
 	status := statusRetry
@@ -345,8 +363,10 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		status = statusDLT
 	}
 	rel.up.add(w.id, status, total, st.Stage, viaWaiting)
-	if _, err := tx.Exec(ctx, s.sqlPark, s.o.Consumer, topic, key, w.id, meta.OriginalOffset, max(st.Stage, 0), w.version); err != nil {
-		return true, err
+	if st.Action == retrytopic.ActionDeadLetter || s.ordered() {
+		if _, err := tx.Exec(ctx, s.sqlPark, s.o.Consumer, topic, key, w.id, meta.OriginalOffset, max(st.Stage, 0), w.version); err != nil {
+			return true, err
+		}
 	}
 	if _, err := tx.Exec(ctx, s.sqlWaitingHead, w.seq); err != nil {
 		return true, err
@@ -425,87 +445,176 @@ func (s *scope) applyReleased(ctx context.Context, tx pgx.Tx, rtx *recordTx, r *
 	return herr
 }
 
-// recoverParking finishes what a stopped process left: waiting records
-// that were being routed as their key's head are routed again (once, at
-// start), and keys whose waiting records no head holds back are released.
-func (s *scope) recoverParking(ctx context.Context, start bool) {
-	if start {
-		rows, err := s.o.Pool.Query(ctx, s.sqlLoadWaitingHeads, s.o.Consumer)
-		if err != nil {
-			s.logRecover(ctx, err)
-			return
-		}
-		ws, err := scanWaitingKeyed(rows)
-		if err != nil {
-			s.logRecover(ctx, err)
-			return
-		}
-		for _, w := range ws {
-			var st inboxStatus
-			err := s.o.Pool.QueryRow(ctx, s.sqlOneStatus, s.o.Consumer, w.id).Scan(&st.status, &st.attempt, &st.stage, &st.via)
-			if err != nil {
-				s.logRecover(ctx, err)
-				return
-			}
-			if st.status == statusRetry || st.status == statusDLT {
-				if err := s.rerouteOnly(ctx, w.rec, st); err != nil {
-					s.logRecover(ctx, err)
-					return
-				}
-			}
-			if err := s.routedFromWaiting(ctx, &w.waitingRow, w.topic, w.rec.Key, st.status == statusDLT); err != nil {
-				s.logRecover(ctx, err)
-				return
-			}
-		}
-	}
-	rows, err := s.o.Pool.Query(ctx, s.sqlOrphanKeys, s.o.Consumer)
-	if err != nil {
+// recovery is what the recovery of parked records (recoverParking) keeps
+// from one pass to the next.
+type recovery struct {
+	done  bool           // a pass completed
+	heads map[int64]bool // the head rows the last pass found and left
+}
+
+// recoverParking finishes what a stopped process, or a release whose
+// context ended, left: a waiting record that was being routed as its key's
+// head is routed again (see recoverHead), and keys whose waiting records
+// no head holds back are released. RunBackground runs it at start and
+// every releaseInterval. Until a pass completes, a pass routes every head
+// row again at once (what a stopped process left); after that, only a
+// head row found by the pass before too, so that a release of another
+// process has that long to finish its own routing. A head row this
+// process is routing is left alone. In a pipeline that parks no new
+// failure, a pass first looks whether the consumer has parked or waiting
+// rows at all, and keeps s.parkRows up to date.
+func (s *scope) recoverParking(ctx context.Context, rec *recovery) {
+	if err := s.recoverPass(ctx, rec); err != nil {
 		s.logRecover(ctx, err)
 		return
 	}
-	type tk struct {
-		topic string
-		key   []byte
-	}
-	var keys []tk
-	for rows.Next() {
-		var k tk
-		if err := rows.Scan(&k.topic, &k.key); err != nil {
-			rows.Close()
-			s.logRecover(ctx, err)
-			return
+	rec.done = true
+}
+
+// recoverPass is one pass of recoverParking.
+func (s *scope) recoverPass(ctx context.Context, rec *recovery) error {
+	if !s.ordered() {
+		found, err := s.parkRows.scan(func() (found bool, err error) {
+			err = s.o.Pool.QueryRow(ctx, s.sqlHasParking, s.o.Consumer).Scan(&found)
+			return found, err
+		})
+		if err != nil || !found {
+			rec.heads = nil
+			return err
 		}
-		keys = append(keys, k)
 	}
-	rows.Close()
+	rows, err := s.o.Pool.Query(ctx, s.sqlLoadWaitingHeads, s.o.Consumer)
+	if err != nil {
+		return err
+	}
+	ws, err := scanWaitingKeyed(rows)
+	if err != nil {
+		return err
+	}
+	left := map[int64]bool{}
+	for _, w := range ws {
+		if s.inRoute.has(w.seq) || (rec.done && !rec.heads[w.seq]) {
+			left[w.seq] = true
+			continue
+		}
+		if err := s.recoverHead(ctx, w); err != nil {
+			return err
+		}
+	}
+	rec.heads = left
+	rows, err = s.o.Pool.Query(ctx, s.sqlOrphanKeys, s.o.Consumer)
+	if err != nil {
+		return err
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (heldKey, error) {
+		var k heldKey
+		err := row.Scan(&k.topic, &k.key)
+		return k, err
+	})
+	if err != nil {
+		return err
+	}
 	for _, k := range keys {
 		if err := s.release(ctx, k.topic, k.key); err != nil {
-			s.logRecover(ctx, err)
-			return
+			return err
 		}
 	}
+	return nil
+}
+
+// recoverHead finishes the routing of w, a waiting record marked as its
+// key's head, whose release was cut short. Under the key's lock it reads
+// w's inbox outcome again: a record still to be routed from the waiting
+// table is routed again, and its row goes once the broker has it; one
+// whose routing already reached the broker (applied, dead-lettered, or
+// routed on by a later hop since) only has its row deleted. A release of
+// this process that routes w meanwhile is left to finish.
+func (s *scope) recoverHead(ctx context.Context, w keyedWaiting) error {
+	var st inboxStatus
+	var again bool
+	if err := s.retryTx(ctx, func(tx pgx.Tx) error {
+		again = false
+		if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{w.topic}, [][]byte{w.rec.Key}); err != nil {
+			return err
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, s.sqlWaitingHeadExists, w.seq).Scan(&exists); err != nil || !exists || s.inRoute.has(w.seq) {
+			return err
+		}
+		err := tx.QueryRow(ctx, s.sqlOneStatus, s.o.Consumer, w.id).Scan(&st.status, &st.attempt, &st.stage, &st.via)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			st = inboxStatus{status: statusApplied} // the inbox forgets only applied and dead-lettered records
+		case err != nil:
+			return err
+		}
+		if (st.status == statusRetry || st.status == statusDLT) && st.via == viaWaiting {
+			again = true
+			return nil
+		}
+		_, err = tx.Exec(ctx, s.sqlDeleteWaiting, []int64{w.seq})
+		return err
+	}); err != nil || !again {
+		return err
+	}
+	dead, err := s.rerouteOnly(ctx, w.rec, st)
+	if err != nil {
+		return err
+	}
+	return s.routedFromWaiting(ctx, &w.waitingRow, w.topic, w.rec.Key, dead)
 }
 
 // rerouteOnly routes r again as its inbox outcome st says, without
-// recording anything.
-func (s *scope) rerouteOnly(ctx context.Context, r *consumer.Record, st inboxStatus) error {
+// recording anything: to the retry topic of its stage (within the current
+// ladder) or, when the outcome or the current policy says so (no retry
+// topics), to the dead-letter topic. dead reports the latter.
+func (s *scope) rerouteOnly(ctx context.Context, r *consumer.Record, st inboxStatus) (dead bool, err error) {
 	meta := s.f.Metadata(r)
 	attempt := max(1, st.attempt-meta.Attempt)
 	pol := s.f.Policy()
 	step := retrytopic.Step{Action: retrytopic.ActionDeadLetter, Class: consumer.ClassTerminal}
-	if st.status == statusRetry && len(pol.Ladder) > 0 {
+	if st.status == statusRetry && !pol.DisableRetryTopics && len(pol.Ladder) > 0 {
 		stage := max(0, min(st.stage, len(pol.Ladder)-1))
 		step = retrytopic.Step{Action: retrytopic.ActionRetryTopic, Class: consumer.ClassRetryable, Stage: stage,
 			Delay: pol.Ladder[stage], Topic: retrytopic.RetryTopic(s.group, pol.Ladder[stage])}
 	}
-	return s.f.Route(ctx, r, errRoutedAgain, step, attempt, time.Now())
+	return step.Action == retrytopic.ActionDeadLetter, s.f.Route(ctx, r, errRoutedAgain, step, attempt, time.Now())
 }
 
 func (s *scope) logRecover(ctx context.Context, err error) {
 	if ctx.Err() == nil {
 		s.log.Warn("kscope: releasing parked records failed; retrying later", "err", err)
 	}
+}
+
+// routeMarks are the waiting rows (by id) that releases of this process
+// are routing as their key's head.
+type routeMarks struct {
+	mu  sync.Mutex
+	ids map[int64]int
+}
+
+func (m *routeMarks) add(seq int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ids == nil {
+		m.ids = make(map[int64]int)
+	}
+	m.ids[seq]++
+}
+
+func (m *routeMarks) remove(seq int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ids[seq]--; m.ids[seq] <= 0 {
+		delete(m.ids, seq)
+	}
+}
+
+func (m *routeMarks) has(seq int64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ids[seq] > 0
 }
 
 // keyedWaiting is a waiting row with its original topic.

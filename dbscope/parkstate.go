@@ -2,6 +2,7 @@ package dbscope
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
@@ -67,11 +68,54 @@ func (p parking) remove(k pairKey, id string) {
 	}
 }
 
-// ordered reports whether later records of a key wait behind one that is in
-// the retry topics.
+// ordered reports whether a new failure makes its record its key's head,
+// later records of the key waiting behind it.
 func (s *scope) ordered() bool {
 	p := s.f.Policy()
 	return !p.Unordered && !p.DisableRetryTopics && len(p.Ladder) > 0
+}
+
+// honours reports whether the transactions look up and honour the parked
+// heads and waiting records of their keys: always in an ordered pipeline;
+// in one that is not, while the consumer may have such rows, left by a
+// deployment that was ordered (see parkWatch).
+func (s *scope) honours() bool {
+	return s.ordered() || s.parkRows.maybe()
+}
+
+// parkWatch tracks whether the consumer may have parked or waiting rows,
+// for a pipeline that parks no new failure: its transactions skip the
+// lookup of their keys' rows only while a scan of the tables, newer than
+// every waiting row this process stored, found none. It starts as "may
+// have" (its zero value).
+type parkWatch struct {
+	stored  atomic.Int64 // bumped after a transaction that stored a waiting row commits, and when a scan finds rows
+	scanned atomic.Int64 // 1 + stored as it was before the last scan that found no row; 0 before any
+}
+
+// maybe reports whether the consumer may have parked or waiting rows.
+func (w *parkWatch) maybe() bool { return w.stored.Load()+1 != w.scanned.Load() }
+
+// storedRows records that a transaction that stored a waiting row committed.
+func (w *parkWatch) storedRows() { w.stored.Add(1) }
+
+// scan runs exists, which reports whether the consumer has parked or
+// waiting rows, and records its answer. A row stored after the scan began
+// is reported by storedRows after it commits, so it keeps maybe true.
+func (w *parkWatch) scan(exists func() (bool, error)) (bool, error) {
+	before := w.stored.Load()
+	found, err := exists()
+	switch {
+	case err != nil:
+		return true, err
+	case found:
+		if !w.maybe() {
+			w.stored.Add(1)
+		}
+	default:
+		w.scanned.Store(before + 1)
+	}
+	return found, nil
 }
 
 // parkedKeys returns the (original topic, key) pairs of the keyed records of
@@ -105,8 +149,9 @@ func scanParking(rows pgx.Rows) (parking, error) {
 
 // begin opens the transaction, inserts the inbox rows of ids and reads
 // what the transaction needs to know of the batch: which ids are new, the
-// outcome the inbox remembers for the others, and, when the pipeline is
-// ordered, the parked heads and waiting records of the batch's keys. The
+// outcome the inbox remembers for the others, and, when the scope honours
+// parking (s.honours), the parked heads and waiting records of the batch's
+// keys. The
 // common case — every id new, no key of the batch parked or waiting —
 // costs one round trip (BEGIN, the inbox rows, one lookup of the keys) and
 // takes no lock. Otherwise a second round trip locks the busy keys (so the
@@ -116,8 +161,8 @@ func scanParking(rows pgx.Rows) (parking, error) {
 // no lock: only a transaction that already sees it busy (a head or waiting
 // records, both committed before any retry record of the key exists) can
 // change its state concurrently.
-func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh freshIDs, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
-	tx, fresh, busy, err := s.openTx(ctx, ids, work, metas, ordered)
+func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
+	tx, fresh, busy, err := s.openTx(ctx, ids, work, metas, honour)
 	if err != nil {
 		return tx, fresh, nil, nil, nil, err
 	}
@@ -151,14 +196,14 @@ type busyKeys struct {
 }
 
 // openTx is begin's first round trip: BEGIN, the inbox rows of ids (fresh
-// names those that are new), and, for an ordered pipeline, which keys of
-// the batch are busy.
-func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, ordered bool) (tx pgx.Tx, fresh freshIDs, busy busyKeys, err error) {
+// names those that are new), and, when the scope honours parking, which
+// keys of the batch are busy.
+func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, busy busyKeys, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	var topics []string
 	var keys [][]byte
-	if ordered {
+	if honour {
 		topics, keys = parkedKeys(work, metas)
 	}
 	b.Queue(s.sqlInbox, s.o.Consumer, ids)

@@ -146,10 +146,11 @@ func (s *scope) settle(ctx context.Context, work []*consumer.Record, res []resul
 			obs.End(r, hook.OutcomeParked, nil)
 			done(r)
 		case rerouteOutcome:
-			if err := s.reroute(ctx, r, res[i].st); err != nil {
+			dead, err := s.reroute(ctx, r, res[i].st)
+			if err != nil {
 				return nil, 0, nil, false
 			}
-			if res[i].st.status == statusDLT && r.Key != nil && s.ordered() {
+			if dead && r.Key != nil && s.honours() {
 				release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
 			}
 			obs.End(r, hook.OutcomeDuplicate, nil)
@@ -198,7 +199,7 @@ func (s *scope) routeFailed(ctx context.Context, r *consumer.Record, res result,
 		if err := s.markDead(ctx, s.identity.Of(r), meta.OriginalTopic, r.Key); err != nil {
 			return step, nil, err
 		}
-		if r.Key != nil && s.ordered() {
+		if r.Key != nil && s.honours() {
 			release = &heldKey{meta.OriginalTopic, r.Key}
 		}
 	}

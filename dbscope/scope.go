@@ -103,6 +103,7 @@ type scope struct {
 	sqlBusyKeys                                    string
 	sqlWaitingHead, sqlDeleteWaiting               string
 	sqlLoadWaitingHeads, sqlOrphanKeys             string
+	sqlHasParking, sqlWaitingHeadExists            string
 
 	marksMu sync.Mutex
 	marks   map[shardKey]int64 // next offset not known durable, per partition and shard
@@ -118,6 +119,9 @@ type scope struct {
 	obs       engine.Observer
 	identity  consumer.Identity
 	useTopics bool
+
+	parkRows parkWatch  // whether the consumer may have parked or waiting rows (see honours)
+	inRoute  routeMarks // the waiting records this process's releases are routing now
 }
 
 // UseFailures implements engine.FailureAware.
@@ -196,6 +200,8 @@ func (s *scope) init(cfg consumer.Config) {
 	s.sqlLoadWaitingHeads = `SELECT topic, ` + waitingCols + ` FROM ` + p + `waiting WHERE consumer = $1 AND head ORDER BY id`
 	s.sqlOrphanKeys = `SELECT DISTINCT w.topic, w.key FROM ` + p + `waiting AS w WHERE w.consumer = $1 AND NOT w.head
 		AND NOT EXISTS (SELECT 1 FROM ` + p + `parked AS k WHERE k.consumer = w.consumer AND k.topic = w.topic AND k.key = w.key)`
+	s.sqlHasParking = `SELECT EXISTS (SELECT 1 FROM ` + p + `parked WHERE consumer = $1) OR EXISTS (SELECT 1 FROM ` + p + `waiting WHERE consumer = $1)`
+	s.sqlWaitingHeadExists = `SELECT EXISTS (SELECT 1 FROM ` + p + `waiting WHERE id = $1 AND head)`
 }
 
 // Start implements engine.Starter: Run fails at once with a
@@ -243,31 +249,27 @@ func (s *scope) ClientOptions() []kgo.Opt {
 	return []kgo.Opt{kgo.AdjustFetchOffsetsFn(s.adjustOffsets)}
 }
 
-// RunBackground implements engine.Background: inbox retention and, in
-// an ordered pipeline, the release of parked records a stopped process
-// left behind.
+// RunBackground implements engine.Background: inbox retention and the
+// recovery of parked records (see recoverParking), at start and every
+// releaseInterval, whatever the failure policy: rows an ordered
+// deployment left are finished by one that is not.
 func (s *scope) RunBackground(ctx context.Context) {
-	var cleanup, release <-chan time.Time
+	var cleanup <-chan time.Time
 	if s.o.InboxTTL > 0 {
 		t := time.NewTicker(s.o.CleanupInterval)
 		defer t.Stop()
 		cleanup = t.C
 	}
-	if s.ordered() {
-		s.recoverParking(ctx, true)
-		t := time.NewTicker(releaseInterval)
-		defer t.Stop()
-		release = t.C
-	}
-	if cleanup == nil && release == nil {
-		return
-	}
+	rec := &recovery{}
+	s.recoverParking(ctx, rec)
+	release := time.NewTicker(releaseInterval)
+	defer release.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-release:
-			s.recoverParking(ctx, false)
+		case <-release.C:
+			s.recoverParking(ctx, rec)
 		case <-cleanup:
 			n, err := CleanupInbox(ctx, s.o.Pool, CleanupOptions{
 				TablePrefix: s.o.TablePrefix, Consumer: s.o.Consumer, TTL: s.o.InboxTTL, Batch: s.o.CleanupBatch,

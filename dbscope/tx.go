@@ -28,14 +28,14 @@ import (
 // commit, it and those after it are notTried, and it is returned as stop.
 func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
 	b := &batchTx{s: s, ctx: ctx, work: work, ids: ids, fails: fails, calls: calls, known: known,
-		ordered: s.ordered(), vers: s.o.Versions, cut: len(work)}
+		ordered: s.ordered(), honour: s.honours(), vers: s.o.Versions, cut: len(work)}
 	b.metas = make([]retrytopic.Metadata, len(work))
 	for i, r := range work {
 		b.metas[i] = s.f.MetadataOf(r, ids[i])
 	}
 	var fresh freshIDs
 	var prior map[string]inboxStatus
-	b.tx, fresh, prior, b.park, b.waiting, err = s.begin(ctx, ids, work, b.metas, b.ordered)
+	b.tx, fresh, prior, b.park, b.waiting, err = s.begin(ctx, ids, work, b.metas, b.honour)
 	defer b.tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	defer func() {
 		if err != nil && (b.tx.Conn() == nil || b.tx.Conn().IsClosed()) {
@@ -74,6 +74,9 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	if err := b.commit(); err != nil {
 		return nil, nil, err
 	}
+	if b.storedWaiting {
+		s.parkRows.storedRows()
+	}
 	return b.res, b.stop, nil
 }
 
@@ -90,11 +93,16 @@ type batchTx struct {
 	fails   map[*consumer.Record]*failure
 	calls   map[*consumer.Record]*queuedCall
 	known   map[int]error
-	ordered bool
-	vers    *sequence.Config
+	ordered bool // a new failure makes its record its key's head
+	// honour: the transaction reads its keys' parked heads and waiting
+	// records and honours them (s.honours): set when ordered, and in a
+	// pipeline that is not while rows an ordered one left may remain.
+	honour bool
+	vers   *sequence.Config
 
-	park    parking
-	waiting map[pairKey]bool
+	park          parking
+	waiting       map[pairKey]bool
+	storedWaiting bool // a record of it waits in PostgreSQL
 
 	res []result
 	// isNew[i]: record i's inbox row is new in this transaction; it is
@@ -213,7 +221,7 @@ func (b *batchTx) record(i int) error {
 // for. It reports whether the record waits.
 func (b *batchTx) waitBehindHead(i int) (bool, error) {
 	r := b.work[i]
-	if !b.ordered || r.Key == nil || (len(b.park) == 0 && len(b.waiting) == 0) {
+	if !b.honour || r.Key == nil || (len(b.park) == 0 && len(b.waiting) == 0) {
 		return false, nil // no key of the batch has a head or records waiting
 	}
 	k := pairKey{b.metas[i].OriginalTopic, string(r.Key)}
@@ -232,6 +240,7 @@ func (b *batchTx) waitBehindHead(i int) (bool, error) {
 		}
 	}
 	b.waiting[k] = true
+	b.storedWaiting = true
 	b.setStatus(i, statusParked, 0, 0)
 	b.res[i] = result{out: parkedOutcome}
 	return true, nil
@@ -411,8 +420,11 @@ func (b *batchTx) failed(i int, herr error) error {
 	b.routed(i, step, attempt)
 	b.block(r)
 	switch {
-	case step.Action == retrytopic.ActionRetryTopic && b.ordered && r.Key != nil:
-		return b.setPark(i, step.Stage) // it is, or stays, its key's head
+	case step.Action == retrytopic.ActionRetryTopic && r.Key != nil && (b.ordered || b.isHead(i)):
+		// It is, or stays, its key's head. (Where new failures do not
+		// park, a head an ordered deployment left stays the head until
+		// it resolves: the records waiting behind it keep their order.)
+		return b.setPark(i, step.Stage)
 	case step.Action == retrytopic.ActionSkip:
 		return b.unpark(i)
 	}
@@ -509,7 +521,7 @@ func (b *batchTx) routed(i int, step retrytopic.Step, attempt int) {
 // unpark deletes a record's head row once it leaves the retry pipeline;
 // the waiting records of its key are then released.
 func (b *batchTx) unpark(i int) error {
-	if !b.ordered || b.work[i].Key == nil || len(b.park) == 0 {
+	if !b.honour || b.work[i].Key == nil || len(b.park) == 0 {
 		return nil // no key of the batch has a head (the usual case)
 	}
 	k := pairKey{b.metas[i].OriginalTopic, string(b.work[i].Key)}
@@ -522,6 +534,14 @@ func (b *batchTx) unpark(i int) error {
 	}
 	_, err := b.tx.Exec(b.ctx, b.s.sqlUnpark, b.s.o.Consumer, k.topic, b.work[i].Key, b.ids[i])
 	return err
+}
+
+// isHead reports whether record i has a parked row: it is its key's head.
+func (b *batchTx) isHead(i int) bool {
+	if b.work[i].Key == nil || len(b.park) == 0 {
+		return false
+	}
+	return b.park.has(pairKey{b.metas[i].OriginalTopic, string(b.work[i].Key)}, b.ids[i])
 }
 
 // setPark makes record i its key's head, at stage.
