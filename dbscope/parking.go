@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -157,10 +159,16 @@ func (s *scope) markDead(ctx context.Context, id, topic string, key []byte) erro
 // retry loop (engine.Failures.Rounds): a failed transaction is retried
 // after a growing backoff; only a done ctx stops it.
 func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	var violation error
 	if s.f.Rounds(ctx, nil, func() engine.Round {
 		if err := pgx.BeginFunc(ctx, s.o.Pool, fn); err != nil {
 			if ctx.Err() != nil {
 				return engine.Round{Stop: true}
+			}
+			var cv *commitViolation
+			if errors.As(err, &cv) {
+				violation = cv // the caller runs fewer records (release)
+				return engine.Round{}
 			}
 			s.txRetries.Add(1)
 			return engine.Round{More: true, Err: err}
@@ -168,7 +176,7 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 		s.transactions.Add(1)
 		return engine.Round{}
 	}) {
-		return nil
+		return violation
 	}
 	return ctx.Err()
 }
@@ -181,10 +189,14 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 //
 // While it routes a record that became the head, the record's row is
 // marked in s.inRoute, so that the periodic recovery leaves it alone; a
-// routing that ctx cuts short is left to that recovery.
+// routing that ctx cuts short is left to that recovery. A deferred
+// constraint that the records applied in a transaction broke is traced to
+// the first record whose writes break it, which fails with the violation
+// and becomes the head, as in a batch (scope.apply).
 func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 	tries := map[string]int{}   // in-place attempts per identity
 	known := map[string]error{} // failures that aborted an earlier try, per identity
+	limit := maxSavepoints      // waiting records per transaction; fewer while a deferred constraint is traced
 	var marked []int64
 	defer func() {
 		for _, seq := range marked {
@@ -196,7 +208,7 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 		var rel released
 		if err = s.retryTx(ctx, func(tx pgx.Tx) error {
 			var err error
-			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known)
+			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known, limit)
 			if err == nil && rel.routed != nil {
 				// Marked before the commit that makes it a head row.
 				s.inRoute.add(rel.routed.seq)
@@ -204,8 +216,23 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 			}
 			return err
 		}); err != nil {
-			return engine.Round{Stop: true}
+			var cv *commitViolation
+			if !errors.As(err, &cv) {
+				return engine.Round{Stop: true}
+			}
+			// The records applied broke a deferred constraint: run the
+			// transaction again over those before the middle one of them,
+			// until one record is left, which then fails with the
+			// violation (as in scope.apply).
+			err = nil
+			if len(cv.wrote) > 1 {
+				limit = cv.wrote[len(cv.wrote)/2]
+			} else if len(cv.wrote) == 1 {
+				known[cv.ids[0]] = cv
+			}
+			return engine.Round{More: true}
 		}
+		limit = maxSavepoints
 		if rel.routed != nil {
 			attempt := tries[rel.routed.id] + 1
 			if err = s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, time.Now()); err != nil {
@@ -238,6 +265,7 @@ type released struct {
 	wait      time.Duration   // the backoff before an in-place retry
 	up        statusUpdates   // inbox rows to update
 	done      []int64         // waiting rows to delete
+	wrote     bool            // the last record released kept its handler's writes
 }
 
 // releaseTx is one release transaction: under the key's lock, unless the
@@ -246,7 +274,7 @@ type released struct {
 // record whose failure aborted the transaction before its savepoint is
 // put in known, and the transaction fails: in the next one, that record
 // fails with that error without its handler being called.
-func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error) (rel released, err error) {
+func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error, limit int) (rel released, err error) {
 	if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{topic}, [][]byte{key}); err != nil {
 		return rel, err
 	}
@@ -254,7 +282,7 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 	if err := tx.QueryRow(ctx, s.sqlCountHeads, s.o.Consumer, topic, key).Scan(&heads); err != nil || heads > 0 {
 		return rel, err
 	}
-	rows, err := tx.Query(ctx, s.sqlLoadWaitingRows, s.o.Consumer, topic, key, maxSavepoints)
+	rows, err := tx.Query(ctx, s.sqlLoadWaitingRows, s.o.Consumer, topic, key, limit)
 	if err != nil {
 		return rel, err
 	}
@@ -264,16 +292,38 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 	}
 	rel.n = len(ws)
 	rtx := &recordTx{tx: tx}
+	var wrote []int // the records whose handler's writes the transaction holds
 	for i := range ws {
 		if ws[i].head {
 			return released{n: rel.n}, nil // being routed by another release: it holds the key
 		}
+		rel.wrote = false
 		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, known, &rel)
 		if err != nil {
 			return rel, err
 		}
+		if rel.wrote {
+			wrote = append(wrote, i)
+		}
 		if stop {
 			break
+		}
+	}
+	if len(wrote) > 0 {
+		// A deferred constraint (DEFERRABLE INITIALLY DEFERRED) that the
+		// handlers' writes broke is checked here, after every record's
+		// statements, rather than by COMMIT, so that it is known to be
+		// one and traced to its record (see release).
+		if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+			var pg *pgconn.PgError
+			if errors.As(err, &pg) && strings.HasPrefix(pg.Code, "23") {
+				cv := &commitViolation{err: err, wrote: wrote}
+				for _, i := range wrote {
+					cv.ids = append(cv.ids, ws[i].id)
+				}
+				return rel, cv
+			}
+			return rel, err
 		}
 	}
 	if len(rel.up.ids) > 0 {
@@ -338,6 +388,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		}
 		rel.up.add(w.id, statusApplied, 0, 0, "")
 		rel.done = append(rel.done, w.seq)
+		rel.wrote = true
 		s.applied.Add(1)
 		return false, nil
 	}

@@ -349,6 +349,7 @@ func abortedByStatement(err error) bool {
 type commitViolation struct {
 	err   error
 	wrote []int
+	ids   []string // a release's: the identities of the records in wrote
 }
 
 func (e *commitViolation) Error() string {

@@ -283,3 +283,83 @@ func TestDeferredConstraintViolationFailsOnlyItsRecord(t *testing.T) {
 		})
 	}
 }
+
+// A record released from the waiting table whose writes break a deferred
+// constraint fails alone, as one in a batch does: it becomes its key's
+// head and is routed by the failure policy (here to the DLT at once), and
+// the records behind it are applied in order, each once. Before, the
+// release transaction failed at COMMIT and was retried forever, holding
+// the key.
+func TestReleasedRecordBreakingADeferredConstraintFailsAlone(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE accounts (id text PRIMARY KEY);
+		CREATE TABLE postings (message_id text PRIMARY KEY,
+			account text NOT NULL REFERENCES accounts DEFERRABLE INITIALLY DEFERRED);
+		INSERT INTO accounts VALUES ('a')`); err != nil {
+		t.Fatal(err)
+	}
+	const topic, group = "postings", "g-release-deferred"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		InPlaceAttempts: 1, Ladder: []time.Duration{100 * time.Millisecond}, RetryableAttempts: 1000, UnknownAttempts: 1}
+	var open atomic.Bool
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			account := "a"
+			switch string(r.Value) {
+			case "K/0":
+				if !open.Load() {
+					return consumer.Retryable(errors.New("ledger 503"))
+				}
+			case "K/2":
+				account = "nope" // no such account: refused at COMMIT
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO postings VALUES ($1, $2)`, string(r.Value), account); err != nil {
+				return err
+			}
+			return insertEffect(ctx, tx, r)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte("K/0")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K/0 in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	var later []*kgo.Record
+	for _, v := range []string{"K/1", "K/2", "K/3", "K/4"} {
+		later = append(later, &kgo.Record{Topic: topic, Key: []byte("K"), Value: []byte(v)})
+	}
+	if err := k.Produce(ctx, later...); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "K/1 to K/4 waiting", func() bool { return r.Stats().DB.Parked >= 4 })
+	open.Store(true)
+	testenv.WaitFor(t, time.Minute, "K/2 dead-lettered", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+	testenv.WaitFor(t, time.Minute, "the others applied", func() bool { return countEffects(t, pool).unique == 4 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(effectOrder(t, pool), ","); got != "K/0,K/1,K/3,K/4" {
+		t.Fatalf("effects %s, want K/0,K/1,K/3,K/4, each once, in order", got)
+	}
+	dlt := dltByValue(t, k, group)
+	if len(dlt) != 1 {
+		t.Fatalf("DLT holds %d records, want K/2", len(dlt))
+	}
+	wantDeadLetter(t, dlt["K/2"], consumer.ClassUnknown, "1", "postings_account_fkey")
+	var parked, waiting, postings int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM kscope_parked), (SELECT count(*) FROM kscope_waiting), (SELECT count(*) FROM postings)`).Scan(&parked, &waiting, &postings); err != nil {
+		t.Fatal(err)
+	}
+	if parked != 0 || waiting != 0 || postings != 4 {
+		t.Fatalf("%d parked and %d waiting rows left, %d postings; want none, none and 4", parked, waiting, postings)
+	}
+}
