@@ -8,11 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/commit"
+	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/internal/txnerr"
 	"github.com/kscope-dev/kscope/partition"
@@ -233,7 +235,11 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 	endCtx, cancel := context.WithTimeout(endCtx, r.txnTimeout)
 	defer cancel()
 	committed, err = r.sess.End(endCtx, try)
+	var unsettled error // ending a transaction asked to commit failed: it may have committed all the same
 	if err != nil && r.txnRecovered(endCtx, err) {
+		if try == kgo.TryCommit {
+			unsettled = err
+		}
 		committed, err = false, nil
 	}
 	if err != nil {
@@ -244,6 +250,28 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 			return false, r.txnFenced(err, open())
 		}
 		return false, fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.txnID, err)
+	}
+	if unsettled != nil {
+		readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.txnTimeout)
+		committed, err = r.committedAfterAll(readCtx, points, unsettled)
+		cancel()
+		if err != nil {
+			return false, err
+		}
+		if committed {
+			// The broker committed it; the client, which took it for
+			// failed, went back to the offsets before it. Every
+			// partition rewinds to what it committed, and the records
+			// it holds are skipped when fetched again.
+			for _, pt := range points {
+				pt.part.set(pt.done)
+			}
+			r.commits.Add(1)
+			r.obs.Commit(len(points), nil)
+			r.log.Warn("kscope: ending the transaction failed, but the broker had committed it; consuming goes on from what it committed", "err", unsettled)
+			r.rewindAll()
+			return true, nil
+		}
 	}
 	if committed {
 		for _, pt := range points {
@@ -277,6 +305,40 @@ func (r *Runner) txnRecovered(ctx context.Context, err error) bool {
 	}
 	r.log.Warn("kscope: the transaction could not commit and was aborted; its records are consumed again", "err", err)
 	return true
+}
+
+// committedAfterAll reads back whether a transaction whose end failed (the
+// session reported err, then settled the transaction by reloading its
+// producer) committed: the group's committed offsets, read once no
+// transaction is pending on them, hold one of the transaction's points
+// exactly when it did (each point differs from what its partition
+// committed before). Nothing to compare (no input offset moved in it) or
+// no answer before ctx ends is an error that stops the runner: its restart
+// reads the committed state from the broker, instead of redoing outputs
+// that may have committed.
+func (r *Runner) committedAfterAll(ctx context.Context, points map[tp]txnPoint, err error) (bool, error) {
+	if len(points) == 0 {
+		return false, fmt.Errorf("kscope: ending a transaction failed and it moved no input offset to read its outcome back from; "+
+			"stopping so that a restart consumes from what the broker committed (transactional id %s): %w", r.txnID, err)
+	}
+	adm := kadm.NewClient(r.cl)
+	for attempt := 1; ; attempt++ {
+		offs, ferr := adm.FetchOffsets(kadm.RequireStable(ctx), r.cfg.Group)
+		if ferr == nil {
+			for k, pt := range points {
+				if o, ok := offs.Lookup(k.topic, k.partition); ok && o.Err == nil && o.At == pt.done.Offset && o.Metadata == pt.done.Metadata() {
+					return true, nil
+				}
+			}
+			if ferr = offs.Error(); ferr == nil {
+				return false, nil
+			}
+		}
+		if !backoff.Sleep(ctx, backoff.Delay(attempt, 50*time.Millisecond, time.Second)) {
+			return false, fmt.Errorf("kscope: ending a transaction failed and whether it committed could not be read back (%v); "+
+				"stopping so that a restart consumes from what the broker committed (transactional id %s): %w", ferr, r.txnID, err)
+		}
+	}
 }
 
 // txnTimedOut returns the error that reports a transaction timeout when

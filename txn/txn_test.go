@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -438,5 +439,61 @@ func TestIdleMemberSeesEveryRevocation(t *testing.T) {
 	})
 	good := produceInputs(t, k, 300, 0)
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-txn-idle", "in") })
+	checkExactlyOnce(t, k, good)
+}
+
+// The broker commits a transaction but the runner does not hear it: its
+// EndTxn answer comes after the client gave up, and the retries meet a
+// coordinator that is loading. The runner reads back what the group
+// committed and goes on from it, instead of taking the transaction for
+// aborted and producing its outputs a second time.
+func TestUnconfirmedCommitIsNotRedone(t *testing.T) {
+	k := setup(t)
+	if k.Cluster == nil {
+		t.Skip("the slow coordinator needs the in-process kfake cluster")
+	}
+	good := produceInputs(t, k, 60, 0)
+	var mu sync.Mutex
+	var slowedAt time.Time
+	k.Cluster.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		k.Cluster.KeepControl()
+		r := req.(*kmsg.EndTxnRequest)
+		mu.Lock()
+		first := slowedAt.IsZero() && r.Commit
+		if first {
+			slowedAt = time.Now()
+		}
+		failing := !slowedAt.IsZero() && !first && time.Since(slowedAt) < 6*time.Second
+		mu.Unlock()
+		switch {
+		case first:
+			// The coordinator answers after the client's request
+			// timeout; the commit itself happens.
+			time.Sleep(1500 * time.Millisecond)
+			return nil, nil, false
+		case failing:
+			resp := r.ResponseKind().(*kmsg.EndTxnResponse)
+			resp.ErrorCode = kerr.CoordinatorLoadInProgress.Code
+			return resp, nil, true
+		}
+		return nil, nil, false
+	})
+	cfg := config(k, "g-unconfirmed")
+	cfg.ClientOptions = append(cfg.ClientOptions, kgo.RequestTimeoutOverhead(time.Second), kgo.RequestRetries(2))
+	r, err := txn.New(cfg, txn.Options{TransactionalID: "unconfirmed-1", CommitInterval: 20 * time.Millisecond}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r)
+	testenv.WaitFor(t, time.Minute, "a commit attempted", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return !slowedAt.IsZero()
+	})
+	testenv.WaitFor(t, time.Minute, "every input committed", func() bool { return r.Stats().Kafka.Records >= int64(len(good)) })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-unconfirmed", "in") })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
 	checkExactlyOnce(t, k, good)
 }
