@@ -197,10 +197,17 @@ func (pub *publisher) publish(ctx context.Context) error {
 			r.aborts.Add(1)
 			attempt++
 			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-			log.Warn("kscope: outbox relay: the transaction aborted; its rows are published again", "err", err, "retry_in", d)
+			log.Warn("kscope: outbox relay: the transaction did not commit, or its end was not confirmed; publishing again from the partition's committed position", "err", err, "retry_in", d)
 			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
+			// A commit the broker applied without the relay hearing it
+			// (the answer lost, or later than the relay waited) moved the
+			// position: read it again rather than publish its rows twice.
+			if pos, ok = pub.takeOver(ctx, cl, log); !ok {
+				return nil
+			}
+			pub.pos.Store(pos)
 			continue
 		}
 		attempt = 0

@@ -1,0 +1,53 @@
+package outbox_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/outbox"
+)
+
+// The broker commits a relay's transaction, but its answer comes after the
+// relay stopped waiting (TransactionTimeout): the relay reads the
+// partition's committed position again before it goes on, so the rows of
+// that transaction are published once, not a second time in a new one.
+func TestUnconfirmedCommitIsNotPublishedTwice(t *testing.T) {
+	k, pool, _ := setup(t)
+	if k.Cluster == nil {
+		t.Skip("the slow coordinator needs the in-process kfake cluster")
+	}
+	var slowed atomic.Bool
+	k.Cluster.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r := req.(*kmsg.EndTxnRequest)
+		if !r.Commit || slowed.Swap(true) {
+			return nil, nil, false
+		}
+		k.Cluster.DropControl()
+		// The coordinator answers after the relay gave up on it; the
+		// commit itself happens.
+		time.Sleep(2500 * time.Millisecond)
+		return nil, nil, false
+	})
+	w := outbox.Writer{Partitions: 1}
+	want := writeStream(t, pool, w, "a", 2, 4)
+	o := outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 1, OwnPartitions: []int{0}, Logger: logger(),
+		PollInterval: 20 * time.Millisecond, TransactionTimeout: time.Second}
+	r, stop := runRelay(t, o)
+	ctx := context.Background()
+	testenv.WaitFor(t, 30*time.Second, "every row published", func() bool {
+		st, err := r.Pending(ctx)
+		return err == nil && len(st) == 1 && st[0].Position == 4 && st[0].Pending == 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !slowed.Load() {
+		t.Fatal("no commit met the slow coordinator")
+	}
+	checkExactlyOnce(t, k, want)
+}
