@@ -148,18 +148,46 @@ var errFenced = errors.New("fenced")
 // position, and publishes rows after it until ctx is done. A fenced
 // producer stops: another relay owns the partition now.
 func (pub *publisher) publish(ctx context.Context) error {
+	log := pub.r.log.With("partition", pub.p)
+	for attempt := 1; ; attempt++ {
+		fenced, err := pub.publishWith(ctx, log)
+		if !fenced || err != nil || ctx.Err() != nil {
+			return err
+		}
+		// Another producer of the partition's transactional id fenced
+		// this one, or the broker aborted a transaction that outlived
+		// TransactionTimeout (it fences the producer too). While the
+		// partition is still this relay's (a rebalance that gave it to
+		// another relay cancels ctx first), a new producer takes it over
+		// again: that fences the other producer in turn and reads the
+		// position the committed transactions reached, so nothing is
+		// published twice, and a timed-out transaction does not stop the
+		// partition for good.
+		pub.r.aborts.Add(1)
+		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+		log.Warn("kscope: outbox relay: this relay's producer was fenced (another relay with the same transactional id, or a transaction that outlived TransactionTimeout); taking the partition over again with a new producer",
+			"retry_in", d)
+		if !backoff.Sleep(ctx, d) {
+			return nil
+		}
+	}
+}
+
+// publishWith publishes the partition with a producer of its own until ctx
+// ends, an error that retrying cannot heal, or the producer is fenced
+// (fenced is then true).
+func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced bool, err error) {
 	r := pub.r
-	log := r.log.With("partition", pub.p)
 	txnID := r.o.TransactionalID + "-" + strconv.Itoa(pub.p)
 	opts := r.o.producerOpts(txnID)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)
+		return false, fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)
 	}
 	defer cl.Close()
 	pos, ok := pub.takeOver(ctx, cl, log)
 	if !ok {
-		return nil
+		return false, nil
 	}
 	pub.pos.Store(pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
@@ -169,43 +197,46 @@ func (pub *publisher) publish(ctx context.Context) error {
 		rows, err := pub.read(ctx, pos)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return false, nil
 			}
 			attempt++
 			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
 			log.Warn("kscope: outbox relay: reading the outbox failed; retrying", "err", err, "retry_in", d)
 			if !backoff.Sleep(ctx, d) {
-				return nil
+				return false, nil
 			}
 			continue
 		}
 		if len(rows) == 0 {
 			if !pub.idle(ctx, pos, poll) {
-				return nil
+				return false, nil
 			}
 			continue
 		}
 		last, err := pub.send(ctx, cl, rows)
 		switch {
+		case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
+			return false, fmt.Errorf("kscope: outbox relay: the broker refused this relay its transactional id %s "+
+				"(grant this client Write and Describe on it, then start the relay again): %w", txnID, err)
 		case errors.Is(err, errFenced):
-			log.Warn("kscope: outbox relay: another relay took this partition over; stopping it here", "err", err)
-			return nil
+			log.Warn("kscope: outbox relay: the producer was fenced", "err", err)
+			return true, nil
 		case err != nil:
 			if ctx.Err() != nil {
-				return nil
+				return false, nil
 			}
 			r.aborts.Add(1)
 			attempt++
 			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
 			log.Warn("kscope: outbox relay: the transaction did not commit, or its end was not confirmed; publishing again from the partition's committed position", "err", err, "retry_in", d)
 			if !backoff.Sleep(ctx, d) {
-				return nil
+				return false, nil
 			}
 			// A commit the broker applied without the relay hearing it
 			// (the answer lost, or later than the relay waited) moved the
 			// position: read it again rather than publish its rows twice.
 			if pos, ok = pub.takeOver(ctx, cl, log); !ok {
-				return nil
+				return false, nil
 			}
 			pub.pos.Store(pos)
 			continue
@@ -217,7 +248,7 @@ func (pub *publisher) publish(ctx context.Context) error {
 		r.transactions.Add(1)
 		pub.prune(ctx, pos)
 	}
-	return nil
+	return false, nil
 }
 
 // takeOver starts publishing the partition (start), retrying with backoff

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/internal/testenv"
@@ -48,6 +50,35 @@ func TestUnconfirmedCommitIsNotPublishedTwice(t *testing.T) {
 	}
 	if !slowed.Load() {
 		t.Fatal("no commit met the slow coordinator")
+	}
+	checkExactlyOnce(t, k, want)
+}
+
+// A broker that fences the relay's producer (as it does when it aborts a
+// transaction that outlived TransactionTimeout) does not stop the
+// partition for good: with no other relay owning it, the relay takes it
+// over again and publishes every row, once.
+func TestFencedRelayTakesItsPartitionOverAgain(t *testing.T) {
+	k, pool, _ := setup(t)
+	h, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.ProducerFenced, Count: 1})
+	if err != nil {
+		t.Skip(err) // broker faults need the in-process kfake cluster
+	}
+	w := outbox.Writer{Partitions: 1}
+	want := writeStream(t, pool, w, "a", 2, 4)
+	o := outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 1, OwnPartitions: []int{0}, Logger: logger(),
+		PollInterval: 20 * time.Millisecond}
+	r, stop := runRelay(t, o)
+	ctx := context.Background()
+	if err := h.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "every row published after the fence", func() bool {
+		st, err := r.Pending(ctx)
+		return err == nil && len(st) == 1 && st[0].Position == 4 && st[0].Pending == 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 	checkExactlyOnce(t, k, want)
 }
