@@ -410,8 +410,8 @@ func TestAbortedInputAfterCatchUpIsCommittedPast(t *testing.T) {
 	checkExactlyOnce(t, k, good)
 }
 
-// A member that sits idle through two rebalances loses partitions in both,
-// and sees both revocations: the transactional session reports a revoke
+// A member that sits idle through two rebalances (after its first
+// transactions) loses partitions in both, and sees both revocations: the transactional session reports a revoke
 // only once per transaction, so an idle member that did not end its
 // (empty) transaction would keep a partition it no longer owns, and report
 // it as assigned, with its lag, for as long as it runs.
@@ -429,6 +429,10 @@ func TestIdleMemberSeesEveryRevocation(t *testing.T) {
 	a := newMember("idle-a")
 	runFor(t, a)
 	testenv.WaitFor(t, time.Minute, "a assigned every partition", func() bool { return a.Stats().Assigned == 3 })
+	// a works through some inputs, then sits idle through the two
+	// rebalances.
+	good := produceInputs(t, k, 30, 0)
+	testenv.WaitFor(t, time.Minute, "a's inputs committed", func() bool { return a.Stats().Kafka.Records == int64(len(good)) })
 	b := newMember("idle-b")
 	runFor(t, b)
 	testenv.WaitFor(t, time.Minute, "a partition moved to b", func() bool { return a.Stats().Assigned == 2 && b.Stats().Assigned == 1 })
@@ -437,7 +441,6 @@ func TestIdleMemberSeesEveryRevocation(t *testing.T) {
 	testenv.WaitFor(t, time.Minute, "one partition each", func() bool {
 		return a.Stats().Assigned == 1 && b.Stats().Assigned == 1 && c.Stats().Assigned == 1
 	})
-	good := produceInputs(t, k, 300, 0)
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, "g-txn-idle", "in") })
 	checkExactlyOnce(t, k, good)
 }
