@@ -217,6 +217,13 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // fenced: nothing of ours can commit
 		return false, r.txnFenced(ferr, open())
 	}
+	if errors.Is(ferr, txnerr.ErrUnwritable) {
+		// The scope cannot tell which input to fail, or cannot dead-letter
+		// it: retrying would abort the same way forever.
+		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
+		r.commitErrs.Add(1)
+		return false, fmt.Errorf("kscope: the transaction was aborted (transactional id %s): %w", r.txnID, ferr)
+	}
 	if kafkaerr.Fatal(ferr) {
 		// Refused by the broker's ACLs: every retry would be refused
 		// too. Nothing of the transaction commits; the next owner of its

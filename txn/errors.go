@@ -17,4 +17,11 @@ var (
 	// producer. Its records are consumed again by the next owner. Raise
 	// the timeout or find what made producing or committing slow.
 	ErrTransactionTimedOut = txnerr.ErrTimedOut
+	// ErrUnwritable: the broker refused records as such (too large, or
+	// invalid) where failing their input cannot help: a dead-letter
+	// record, or the records of several inputs together, in
+	// several transactions in a row. Nothing of those transactions
+	// committed; the records are consumed again once the topic's limits
+	// or the handler are fixed.
+	ErrUnwritable = txnerr.ErrUnwritable
 )

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -73,6 +74,13 @@ func (s *scope) join(ctx context.Context, w *work, done func(*consumer.Record)) 
 // runner stops or the record is no longer wanted) and the last handler
 // error.
 func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) (hook.Outcome, error) {
+	if herr := s.unwritableOf(rec); herr != nil {
+		// An earlier transaction aborted because a record this input
+		// produced can never be written: the input fails, as Terminal.
+		key := keyOf(rec)
+		w.do(func(tx *txnState) { tx.cleared = append(tx.cleared, key) })
+		return s.failed(ctx, w, rec, herr, s.f.Decide(ctx, rec, herr, 1, false), 1, time.Now())
+	}
 	var em *emitter
 	a := s.f.Attempts(ctx, rec, s.UsesRetryTopics(), done, func() error {
 		em = &emitter{}
@@ -82,17 +90,34 @@ func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, do
 	if !a.OK || w.stale(ctx) {
 		return hook.OutcomeAborted, err
 	}
-	if err == nil {
-		for _, out := range em.out {
-			s.obs.Inject(hctx, out)
-			what := fmt.Sprintf("an output of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset)
-			w.do(func(tx *txnState) {
-				tx.outputs.Add(1)
-				tx.produce(ctx, s.t.Session(), out, what)
-			})
-		}
-		return hook.OutcomeSuccess, nil
+	if err != nil {
+		return s.failed(ctx, w, rec, err, step, attempt, first)
 	}
+	for _, out := range em.out {
+		if n := recordBytes(out); n > s.limit {
+			herr := consumer.Terminal(fmt.Errorf("kscope: an output to %s takes at least %d bytes, more than the producer writes in a record batch "+
+				"(%d bytes: kgo.ProducerBatchMaxBytes, or kgo.MaxBufferedBytes, in Config.ClientOptions): %w", out.Topic, n, s.limit, kerr.MessageTooLarge))
+			if first.IsZero() {
+				first = time.Now()
+			}
+			return s.failed(ctx, w, rec, herr, s.f.Decide(ctx, rec, herr, attempt, false), attempt, first)
+		}
+	}
+	for _, out := range em.out {
+		s.obs.Inject(hctx, out)
+		what := fmt.Sprintf("an output of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset)
+		w.do(func(tx *txnState) {
+			tx.outputs.Add(1)
+			tx.produce(ctx, s.t.Session(), out, rec, producedOutput, what, s.limit, nil)
+		})
+	}
+	return hook.OutcomeSuccess, nil
+}
+
+// failed carries out step for rec, whose handling failed with err: a
+// skip, a retry topic or the dead-letter topic, in the transaction w
+// joins.
+func (s *scope) failed(ctx context.Context, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) (hook.Outcome, error) {
 	switch step.Action {
 	case retrytopic.ActionSkip:
 		s.f.Route(ctx, rec, err, step, attempt, first) //nolint:errcheck // logs and counts only
@@ -128,14 +153,14 @@ func (s *scope) deadLetter(ctx context.Context, w *work, rec *consumer.Record, e
 // route adds a retry or dead-letter record to w.
 func (s *scope) route(ctx context.Context, w *work, rec *consumer.Record, out *kgo.Record, kind, class string) {
 	obs := s.obs
+	as := producedRoute
+	if kind == "dlt" {
+		as = producedDead
+	}
+	what := fmt.Sprintf("the %s record of %s[%d]@%d", kind, rec.Topic, rec.Partition, rec.Offset)
 	w.do(func(tx *txnState) {
-		tx.wg.Add(1)
-		s.t.Session().Produce(ctx, out, func(_ *kgo.Record, err error) {
+		tx.produce(ctx, s.t.Session(), out, rec, as, what, s.limit, func(err error) {
 			obs.Route(hook.Route{Topic: rec.Topic, Kind: kind, Class: class, Target: out.Topic, Err: err})
-			if err != nil {
-				tx.fail(produceError(out.Topic, fmt.Sprintf("the %s record of %s[%d]@%d", kind, rec.Topic, rec.Partition, rec.Offset), err))
-			}
-			tx.wg.Done()
 		})
 	})
 }
@@ -193,6 +218,14 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 				w.do(func(tx *txnState) {
 					tx.fail(fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
 				})
+				return
+			}
+			if herr := s.unparkable(rec, val); herr != nil {
+				// Its changelog record can never be written: the record
+				// cannot wait for its gap to heal and goes to the DLT, as
+				// with Gaps: sequence.DeadLetter.
+				s.deadLetter(ctx, w, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
+				ended(hook.OutcomeDeadLettered, herr)
 				return
 			}
 			w.do(func(tx *txnState) {
@@ -288,6 +321,21 @@ func (s *scope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) 
 	s.join(ctx, w, nil)
 }
 
+// unparkable returns why rec cannot be parked (as the changelog record
+// with value val), or nil: an earlier transaction aborted because that
+// changelog record was refused, or it is larger than the producer writes.
+func (s *scope) unparkable(rec *consumer.Record, val []byte) error {
+	if err := s.unwritableOf(rec); err != nil {
+		return err
+	}
+	if n := recordBytes(&kgo.Record{Key: rec.Key, Value: val}); n > s.limit {
+		return consumer.Terminal(fmt.Errorf("kscope: the record waits for a version gap to heal, but its changelog record takes at least %d bytes, "+
+			"more than the producer writes in a record batch (%d bytes: kgo.ProducerBatchMaxBytes, or kgo.MaxBufferedBytes, in Config.ClientOptions): %w",
+			n, s.limit, kerr.MessageTooLarge))
+	}
+	return nil
+}
+
 func (s *scope) unpark(ctx context.Context, w *work, pv *partVersions, p *parkedRec) {
 	key := string(p.Key)
 	w.do(func(*txnState) { pv.setParked(key, p.Version, nil) })
@@ -298,7 +346,8 @@ func (s *scope) unpark(ctx context.Context, w *work, pv *partVersions, p *parked
 // partition it belongs to.
 func (s *scope) changelog(ctx context.Context, w *work, topic string, p int32, key, value []byte) {
 	rec := &kgo.Record{Topic: VersionsTopic(s.cfg.Group, topic), Partition: p, Key: key, Value: value}
-	w.do(func(tx *txnState) { tx.produce(ctx, s.t.Session(), rec, "a version changelog record") })
+	input := w.rec
+	w.do(func(tx *txnState) { tx.produce(ctx, s.t.Session(), rec, input, producedChangelog, "a version changelog record", s.limit, nil) })
 }
 func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) error {
 	return guard.Call(func() error { return h.Handle(ctx, r, out) })

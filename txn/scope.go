@@ -2,7 +2,10 @@ package txn
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +62,17 @@ type scope struct {
 
 	cur *txnState // the open transaction's; replaced when it ends (no worker is joined then)
 
+	// limit is the largest record the producer writes (its batch limit).
+	limit int64
+	// unwritable holds the inputs of aborted transactions one of whose
+	// records the broker refused as such: on their redelivery they fail,
+	// as Terminal, instead of producing it again. refusedInRow counts the
+	// transactions in a row that aborted for refusals no input could be
+	// blamed for alone.
+	unwritableMu sync.Mutex
+	unwritable   map[recKey]error
+	refusedInRow int
+
 	statsMu            sync.Mutex // a transaction's counters join the runner's at once
 	c                  counters
 	committed, aborted atomic.Int64
@@ -70,6 +84,7 @@ func (s *scope) init(cfg consumer.Config) {
 	s.cfg = cfg
 	s.log = cfg.Logger.With("group", cfg.Group, "scope", "kafka")
 	s.cur = &txnState{}
+	s.unwritable = map[recKey]error{}
 	if s.o.Versions != nil {
 		s.vs = &versionStore{cfg: *s.o.Versions, group: cfg.Group, kcfg: cfg, parts: map[tp]*partVersions{}, owned: map[tp]uint64{}, expiringSet: map[*parkedRec]bool{}}
 	}
@@ -114,6 +129,7 @@ func (s *scope) UseFailures(f any) {
 // UseTxn implements engine.Transactor.
 func (s *scope) UseTxn(t any) {
 	s.t = engine.AsTxn(t)
+	s.limit = producerLimit(s.t.Session().Client())
 	if s.vs != nil {
 		s.vs.setKick(s.t.Kick)
 	}
@@ -139,10 +155,111 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 }
 
 // TxnFlush waits for the produces of the transaction that ends and
-// returns the first that failed.
+// returns the first that failed; see refusals for records the broker
+// refused as such.
 func (s *scope) TxnFlush() error {
 	s.cur.wg.Wait()
-	return s.cur.failed()
+	err := s.cur.failed()
+	if err == nil {
+		return nil
+	}
+	return s.refusals(s.cur, err)
+}
+
+// refusedLimit is how many transactions in a row may abort for records
+// the broker refused, without one input to blame, before Run stops.
+const refusedLimit = 3
+
+// refusals handles the records of tx, which failed with err, that the
+// broker refused as records: their inputs are failed, as Terminal, when
+// they are delivered again (after this transaction aborts and rewinds),
+// instead of failing every transaction. An input is blamed when its
+// record was refused on its own account (too large alone, or an invalid
+// topic name), or when it is the only input with refused records (the
+// broker refuses a whole batch for one bad record in it, so refusals
+// spread over several inputs do not say which is bad). A dead-letter
+// record refused, or refusals no input can be blamed for in refusedLimit
+// transactions in a row, stop the runner: nothing of those transactions
+// commits, and nothing is lost.
+func (s *scope) refusals(tx *txnState, err error) error {
+	tx.mu.Lock()
+	rs := tx.unwritable
+	tx.mu.Unlock()
+	if len(rs) == 0 {
+		return err
+	}
+	inputs := map[recKey]refusal{}
+	blamed := map[recKey]refusal{}
+	for _, r := range rs {
+		if r.kind == producedDead {
+			return fmt.Errorf("%w: the dead-letter topic %s refused %s, so that record can neither be handled nor dead-lettered; "+
+				"raise the topic's max.message.bytes (or kgo.ProducerBatchMaxBytes in Config.ClientOptions) and start the runner again: %w",
+				ErrUnwritable, r.topic, r.what, r.err)
+		}
+		inputs[r.input] = r
+		if r.alone {
+			blamed[r.input] = r
+		}
+	}
+	if len(blamed) == 0 && len(inputs) == 1 {
+		blamed = inputs
+	}
+	if len(blamed) == 0 {
+		s.refusedInRow++
+		if s.refusedInRow >= refusedLimit {
+			return fmt.Errorf("%w: %d transactions in a row aborted because the broker refused records of several inputs together, "+
+				"which does not say which input's record is bad (a record batch larger than the topic's max.message.bytes: lower "+
+				"kgo.ProducerBatchMaxBytes in Config.ClientOptions below it, or fix the handler whose outputs the broker refuses); %s: %w",
+				ErrUnwritable, s.refusedInRow, describeRefused(inputs), err)
+		}
+		return err
+	}
+	s.unwritableMu.Lock()
+	for k, r := range blamed {
+		s.unwritable[k] = consumer.Terminal(fmt.Errorf("kscope: %s can never be written, so the transaction that held it aborted: %w", r.what, r.err))
+	}
+	s.unwritableMu.Unlock()
+	s.log.Error("kscope: the broker refused a record as such; the input it belongs to fails as Terminal when it is delivered again",
+		"inputs", describeRefused(blamed), "err", err)
+	return err
+}
+
+// describeRefused names up to five of the inputs of rs.
+func describeRefused(rs map[recKey]refusal) string {
+	var names []string
+	for k := range rs {
+		names = append(names, fmt.Sprintf("%s[%d]@%d", k.topic, k.partition, k.offset))
+	}
+	slices.Sort(names)
+	if len(names) > 5 {
+		names = append(names[:5], fmt.Sprintf("and %d more", len(names)-5))
+	}
+	return strings.Join(names, ", ")
+}
+
+// unwritableOf returns why rec must fail without running its handler (a
+// record it produced was refused in an earlier transaction), or nil.
+func (s *scope) unwritableOf(rec *consumer.Record) error {
+	if rec.Offset < 0 {
+		return nil
+	}
+	s.unwritableMu.Lock()
+	defer s.unwritableMu.Unlock()
+	if len(s.unwritable) == 0 {
+		return nil
+	}
+	return s.unwritable[keyOf(rec)]
+}
+
+// producerLimit returns the largest record cl writes: a record whose
+// batch of its own exceeds kgo.ProducerBatchMaxBytes, or that exceeds
+// kgo.MaxBufferedBytes, is refused.
+func producerLimit(cl *kgo.Client) int64 {
+	limit := int64(cl.OptValue(kgo.ProducerBatchMaxBytes).(int32))
+	if b, _ := cl.OptValue(kgo.MaxBufferedBytes).(int64); b > 0 && b < limit {
+		limit = b
+	}
+	return limit
 }
 
 // TxnEnded accounts for the transaction that ended: the version store,
@@ -153,6 +270,16 @@ func (s *scope) TxnEnded(committed bool) {
 		s.vs.end(committed)
 	}
 	tx.finish(s.obs, committed)
+	if committed {
+		s.refusedInRow = 0
+		if len(tx.cleared) > 0 {
+			s.unwritableMu.Lock()
+			for _, k := range tx.cleared {
+				delete(s.unwritable, k)
+			}
+			s.unwritableMu.Unlock()
+		}
+	}
 	s.statsMu.Lock()
 	if committed {
 		s.committed.Add(1)
@@ -173,11 +300,19 @@ func (s *scope) TxnAssigned(ps map[string][]int32) {
 	}
 }
 
-// TxnGone forgets the versions of revoked or lost partitions.
+// TxnGone forgets the versions, and the unwritable inputs, of revoked or
+// lost partitions.
 func (s *scope) TxnGone(ps map[string][]int32) {
 	if s.vs != nil {
 		s.vs.drop(ps)
 	}
+	s.unwritableMu.Lock()
+	for k := range s.unwritable {
+		if slices.Contains(ps[k.topic], k.partition) {
+			delete(s.unwritable, k)
+		}
+	}
+	s.unwritableMu.Unlock()
 }
 
 // TxnPrepare restores the versions of newly assigned partitions before

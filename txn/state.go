@@ -21,7 +21,46 @@ type txnState struct {
 	mu   sync.Mutex
 	err  error // the first produce or routing failure: the transaction aborts
 	ends []delivery
+	// unwritable are the records of this transaction the broker refused
+	// as records (see refused), by the input they belong to.
+	unwritable []refusal
+	// cleared are the inputs dead-lettered in this transaction for an
+	// unwritable record of theirs: forgotten once it commits.
+	cleared []recKey
 	counters
+}
+
+// recKey identifies an input record across its redeliveries.
+type recKey struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+func keyOf(rec *consumer.Record) recKey { return recKey{rec.Topic, rec.Partition, rec.Offset} }
+
+// produced is what a record produced in a transaction is for.
+type produced int
+
+const (
+	producedOutput    produced = iota // a handler's output
+	producedRoute                     // a retry-topic record
+	producedChangelog                 // a version changelog record
+	producedDead                      // a dead-letter record
+)
+
+// refusal is one record of a transaction that the broker, or the client,
+// refused as a record: it can never be written, however often the
+// transaction is retried.
+type refusal struct {
+	input recKey // the input record it belongs to
+	what  string
+	topic string
+	kind  produced
+	// alone: the record cannot have failed for other records' sake (too
+	// large on its own, or a topic name the broker rejects).
+	alone bool
+	err   error
 }
 
 // delivery is an observed delivery that ends when the transaction does.
@@ -65,15 +104,56 @@ func (t *txnState) failed() error {
 	return t.err
 }
 
-// produce adds rec to the transaction; a failure aborts it.
-func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, rec *kgo.Record, what string) {
+// produce adds rec, which input's handling produced (input is nil for
+// none) as kind, to the transaction; a failure aborts it. done, when not
+// nil, is told every record's result.
+func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, rec *kgo.Record, input *consumer.Record, kind produced, what string, limit int64, done func(error)) {
 	t.wg.Add(1)
 	sess.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+		if done != nil {
+			done(err)
+		}
 		if err != nil {
-			t.fail(produceError(rec.Topic, what, err))
+			err = produceError(rec.Topic, what, err)
+			t.fail(err)
+			if refused(err) && input != nil && input.Offset >= 0 {
+				alone := errors.Is(err, kerr.InvalidTopicException) || recordBytes(rec) > limit
+				t.mu.Lock()
+				t.unwritable = append(t.unwritable, refusal{input: keyOf(input), what: what, topic: rec.Topic, kind: kind, alone: alone, err: err})
+				t.mu.Unlock()
+			}
 		}
 		t.wg.Done()
 	})
+}
+
+// refused reports whether err is the broker's, or the client's, refusal
+// of a record as such: too large, invalid, or for a topic whose name is
+// invalid. Writing the same record again fails the same way. The broker
+// refuses a whole batch for one bad record in it, and kgo does not split
+// batches, so the other records of that batch fail with the same error.
+func refused(err error) bool {
+	for _, e := range []error{
+		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord,
+		kerr.InvalidTimestamp, kerr.CorruptMessage, kerr.InvalidTopicException,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// recordBytes is a lower bound of what rec takes in a record batch of its
+// own (kgo refuses a record whose batch would exceed
+// kgo.ProducerBatchMaxBytes): its key, value and headers and the batch's
+// 61-byte header.
+func recordBytes(rec *kgo.Record) int64 {
+	n := len(rec.Key) + len(rec.Value) + 61 + 7
+	for _, h := range rec.Headers {
+		n += len(h.Key) + len(h.Value) + 2
+	}
+	return int64(n)
 }
 
 // produceError describes the failure to produce what to topic, naming the

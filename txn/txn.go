@@ -200,13 +200,21 @@ func (o Options) validate() error {
 
 // Runner runs a Kafka-scope pipeline: the runner of package consumer with
 // the Kafka scope as its unit of work. Build it with [New], Run it, Close
-// it. Run returns [ErrFenced] or [ErrTransactionTimedOut] (wrapped with
-// the details) when the runner cannot go on, and the broker's
+// it. Run returns [ErrFenced], [ErrTransactionTimedOut] or [ErrUnwritable]
+// (wrapped with the details) when the runner cannot go on, and the broker's
 // authorization error (test it with errors.Is, e.g. against
 // kerr.TopicAuthorizationFailed) when the broker refuses a write of a
 // transaction: an output, a retry or dead-letter record, or the version
 // changelog. That transaction was aborted; its records are consumed again
 // once a runner may write.
+//
+// An output the broker can never take (too large, an invalid record or
+// topic name) fails the input that emitted it, as Terminal (the failure
+// policy then dead-letters it, with the reason): an output larger than
+// the producer writes (kgo.ProducerBatchMaxBytes) before it is produced,
+// one the broker refuses once its transaction aborted, on the input's
+// redelivery. A record waiting for a version gap whose changelog record
+// is that large is dead-lettered at once.
 type Runner struct {
 	*consumer.Runner
 	s *scope

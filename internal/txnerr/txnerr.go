@@ -5,8 +5,10 @@ package txnerr
 
 import "errors"
 
-// ErrFenced and ErrTimedOut are txn.ErrFenced and txn.ErrTransactionTimedOut.
+// ErrFenced, ErrTimedOut and ErrUnwritable are txn.ErrFenced,
+// txn.ErrTransactionTimedOut and txn.ErrUnwritable.
 var (
-	ErrFenced   = errors.New("kscope: fenced")
-	ErrTimedOut = errors.New("kscope: transaction timed out")
+	ErrFenced     = errors.New("kscope: fenced")
+	ErrTimedOut   = errors.New("kscope: transaction timed out")
+	ErrUnwritable = errors.New("kscope: records the broker refuses")
 )
