@@ -295,12 +295,20 @@ func (f *failures) produce(ctx context.Context, source, kind, class string, out 
 		}
 		f.dltErrors.Add(1)
 		d := backoff.Delay(attempt, 100*time.Millisecond, 30*time.Second)
-		if kafkaerr.Fatal(err) {
+		switch {
+		case kafkaerr.Fatal(err):
 			// Only an operator heals it; the retries pick the grant up
 			// without a restart.
 			f.log.Error("kscope: the broker refuses this client writes to a failure topic; grant it write access to the topic. "+
 				"The record's offset is held until the write succeeds", "topic", out.Topic, "err", err, "retry_in", d)
-		} else {
+		case kafkaerr.Refused(err):
+			// The record can neither be handled nor routed: holding its
+			// key-shard loses nothing, and the retries pick a raised
+			// limit up without a restart.
+			f.log.Error("kscope: the broker refuses a failed record as too large or invalid for its route; raise the topic's max.message.bytes "+
+				"(and kgo.ProducerBatchMaxBytes in Config.ClientOptions). The record's offset and key-shard are held until the write succeeds",
+				"topic", out.Topic, "source", source, "err", err, "retry_in", d)
+		default:
 			f.log.Warn("kscope: producing a failed record to its route failed; the record's offset is held until it succeeds",
 				"topic", out.Topic, "err", err, "retry_in", d)
 		}

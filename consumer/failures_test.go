@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -395,5 +397,59 @@ func TestRetryTopicsUnordered(t *testing.T) {
 	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
 	if len(dlt) != 1 || testenv.Header(dlt[0], retrytopic.HeaderAttempt) != "4" || testenv.Header(dlt[0], consumer.HeaderOriginalTopic) != topic {
 		t.Fatalf("DLT %v", dlt)
+	}
+}
+
+// A dead-letter record the broker refuses as too large (the topic's
+// max.message.bytes below the record) is logged as an ERROR that names
+// the topic and what to raise; the record's offset is held meanwhile, and
+// raising the limit heals it without a restart.
+func TestTooLargeDLTWriteIsLoggedAsAnError(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "dltlarge", "g-dltlarge"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	dlt := retrytopic.DLTopic(group)
+	limit := "2048"
+	if resp, err := k.Admin().CreateTopic(ctx, 1, -1, map[string]*string{"max.message.bytes": &limit}, dlt); err != nil || resp.Err != nil {
+		t.Fatal(err, resp.Err)
+	}
+	value := make([]byte, 8192)
+	rand.NewChaCha8([32]byte{1}).Read(value) // the broker's limit applies to the batch as compressed
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: value}); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.LogBuffer
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Logger = logs.Logger()
+	cfg.Failures = fastFailures(retrytopic.Policy{})
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		return consumer.Terminal(errors.New("bad record"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "an ERROR naming the DLT and its limit", func() bool {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "level=ERROR") && strings.Contains(l, dlt) && strings.Contains(l, "max.message.bytes") && strings.Contains(l, "MESSAGE_TOO_LARGE") {
+				return true
+			}
+		}
+		return false
+	})
+	if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] != 0 {
+		t.Fatalf("committed offset %d past the record whose DLT write is refused", com[0])
+	}
+	raised := "1048588"
+	if _, err := k.Admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &raised}}, dlt); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the record dead-lettered once the limit is raised", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -347,7 +347,9 @@ func (s *scope) unpark(ctx context.Context, w *work, pv *partVersions, p *parked
 func (s *scope) changelog(ctx context.Context, w *work, topic string, p int32, key, value []byte) {
 	rec := &kgo.Record{Topic: VersionsTopic(s.cfg.Group, topic), Partition: p, Key: key, Value: value}
 	input := w.rec
-	w.do(func(tx *txnState) { tx.produce(ctx, s.t.Session(), rec, input, producedChangelog, "a version changelog record", s.limit, nil) })
+	w.do(func(tx *txnState) {
+		tx.produce(ctx, s.t.Session(), rec, input, producedChangelog, "a version changelog record", s.limit, nil)
+	})
 }
 func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) error {
 	return guard.Call(func() error { return h.Handle(ctx, r, out) })

@@ -12,6 +12,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/engine"
+	"github.com/kscope-dev/kscope/internal/kafkaerr"
 )
 
 // txnState is one transaction's bookkeeping, shared by the workers that
@@ -22,7 +23,7 @@ type txnState struct {
 	err  error // the first produce or routing failure: the transaction aborts
 	ends []delivery
 	// unwritable are the records of this transaction the broker refused
-	// as records (see refused), by the input they belong to.
+	// as records (kafkaerr.Refused), by the input they belong to.
 	unwritable []refusal
 	// cleared are the inputs dead-lettered in this transaction for an
 	// unwritable record of theirs: forgotten once it commits.
@@ -116,7 +117,7 @@ func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, 
 		if err != nil {
 			err = produceError(rec.Topic, what, err)
 			t.fail(err)
-			if refused(err) && input != nil && input.Offset >= 0 {
+			if kafkaerr.Refused(err) && input != nil && input.Offset >= 0 {
 				alone := errors.Is(err, kerr.InvalidTopicException) || recordBytes(rec) > limit
 				t.mu.Lock()
 				t.unwritable = append(t.unwritable, refusal{input: keyOf(input), what: what, topic: rec.Topic, kind: kind, alone: alone, err: err})
@@ -125,23 +126,6 @@ func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, 
 		}
 		t.wg.Done()
 	})
-}
-
-// refused reports whether err is the broker's, or the client's, refusal
-// of a record as such: too large, invalid, or for a topic whose name is
-// invalid. Writing the same record again fails the same way. The broker
-// refuses a whole batch for one bad record in it, and kgo does not split
-// batches, so the other records of that batch fail with the same error.
-func refused(err error) bool {
-	for _, e := range []error{
-		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord,
-		kerr.InvalidTimestamp, kerr.CorruptMessage, kerr.InvalidTopicException,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
 }
 
 // recordBytes is a lower bound of what rec takes in a record batch of its

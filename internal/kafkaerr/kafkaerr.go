@@ -25,3 +25,20 @@ func Fatal(err error) bool {
 	}
 	return false
 }
+
+// Refused reports whether err is the broker's, or the client's, refusal of
+// a record as such: too large, invalid, or for a topic whose name is
+// invalid. Writing the same record again fails the same way. The broker
+// refuses a whole batch for one bad record in it, and kgo does not split
+// batches, so the other records of that batch fail with the same error.
+func Refused(err error) bool {
+	for _, e := range []error{
+		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord,
+		kerr.InvalidTimestamp, kerr.CorruptMessage, kerr.InvalidTopicException,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
