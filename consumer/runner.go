@@ -367,7 +367,9 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsAssigned(r.onAssigned),
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
-		kgo.ConsumeTopics(r.topics()...),
+		// A transactional runner consumes once its producer ID is
+		// initialised (newClient), so that it joins the group only then.
+		kgo.ConsumeTopics(r.consumedAtStart()...),
 		// Transaction markers reach dispatchAll, which counts them done
 		// at once: the committed offset then passes a transaction's
 		// last marker, and a caught-up group shows no lag (without them
@@ -385,8 +387,18 @@ func (r *Runner) clientOptions() []kgo.Opt {
 	return append(opts, kgo.BlockRebalanceOnPoll())
 }
 
+// consumedAtStart are the topics the client consumes from its creation:
+// none for a transactional runner (see newClient).
+func (r *Runner) consumedAtStart() []string {
+	if r.txs != nil {
+		return nil
+	}
+	return r.topics()
+}
+
 // newClient creates the runner's client: a transactional session for a
-// transactor scope, whose producer ID is initialised before the first poll
+// transactor scope, whose producer ID is initialised before it joins the
+// group and polls
 // (it fences the previous incarnation of the transactional id and aborts
 // its open transaction; until then the group's offsets that transaction
 // committed are unstable, and the consumer, which fetches them with
@@ -407,6 +419,13 @@ func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
 		sess.Close()
 		return nil, fmt.Errorf("kscope: initialising the producer ID of transactional id %s: %w", r.txnID, err)
 	}
+	// Only now does the client join the group. A member that joined
+	// before (the first initialisation on a new cluster can take seconds)
+	// could lose partitions in two rebalances before its first
+	// transaction began, and the session reports one revoke per
+	// transaction: the second would go unseen, leaving a partition the
+	// runner takes for its own.
+	sess.Client().AddConsumeTopics(r.topics()...)
 	r.sess = sess
 	r.txs.UseTxn(txnCtl{r})
 	return sess.Client(), nil
