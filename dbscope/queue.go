@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/guard"
@@ -165,8 +167,9 @@ func (p *pipeline) send(ctx context.Context, tx pgx.Tx) error {
 // an error in that step is every statement's result, and it names the
 // statement by its SQL. A statement PostgreSQL cannot prepare fails
 // wherever it is queued, so it is the first record that queued it that
-// fails; an argument pgx cannot encode is blamed on the first record that
-// queued the same SQL.
+// fails. An argument pgx cannot encode is also reported for the first
+// record that queued the same SQL; encodingCulprit finds the record whose
+// arguments fail.
 func (p *pipeline) ownerOf(j int, err error) int {
 	var pe pgx.ErrPreprocessingBatch
 	if !errors.As(err, &pe) {
@@ -175,6 +178,47 @@ func (p *pipeline) ownerOf(j int, err error) int {
 	for k, q := range p.b.QueuedQueries {
 		if q.SQL == pe.SQL() {
 			return p.owners[k]
+		}
+	}
+	return -1
+}
+
+// encodingFailure reports whether err, a statement's result, is pgx
+// failing to encode the arguments of a queued statement (not PostgreSQL
+// refusing it, nor a lost connection), and returns that statement's SQL.
+// pgx names no more than the SQL, and closes the connection.
+func encodingFailure(err error) (string, bool) {
+	var pe pgx.ErrPreprocessingBatch
+	var pg *pgconn.PgError
+	if !errors.As(err, &pe) || errors.As(err, &pg) || IsTransient(pe.Unwrap()) {
+		return "", false
+	}
+	return pe.SQL(), true
+}
+
+// encodingCulprit returns the record whose statement with the given SQL
+// has the first arguments pgx cannot encode: it encodes each such
+// statement's arguments again, as pgx does, against the statement's
+// parameter types, described on a connection of pool. It returns -1 when
+// none fails, or when the statement cannot be described.
+func (p *pipeline) encodingCulprit(ctx context.Context, pool *pgxpool.Pool, sql string) int {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return -1
+	}
+	defer conn.Release()
+	sd, err := conn.Conn().PgConn().Prepare(ctx, "", sql, nil)
+	if err != nil {
+		return -1
+	}
+	m := conn.Conn().TypeMap()
+	for j, q := range p.b.QueuedQueries {
+		if q.SQL != sql {
+			continue
+		}
+		var eqb pgx.ExtendedQueryBuilder
+		if eqb.Build(m, sd, q.Arguments) != nil {
+			return p.owners[j]
 		}
 	}
 	return -1

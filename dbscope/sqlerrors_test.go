@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -362,4 +364,43 @@ func TestReleasedRecordBreakingADeferredConstraintFailsAlone(t *testing.T) {
 	if parked != 0 || waiting != 0 || postings != 4 {
 		t.Fatalf("%d parked and %d waiting rows left, %d postings; want none, none and 4", parked, waiting, postings)
 	}
+}
+
+// A queued statement whose arguments pgx cannot encode fails the record
+// that queued it, not the first record that queued the same SQL: that
+// healthy record is applied once, and only the bad one is dead-lettered.
+// pgx reports an encoding error for the whole batch, naming only the SQL.
+func TestUnencodableArgumentFailsOnlyItsRecord(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "unencodable", "g-unencodable"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	vals := []string{"a/0", "b/0", "bad/0", "c/0"}
+	produceValues(t, k, topic, vals...)
+	qh := dbscope.QueueFunc(func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+		key, _, _ := testenv.ParseKeyed(r.Value)
+		if key == "bad" {
+			// A seq pgx has no encoding for (a struct, for an int column).
+			q.Exec(`INSERT INTO effects (message_id, key, seq) VALUES ($1, $2, $3)`, consumer.Identity{}.Of(r), key, struct{ N int }{1})
+			return nil
+		}
+		return queueEffect(ctx, q, r)
+	})
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1 // the records share batches
+	cfg.Failures.UnknownAttempts = 2
+	r, err := dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, qh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
+	wantEffectsOnce(t, effectKeys(t, pool), "a,b,c")
+	dlt := dltByValue(t, k, group)
+	if len(dlt) != 1 || dlt["bad/0"] == nil {
+		t.Fatalf("DLT holds %d records (%v), want only bad/0", len(dlt), slices.Collect(maps.Keys(dlt)))
+	}
+	wantDeadLetter(t, dlt["bad/0"], consumer.ClassUnknown, "2", "encode")
 }

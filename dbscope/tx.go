@@ -460,6 +460,14 @@ func (b *batchTx) commit() error {
 	}
 	if err := b.q.send(b.ctx, b.tx); err != nil {
 		var se *stmtError
+		if sql, ok := encodingFailure(err); ok && errors.As(err, &se) {
+			// pgx could not encode a queued statement's arguments, and
+			// closed the connection: the record whose arguments fail is
+			// at fault, not the transaction.
+			if i := b.q.encodingCulprit(b.ctx, s.o.Pool, sql); i >= 0 {
+				return &isolateError{i: i, err: se.err}
+			}
+		}
 		if errors.As(err, &se) && se.owner >= 0 {
 			if IsTransient(se.err) || b.tx.Conn().IsClosed() {
 				return &transientError{rec: b.work[se.owner], err: se.err}
