@@ -11,7 +11,8 @@ import (
 // IsTransient reports whether err is a PostgreSQL failure that a new
 // transaction can succeed after: a serialization failure, a deadlock, a lost
 // or refused connection, a server shutting down or restarting, too many
-// connections, a statement or lock timeout. It is decided from what pgx
+// connections, a statement or lock timeout, a server out of disk space or
+// memory, or an I/O error on it. It is decided from what pgx
 // reports — the server's SQLSTATE code ([pgconn.PgError]), a connection
 // that could not be made ([pgconn.ConnectError]), a request that never
 // reached the server ([pgconn.SafeToRetry]) or timed out inside pgx
@@ -42,7 +43,10 @@ func IsTransient(err error) bool {
 			"53400": // configuration_limit_exceeded
 			return true
 		}
-		return strings.HasPrefix(pg.Code, "08") // connection_exception class
+		// connection_exception, insufficient_resources (disk full, out of
+		// memory) and system_error (an I/O error): the server's failure,
+		// not the record's, and one that heals.
+		return strings.HasPrefix(pg.Code, "08") || strings.HasPrefix(pg.Code, "53") || strings.HasPrefix(pg.Code, "58")
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false

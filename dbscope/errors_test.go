@@ -18,6 +18,9 @@ func TestIsTransient(t *testing.T) {
 		&pgconn.PgError{Code: "57P01"},
 		&pgconn.PgError{Code: "08006"},
 		&pgconn.PgError{Code: "57014"},
+		&pgconn.PgError{Code: "53100"}, // disk_full
+		&pgconn.PgError{Code: "53200"}, // out_of_memory
+		&pgconn.PgError{Code: "58030"}, // io_error
 		fmt.Errorf("handler: %w", &pgconn.PgError{Code: "40001"}),
 		&pgconn.ConnectError{},
 	}

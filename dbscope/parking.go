@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -315,8 +313,7 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 		// statements, rather than by COMMIT, so that it is known to be
 		// one and traced to its record (see release).
 		if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
-			var pg *pgconn.PgError
-			if errors.As(err, &pg) && strings.HasPrefix(pg.Code, "23") {
+			if deferredRefusal(err) {
 				cv := &commitViolation{err: err, wrote: wrote}
 				for _, i := range wrote {
 					cv.ids = append(cv.ids, ws[i].id)

@@ -343,9 +343,17 @@ func abortedByStatement(err error) bool {
 	return errors.As(err, &pg) && !IsTransient(pg)
 }
 
-// commitViolation is an integrity violation (SQLSTATE class 23) raised by
-// COMMIT: a deferred constraint broken by the writes of one of the records
-// in wrote, the indexes of those whose writes the transaction held.
+// deferredRefusal reports whether err, raised by COMMIT or by SET
+// CONSTRAINTS ALL IMMEDIATE, is a deferred check refusing the
+// transaction's writes: a deferred constraint (an integrity violation,
+// SQLSTATE class 23) or a deferred constraint trigger raising its own
+// error (RAISE EXCEPTION, P0001), judged as a failing statement is
+// (abortedByStatement). The record whose writes broke it is at fault.
+func deferredRefusal(err error) bool { return abortedByStatement(err) }
+
+// commitViolation is a deferred check that failed at COMMIT
+// (deferredRefusal): broken by the writes of one of the records in wrote,
+// the indexes of those whose writes the transaction held.
 type commitViolation struct {
 	err   error
 	wrote []int

@@ -237,52 +237,69 @@ func TestDeferredConstraintViolationFailsOnlyItsRecord(t *testing.T) {
 			return queueEffect(ctx, q, r)
 		})},
 	}
-	for n, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
-			k := testenv.KafkaT(t)
-			pool := newPool(t)
-			if _, err := pool.Exec(ctx, `CREATE TABLE accounts (id text PRIMARY KEY);
-				CREATE TABLE postings (message_id text PRIMARY KEY,
-					account text NOT NULL REFERENCES accounts DEFERRABLE INITIALLY DEFERRED);
-				INSERT INTO accounts VALUES ('a'), ('b'), ('c'), ('d'), ('e')`); err != nil {
-				t.Fatal(err)
-			}
-			topic, group := fmt.Sprintf("postings-%d", n), fmt.Sprintf("g-deferred-%d", n)
-			if err := k.CreateTopic(ctx, topic, 1); err != nil {
-				t.Fatal(err)
-			}
-			vals := []string{"a/0", "b/0", "c/0", "nope/0", "d/0", "e/0"}
-			produceValues(t, k, topic, vals...)
-			cfg := baseConfig(k, group, topic)
-			cfg.Shards = 1 // the records share batches
-			cfg.Failures.UnknownAttempts = 2
-			var r *dbscope.Runner
-			var err error
-			if tc.qh != nil {
-				r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, tc.qh)
-			} else {
-				r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, tc.h)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
-			wantOutcomes(t, r, 5, 0, 1)
-			wantEffectsOnce(t, effectKeys(t, pool), "a,b,c,d,e")
-			var postings int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM postings`).Scan(&postings); err != nil {
-				t.Fatal(err)
-			}
-			if postings != 5 {
-				t.Fatalf("%d postings, want 5", postings)
-			}
-			dlt := dltByValue(t, k, group)
-			if len(dlt) != 1 {
-				t.Fatalf("DLT holds %d records, want nope/0", len(dlt))
-			}
-			wantDeadLetter(t, dlt["nope/0"], consumer.ClassUnknown, "2", "postings_account_fkey")
-		})
+	// The deferred checks: a foreign key, and a constraint trigger that
+	// raises its own error (SQLSTATE P0001, outside class 23).
+	kinds := []struct{ name, ddl, errPart string }{
+		{"foreign-key", `CREATE TABLE accounts (id text PRIMARY KEY);
+			CREATE TABLE postings (message_id text PRIMARY KEY,
+				account text NOT NULL REFERENCES accounts DEFERRABLE INITIALLY DEFERRED);
+			INSERT INTO accounts VALUES ('a'), ('b'), ('c'), ('d'), ('e')`, "postings_account_fkey"},
+		{"constraint-trigger", `CREATE TABLE postings (message_id text PRIMARY KEY, account text NOT NULL);
+			CREATE FUNCTION check_posting() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN
+				IF NEW.account = 'nope' THEN
+					RAISE EXCEPTION 'unbalanced posting %', NEW.message_id;
+				END IF;
+				RETURN NULL;
+			END $$;
+			CREATE CONSTRAINT TRIGGER posting_balanced AFTER INSERT ON postings
+				DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION check_posting()`, "unbalanced posting"},
+	}
+	for kn, kind := range kinds {
+		for n, tc := range cases {
+			t.Run(kind.name+"/"+tc.name, func(t *testing.T) {
+				ctx := context.Background()
+				k := testenv.KafkaT(t)
+				pool := newPool(t)
+				if _, err := pool.Exec(ctx, kind.ddl); err != nil {
+					t.Fatal(err)
+				}
+				topic, group := fmt.Sprintf("postings-%d-%d", kn, n), fmt.Sprintf("g-deferred-%d-%d", kn, n)
+				if err := k.CreateTopic(ctx, topic, 1); err != nil {
+					t.Fatal(err)
+				}
+				vals := []string{"a/0", "b/0", "c/0", "nope/0", "d/0", "e/0"}
+				produceValues(t, k, topic, vals...)
+				cfg := baseConfig(k, group, topic)
+				cfg.Shards = 1 // the records share batches
+				cfg.Failures.UnknownAttempts = 2
+				var r *dbscope.Runner
+				var err error
+				if tc.qh != nil {
+					r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, tc.qh)
+				} else {
+					r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, tc.h)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
+				wantOutcomes(t, r, 5, 0, 1)
+				wantEffectsOnce(t, effectKeys(t, pool), "a,b,c,d,e")
+				var postings int
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM postings`).Scan(&postings); err != nil {
+					t.Fatal(err)
+				}
+				if postings != 5 {
+					t.Fatalf("%d postings, want 5", postings)
+				}
+				dlt := dltByValue(t, k, group)
+				if len(dlt) != 1 {
+					t.Fatalf("DLT holds %d records, want nope/0", len(dlt))
+				}
+				wantDeadLetter(t, dlt["nope/0"], consumer.ClassUnknown, "2", kind.errPart)
+			})
+		}
 	}
 }
 
@@ -403,4 +420,56 @@ func TestUnencodableArgumentFailsOnlyItsRecord(t *testing.T) {
 		t.Fatalf("DLT holds %d records (%v), want only bad/0", len(dlt), slices.Collect(maps.Keys(dlt)))
 	}
 	wantDeadLetter(t, dlt["bad/0"], consumer.ClassUnknown, "2", "encode")
+}
+
+// A server out of disk space fails every write with SQLSTATE 53100: the
+// batch retries in place, holding its offsets, and no record is counted a
+// failure or dead-lettered for the server's state; once space is freed,
+// every record is applied once.
+func TestDiskFullRetriesInPlace(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE disk (is_full boolean NOT NULL);
+		INSERT INTO disk VALUES (true);
+		CREATE FUNCTION check_disk() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT is_full FROM disk) THEN
+				RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER effects_disk BEFORE INSERT ON effects FOR EACH ROW EXECUTE FUNCTION check_disk()`); err != nil {
+		t.Fatal(err)
+	}
+	const topic, group = "diskfull", "g-diskfull"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	vals := []string{"a/0", "b/0", "c/0"}
+	produceValues(t, k, topic, vals...)
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	cfg.Failures.UnknownAttempts = 2
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		return insertEffect(ctx, tx, r)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "retries in place", func() bool { return r.Stats().DB.TxRetries >= 5 })
+	if st := r.Stats(); st.Done != 0 || st.Failures.DeadLettered != 0 {
+		t.Fatalf("stats %+v while the disk is full: want nothing done or dead-lettered", st)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE disk SET is_full = false`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return r.Stats().Done == int64(len(vals)) })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	wantOutcomes(t, r, 3, 0, 0)
+	wantEffectsOnce(t, effectKeys(t, pool), "a,b,c")
 }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/engine"
@@ -479,10 +477,9 @@ func (b *batchTx) commit() error {
 		return unwrapStmt(err)
 	}
 	err := b.tx.Commit(b.ctx)
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) && strings.HasPrefix(pg.Code, "23") {
-		// An integrity violation at COMMIT: a deferred constraint that a
-		// record's writes broke. Which record is found by running fewer
+	if deferredRefusal(err) {
+		// A deferred check that a record's writes broke, refusing the
+		// COMMIT. Which record is found by running fewer
 		// of them (see scope.apply).
 		v := &commitViolation{err: err}
 		for j := range b.cut {
