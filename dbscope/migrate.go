@@ -126,7 +126,7 @@ func migrationFiles() ([]migrationFile, error) {
 }
 
 // kscopeTables are the tables Migrate creates, without their prefix.
-var kscopeTables = []string{"schema_migrations", "inbox", "offsets", "parked", "key_versions", "waiting", "outbox_sequences", "outbox"}
+var kscopeTables = []string{"schema_migrations", "inbox", "offsets", "parked", "key_versions", "waiting", "outbox_sequences", "outbox", "outbox_dead"}
 
 // checkSchema reports, as an error that says to run Migrate, a database
 // that lacks one of kscope's tables or one of the embedded migrations. Any
