@@ -52,22 +52,64 @@
 // downstream inboxes take for duplicates: give a recreated outbox a new
 // name.
 //
+// # Rows Kafka refuses
+//
+// A row that Kafka can never take would otherwise stop its partition for
+// good, since the rows after it wait for it. The relay tells the row's
+// fault from the topic's:
+//
+//   - A row Kafka refuses as a record (MESSAGE_TOO_LARGE: larger than the
+//     producer's kgo.ProducerBatchMaxBytes or the topic's
+//     max.message.bytes; RECORD_LIST_TOO_LARGE, INVALID_RECORD,
+//     CORRUPT_MESSAGE, INVALID_TOPIC_EXCEPTION) is dead-lettered: moved to
+//     the table <TablePrefix>outbox_dead with its identity, topic, key,
+//     value, headers, the answer and when, and the partition goes on with
+//     the rows after it. The broker refuses a whole record batch at once,
+//     so a refusal names no row: the relay publishes fewer rows per
+//     transaction until the row is refused alone, and the healthy rows
+//     that shared its batch are published. A row is dead-lettered once it
+//     was refused alone 3 times in a row; a row to a topic name Kafka does
+//     not allow, at once. The row is written to the table before the
+//     Kafka transaction that carries the position past it commits, so the
+//     position passes only rows published or dead-lettered; a crash
+//     between the two writes it again, as a no-op. Each is logged at
+//     ERROR (at most one line every 30 seconds) and counted in
+//     Stats.DeadLettered. Publish such a row again by hand, with its
+//     kscope-id header so that a consumer that saw it drops the copy, or
+//     discard it; then delete it from the table, which the relay never
+//     prunes. A relay whose database lacks the table (Migrate not run
+//     since an upgrade) fails Run with a dbscope.SchemaError that says to
+//     run Migrate.
+//   - A row whose topic does not exist (the producer creates none unless
+//     kgo.AllowAutoTopicCreation is in Options.ClientOptions), is refused
+//     to the relay, or refuses the records' timestamps (the relay's clock)
+//     is not at fault: it is published once that is fixed, and nothing
+//     after it before. The rows before it are published; the partition is
+//     counted in Stats.Stuck and logged at ERROR, with the topic and what
+//     to do, every 30 seconds.
+//
 // # Observability
 //
-// [Relay.Stats] counts published records and committed and aborted
-// transactions; [Relay.Pending] counts the committed rows not published
-// yet, and the age of the oldest, for the partitions the relay publishes.
-// kscopeprom's Metrics.WatchRelay exports both (kscope_outbox_*), with
-// alert rules in examples/observability/alerts.yml. A [Writer] with
+// [Relay.Stats] counts published records, committed and aborted
+// transactions, dead-lettered rows, and the partitions stuck or halted;
+// [Relay.Pending] counts the committed rows not published yet, and the
+// age of the oldest, for the partitions the relay publishes. kscopeprom's
+// Metrics.WatchRelay exports both (kscope_outbox_*), with alert rules in
+// examples/observability/alerts.yml. A [Writer] with
 // Hooks (kscopeotel's tracer) writes the trace of Add's context into each
 // record, so the consumer downstream continues the trace of the
 // transaction that wrote the row.
 //
 // # What the outbox does not cover
 //
-// Readers must read with isolation.level=read_committed. A commit that
-// fails as the connection drops may have committed all the same: the
-// outbox publishes what PostgreSQL committed, so a write path that
+// Readers must read with isolation.level=read_committed. A dead-lettered
+// row is not published until an operator publishes it (the ERROR and
+// Stats.DeadLettered say so), and the records of its key
+// after it are published meanwhile: a consumer cannot tell that one is
+// missing. Keep records well within the size limits.
+//
+// A commit that fails as the connection drops may have committed all the
+// same: the outbox publishes what PostgreSQL committed, so a write path that
 // retries such a transaction must first look up whether it committed (an
 // idempotency key in the same transaction), or it publishes twice. A
 // DB-scope handler needs nothing of this: its inbox row makes the

@@ -5,15 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -118,6 +121,60 @@ type publisher struct {
 	done   chan struct{}
 	wake   chan struct{}
 	pos    atomic.Int64 // the position its last committed transaction published; -1 until read
+	stuck  atomic.Bool  // its last transaction failed for a reason an operator must fix
+
+	// The rest is the publishing goroutine's alone.
+
+	// probe bounds the rows of the next transaction while a record Kafka
+	// refused is searched for (0: BatchSize). It halves with each refused
+	// transaction and doubles with each committed one.
+	probe int
+	// lone is the row at the head of the partition that Kafka refused
+	// when it was sent alone, and how many times in a row; once that
+	// reaches refusalsToDeadLetter, doomed holds it and why.
+	lone struct {
+		seq int64
+		n   int
+	}
+	doomed *refusal
+	// stuckAt is the row that made the partition stuck: a transaction
+	// that commits it ends the stuck state.
+	stuckAt int64
+	// Rate limits of the ERROR lines.
+	deadLog, stuckLog throttle
+}
+
+// refusal is a row Kafka refused for good, and its answer.
+type refusal struct {
+	seq int64
+	err error
+}
+
+// refusalsToDeadLetter is how many times in a row a row must be refused
+// alone before it is dead-lettered: a refusal that a broker gives once (a
+// corrupted request) is not taken for the row's.
+const refusalsToDeadLetter = 3
+
+// errorLogEvery is how often an ERROR that a state goes on is repeated.
+const errorLogEvery = 30 * time.Second
+
+// throttle lets a log line through at most once an interval and counts
+// the ones it held back meanwhile.
+type throttle struct {
+	last time.Time
+	held int
+}
+
+// allow reports whether a line may be logged now, and how many were held
+// back since the last one.
+func (t *throttle) allow() (held int, ok bool) {
+	now := time.Now()
+	if !t.last.IsZero() && now.Sub(t.last) < errorLogEvery {
+		t.held++
+		return 0, false
+	}
+	held, t.held, t.last = t.held, 0, now
+	return held, true
 }
 
 // row is one outbox row.
@@ -127,6 +184,7 @@ type row struct {
 	key     []byte
 	value   []byte
 	headers []byte
+	created time.Time
 }
 
 // producerOpts are the options of a partition's transactional producer.
@@ -149,6 +207,7 @@ var errFenced = errors.New("fenced")
 // producer stops: another relay owns the partition now.
 func (pub *publisher) publish(ctx context.Context) error {
 	log := pub.r.log.With("partition", pub.p)
+	defer pub.setStuck(false) // the partition is no longer this relay's to report
 	for attempt := 1; ; attempt++ {
 		fenced, err := pub.publishWith(ctx, log)
 		if !fenced || err != nil || ctx.Err() != nil {
@@ -191,6 +250,7 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 	}
 	pub.pos.Store(pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
+	maxBytes, _ := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	for attempt := 0; ctx.Err() == nil; {
@@ -213,7 +273,45 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 			}
 			continue
 		}
-		last, err := pub.send(ctx, cl, rows)
+		// A row Kafka refused for good goes to the dead-letter table
+		// first; then a transaction that carries nothing but the position
+		// moves the partition past it. A crash between the two leaves the
+		// row in both tables, and the relay that goes on dead-letters it
+		// again, as a no-op.
+		var batch []row
+		if pub.doomed != nil && pub.doomed.seq != rows[0].seq {
+			pub.doomed = nil // the position passed it meanwhile
+		}
+		if pub.doomed == nil && !validTopic(rows[0].topic) {
+			// No broker takes it: no need to ask.
+			pub.doomed = &refusal{seq: rows[0].seq, err: fmt.Errorf("kscope: %q is not a Kafka topic name (at most 249 of a-z A-Z 0-9 . _ -)", rows[0].topic)}
+		}
+		dead := pub.doomed
+		if dead != nil {
+			if err := pub.deadLetter(ctx, rows[0], dead.err); err != nil {
+				if errors.As(err, new(*dbscope.SchemaError)) {
+					return false, fmt.Errorf("kscope: outbox relay: Kafka refuses the row %s for good, and it cannot be moved to the dead-letter table (it stays in the outbox, unpublished, and the partition waits): %w",
+						pub.id(rows[0].seq), err)
+				}
+				if ctx.Err() != nil {
+					return false, nil
+				}
+				attempt++
+				d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+				log.Warn("kscope: outbox relay: writing a refused row to the dead-letter table failed; retrying", "id", pub.id(rows[0].seq), "err", err, "retry_in", d)
+				if !backoff.Sleep(ctx, d) {
+					return false, nil
+				}
+				continue
+			}
+		} else {
+			batch = pub.batch(rows, maxBytes)
+		}
+		last := rows[0].seq
+		if len(batch) > 0 {
+			last = batch[len(batch)-1].seq
+		}
+		rowErrs, err := pub.send(ctx, cl, batch, last)
 		switch {
 		case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
 			return false, fmt.Errorf("kscope: outbox relay: the broker refused this relay its transactional id %s "+
@@ -226,11 +324,12 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 				return false, nil
 			}
 			r.aborts.Add(1)
-			attempt++
-			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-			log.Warn("kscope: outbox relay: the transaction did not commit, or its end was not confirmed; publishing again from the partition's committed position", "err", err, "retry_in", d)
-			if !backoff.Sleep(ctx, d) {
-				return false, nil
+			if pub.failed(log, batch, rowErrs, err) {
+				attempt++
+				d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+				if !backoff.Sleep(ctx, d) {
+					return false, nil
+				}
 			}
 			// A commit the broker applied without the relay hearing it
 			// (the answer lost, or later than the relay waited) moved the
@@ -244,11 +343,178 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 		attempt = 0
 		pos = last
 		pub.pos.Store(pos)
-		r.published.Add(int64(len(rows)))
+		r.published.Add(int64(len(batch)))
 		r.transactions.Add(1)
+		pub.committed(log, dead, rows[0], last)
 		pub.prune(ctx, pos)
 	}
 	return false, nil
+}
+
+// failed takes in a transaction of batch that did not commit (err; the
+// producer's answer for each row in rowErrs) and reports whether to back
+// off before the next. A row that Kafka refuses as a record is searched
+// for with smaller transactions, without backing off, until it is refused
+// alone, when it is tried again after a backoff, up to
+// refusalsToDeadLetter times. A row whose topic is missing, refused to the
+// relay or refuses its timestamps makes the partition stuck, reported at
+// ERROR with what to do: that is not the row's fault, and the row is
+// published once fixed.
+func (pub *publisher) failed(log *slog.Logger, batch []row, rowErrs []error, err error) (backOff bool) {
+	refused, blocked := -1, -1
+	for i, e := range rowErrs {
+		if refused < 0 && refusedRecord(e) {
+			refused = i
+		}
+		if _, ok := topicProblem(e); blocked < 0 && ok {
+			blocked = i
+		}
+	}
+	switch {
+	case refused >= 0 && (blocked < 0 || refused < blocked) && len(batch) > 1:
+		// franz-go does not split a batch the broker refused (too large,
+		// say): every record of it fails alike, so the refusal names no
+		// row. The rows before the first refused one were not refused;
+		// from it on, fewer rows at a time until one is refused alone.
+		if refused > 0 {
+			pub.probe = refused
+		} else {
+			pub.probe = max(1, len(batch)/2)
+		}
+		log.Warn("kscope: outbox relay: Kafka refused a record of the transaction; publishing fewer rows per transaction to find the row it refuses",
+			"first_refused", pub.id(batch[refused].seq), "rows", len(batch), "next_rows", pub.probe, "err", rowErrs[refused])
+		return false
+	case refused == 0: // alone
+		w := batch[0]
+		if pub.lone.seq != w.seq {
+			pub.lone.seq, pub.lone.n = w.seq, 0
+		}
+		pub.lone.n++
+		if pub.lone.n >= refusalsToDeadLetter {
+			pub.doomed = &refusal{seq: w.seq, err: rowErrs[0]}
+		}
+		log.Warn("kscope: outbox relay: Kafka refused a row sent alone; it is moved to the dead-letter table if that goes on",
+			"id", pub.id(w.seq), "topic", w.topic, "bytes", len(w.key)+len(w.value)+len(w.headers),
+			"refusals", pub.lone.n, "dead_letter_after", refusalsToDeadLetter, "err", rowErrs[0])
+		return true
+	case blocked >= 0:
+		w := batch[blocked]
+		advice, _ := topicProblem(rowErrs[blocked])
+		if blocked > 0 {
+			pub.probe = blocked // the rows before it go out meanwhile
+		}
+		pub.setStuck(true)
+		pub.stuckAt = w.seq
+		if held, ok := pub.stuckLog.allow(); ok {
+			log.Error("kscope: outbox relay: the partition cannot be published: "+advice+
+				". Nothing is skipped: the relay retries the row, and the rows after it wait, until this is fixed. This is logged every 30 seconds meanwhile",
+				"id", pub.id(w.seq), "topic", w.topic, "err", rowErrs[blocked], "attempts_since_last_log", held+1)
+		} else {
+			log.Debug("kscope: outbox relay: the partition is still stuck", "topic", w.topic, "err", rowErrs[blocked])
+		}
+		return blocked == 0 // the rows before it go out at once
+	}
+	log.Warn("kscope: outbox relay: the transaction did not commit, or its end was not confirmed; publishing again from the partition's committed position", "err", err)
+	return true
+}
+
+// committed takes in a committed transaction up to last: it counts a
+// dead-lettered row (dead, the partition's head, head), widens the
+// transactions again after a refused row, and ends a stuck state once
+// past the row that caused it.
+func (pub *publisher) committed(log *slog.Logger, dead *refusal, head row, last int64) {
+	r := pub.r
+	if dead != nil {
+		pub.doomed = nil
+		r.deadLettered.Add(1)
+		if held, ok := pub.deadLog.allow(); ok {
+			log.Error("kscope: outbox relay: a row can never be published (Kafka refused it alone, again and again: too large for the producer or the topic, "+
+				"or a record the broker rejects; or its topic name is not one Kafka allows); it was moved to the dead-letter table, and the partition goes on with the rows after it. "+
+				"Publish it again by hand (with its kscope-id header, so that a consumer that saw it drops the copy) or discard it, and delete it from the table. "+
+				"At most one such line is logged every 30 seconds",
+				"id", pub.id(head.seq), "topic", head.topic,
+				"bytes", len(head.key)+len(head.value)+len(head.headers), "table", r.o.TablePrefix+"outbox_dead", "err", dead.err,
+				"dead_lettered_since_last_log", held+1)
+		}
+	}
+	if pub.probe > 0 {
+		if pub.probe *= 2; pub.probe >= r.o.BatchSize {
+			pub.probe = 0
+		}
+	}
+	pub.lone.seq, pub.lone.n = 0, 0
+	if pub.stuck.Load() && last >= pub.stuckAt {
+		pub.setStuck(false)
+		pub.stuckLog = throttle{}
+		log.Info("kscope: outbox relay: the partition is published again")
+	}
+}
+
+// setStuck records whether the partition is stuck, for Stats.
+func (pub *publisher) setStuck(on bool) {
+	if pub.stuck.Swap(on) != on {
+		if on {
+			pub.r.stuck.Add(1)
+		} else {
+			pub.r.stuck.Add(-1)
+		}
+	}
+}
+
+// id is the identity of the partition's row seq.
+func (pub *publisher) id(seq int64) string {
+	return pub.r.o.Outbox + "/" + strconv.Itoa(pub.p) + "/" + strconv.FormatInt(seq, 10)
+}
+
+// batch returns the rows of the next transaction: at most probe of them
+// while a refused row is searched for, none from a row to a topic name
+// Kafka does not allow on (it is dead-lettered once at the head), and a
+// row the producer surely refuses (larger on its own than its
+// ProducerBatchMaxBytes for the topic, maxBytes) alone, so that the
+// refusal is its own.
+func (pub *publisher) batch(rows []row, maxBytes func(string) int32) []row {
+	if pub.probe > 0 && pub.probe < len(rows) {
+		rows = rows[:pub.probe]
+	}
+	for i, w := range rows {
+		if !validTopic(w.topic) || maxBytes != nil && len(w.key)+len(w.value)+len(w.headers) > int(maxBytes(w.topic)) {
+			if i == 0 {
+				return rows[:1]
+			}
+			return rows[:i]
+		}
+	}
+	return rows
+}
+
+// refusedRecord reports whether err is Kafka refusing a record as such: too
+// large for the producer or the topic, or a record the broker rejects.
+// Whether it is the record's own fault or that of another in its batch
+// takes sending it alone to tell.
+func refusedRecord(err error) bool {
+	for _, e := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.CorruptMessage, kerr.InvalidTopicException} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// topicProblem reports whether err is a reason that a record cannot be
+// published now that is not the record's fault, and says what to do.
+func topicProblem(err error) (advice string, ok bool) {
+	switch {
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		return "the topic does not exist; create it, or let the relay's producer create topics (kgo.AllowAutoTopicCreation() in Options.ClientOptions, with auto.create.topics.enable on the brokers)", true
+	case errors.Is(err, kerr.TopicAuthorizationFailed):
+		return "the broker refuses this relay the topic; grant this client Write on it", true
+	case errors.Is(err, kerr.InvalidTimestamp):
+		// The relay leaves the timestamp to the producer (the time it
+		// publishes): a broker that refuses it disagrees with the relay's
+		// clock, whatever the row.
+		return "the broker refuses the records' timestamps (the relay's clock, when it publishes); bring the relay's clock in line with the brokers', or widen the topic's message.timestamp.before.max.ms and message.timestamp.after.max.ms", true
+	}
+	return "", false
 }
 
 // takeOver starts publishing the partition (start), retrying with backoff
@@ -288,56 +554,77 @@ func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) 
 // BatchSize of them.
 func (pub *publisher) read(ctx context.Context, pos int64) ([]row, error) {
 	r := pub.r
-	rows, err := r.o.Pool.Query(ctx, `SELECT seq, topic, key, value, headers FROM `+r.o.TablePrefix+`outbox
+	rows, err := r.o.Pool.Query(ctx, `SELECT seq, topic, key, value, headers, created_at FROM `+r.o.TablePrefix+`outbox
 		WHERE outbox = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`, r.o.Outbox, int32(pub.p), pos, r.o.BatchSize)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(rs pgx.CollectableRow) (row, error) {
 		var w row
-		err := rs.Scan(&w.seq, &w.topic, &w.key, &w.value, &w.headers)
+		err := rs.Scan(&w.seq, &w.topic, &w.key, &w.value, &w.headers, &w.created)
 		return w, err
 	})
 }
 
-// send publishes rows and the partition's new position in one Kafka
-// transaction and returns the position.
-func (pub *publisher) send(ctx context.Context, cl *kgo.Client, rows []row) (int64, error) {
+// deadLetter writes w, with why Kafka refuses it, to the dead-letter
+// table; a row there already is left as it is. A missing table is
+// reported as a *dbscope.SchemaError, which says to run Migrate.
+func (pub *publisher) deadLetter(ctx context.Context, w row, why error) error {
+	r := pub.r
+	table := r.o.TablePrefix + "outbox_dead"
+	_, err := r.o.Pool.Exec(ctx, `INSERT INTO `+table+` (outbox, partition, seq, topic, key, value, headers, created_at, error)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (outbox, partition, seq) DO NOTHING`,
+		r.o.Outbox, int32(pub.p), w.seq, w.topic, w.key, w.value, w.headers, w.created, why.Error())
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return &dbscope.SchemaError{Prefix: r.o.TablePrefix, Missing: []string{table}}
+	}
+	return err
+}
+
+// send publishes rows and the partition's new position, last, in one
+// Kafka transaction. When it does not commit, rowErrs holds the
+// producer's answer for each row (nil for a row it took).
+func (pub *publisher) send(ctx context.Context, cl *kgo.Client, rows []row, last int64) (rowErrs []error, err error) {
 	r := pub.r
 	if err := cl.BeginTransaction(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	var mu sync.Mutex
-	var perr error
-	note := func(_ *kgo.Record, err error) {
-		if err != nil {
-			mu.Lock()
-			if perr == nil {
-				perr = err
+	rowErrs = make([]error, len(rows))
+	var perr error // the first error, of a row or of the position
+	note := func(i int) func(*kgo.Record, error) {
+		return func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if i >= 0 {
+					rowErrs[i] = err
+				}
+				if perr == nil {
+					perr = err
+				}
+				mu.Unlock()
 			}
-			mu.Unlock()
 		}
 	}
-	for _, w := range rows {
+	for i, w := range rows {
 		hs, err := decodeHeaders(w.headers)
 		if err != nil {
 			// A row kscope did not write: published without headers
 			// rather than never.
 			r.log.Error("kscope: outbox relay: a row's headers cannot be decoded; publishing it without them", "partition", pub.p, "seq", w.seq, "err", err)
 		}
-		id := r.o.Outbox + "/" + strconv.Itoa(pub.p) + "/" + strconv.FormatInt(w.seq, 10)
-		hs = append(hs, kgo.RecordHeader{Key: retrytopic.HeaderID, Value: []byte(id)})
-		cl.Produce(ctx, &kgo.Record{Topic: w.topic, Key: w.key, Value: w.value, Headers: hs}, note)
+		hs = append(hs, kgo.RecordHeader{Key: retrytopic.HeaderID, Value: []byte(pub.id(w.seq))})
+		cl.Produce(ctx, &kgo.Record{Topic: w.topic, Key: w.key, Value: w.value, Headers: hs}, note(i))
 	}
-	last := rows[len(rows)-1].seq
-	cl.Produce(ctx, &kgo.Record{Topic: r.o.PositionTopic, Partition: int32(pub.p), Key: []byte(strconv.Itoa(pub.p)), Value: []byte(strconv.FormatInt(last, 10))}, note)
+	cl.Produce(ctx, &kgo.Record{Topic: r.o.PositionTopic, Partition: int32(pub.p), Key: []byte(strconv.Itoa(pub.p)), Value: []byte(strconv.FormatInt(last, 10))}, note(-1))
 	ferr := cl.Flush(ctx)
 	if ferr != nil {
 		// Stopped while flushing: nothing may stay buffered for the abort.
 		_ = cl.AbortBufferedRecords(context.WithoutCancel(ctx))
 	}
 	mu.Lock()
-	err := errors.Join(perr, ferr)
+	err = errors.Join(perr, ferr)
+	rowErrs = slices.Clone(rowErrs)
 	mu.Unlock()
 	try := kgo.TryCommit
 	if err != nil {
@@ -347,16 +634,16 @@ func (pub *publisher) send(ctx context.Context, cl *kgo.Client, rows []row) (int
 	eerr := cl.EndTransaction(endCtx, try)
 	cancel()
 	if fenced(err) || fenced(eerr) {
-		return 0, fmt.Errorf("%w: %v", errFenced, errors.Join(err, eerr))
+		return rowErrs, fmt.Errorf("%w: %v", errFenced, errors.Join(err, eerr))
 	}
 	if err == nil && eerr == nil {
-		return last, nil
+		return nil, nil
 	}
 	if eerr != nil {
 		// Make sure no transaction stays open before the next one.
 		_ = cl.EndTransaction(context.WithoutCancel(ctx), kgo.TryAbort)
 	}
-	return 0, errors.Join(err, eerr, errors.New("the transaction did not commit"))
+	return rowErrs, errors.Join(err, eerr, errors.New("the transaction did not commit"))
 }
 
 func fenced(err error) bool {
@@ -410,7 +697,7 @@ func (pub *publisher) halt(ctx context.Context, pos int64) {
 		"or raise the partition's next_seq above the position (rows numbered up to it are never published), and start the relays again"
 	attrs := []any{"outbox", r.o.Outbox, "partition", pub.p, "position", pos, "position_topic", r.o.PositionTopic}
 	r.log.Error(msg, attrs...)
-	t := time.NewTicker(30 * time.Second)
+	t := time.NewTicker(errorLogEvery)
 	defer t.Stop()
 	for {
 		select {

@@ -11,11 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/internal/lifecycle"
@@ -167,21 +169,39 @@ type Stats struct {
 	// handed out (the outbox tables were recreated or restored). Each is
 	// logged at ERROR, with what to do, every 30 seconds.
 	Halted int
+	// Stuck counts the partitions whose last transaction failed for a
+	// reason that is not the rows' and that an operator must fix: a row's
+	// topic does not exist (and the producer does not create topics), the
+	// broker refuses the relay a topic, or it refuses the records'
+	// timestamps. The relay retries them, with backoff, skipping nothing;
+	// each is logged at ERROR, with the topic and what to do, every 30
+	// seconds while it lasts.
+	Stuck int
+	// DeadLettered counts the rows moved to the dead-letter table
+	// (<TablePrefix>outbox_dead), not published: rows Kafka refuses for
+	// good, as a record too large for the producer or the topic, or one
+	// the broker rejects, or to a topic name Kafka does not allow. Each is
+	// logged at ERROR (at most one line every 30 seconds).
+	DeadLettered int64
 }
 
 // Relay publishes an outbox's committed rows to Kafka, exactly once to a
 // read_committed reader: each partition's rows go out in Kafka
 // transactions that also write the partition's position to the position
 // topic, so a relay that crashes, restarts or is replaced by another
-// instance goes on from the last committed transaction. Build it with New,
-// Run it, Close it.
+// instance goes on from the last committed transaction. A row Kafka
+// refuses for good (too large, say) is moved to the dead-letter table
+// <TablePrefix>outbox_dead rather than stop its partition, and a row to a
+// missing topic waits for it, loudly (see the package doc, "Rows Kafka
+// refuses"). Build it with New, Run it, Close it.
 type Relay struct {
 	o    Options
 	log  *slog.Logger
 	life lifecycle.State
 
 	published, transactions, aborts atomic.Int64
-	owned, halted                   atomic.Int64
+	owned, halted, stuck            atomic.Int64
+	deadLettered                    atomic.Int64
 
 	wakeMu sync.Mutex
 	wake   map[int]chan struct{} // per partition being published
@@ -200,7 +220,8 @@ func New(o Options) (*Relay, error) {
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
-	return Stats{Published: r.published.Load(), Transactions: r.transactions.Load(), Aborts: r.aborts.Load(), Partitions: int(r.owned.Load()), Halted: int(r.halted.Load())}
+	return Stats{Published: r.published.Load(), Transactions: r.transactions.Load(), Aborts: r.aborts.Load(), Partitions: int(r.owned.Load()),
+		Halted: int(r.halted.Load()), Stuck: int(r.stuck.Load()), DeadLettered: r.deadLettered.Load()}
 }
 
 // Close stops a running Run and waits for it; idempotent.
@@ -231,15 +252,23 @@ func (r *Relay) Pending(ctx context.Context) ([]PartitionStatus, error) {
 // Run publishes until ctx is canceled or Close is called (then it returns
 // nil once every partition's open transaction ended), or until an error
 // that retrying cannot heal, which it returns: a partition's producer that
-// cannot be created, or the broker refusing this client the relay's group
+// cannot be created, the broker refusing this client the relay's group
 // or its position topic (an authorization error; grant the ACLs and start
-// the relay again). The rows stay in the outbox.
+// the relay again), or the database lacking an outbox table, the
+// dead-letter table included (a [*dbscope.SchemaError]: run [Migrate],
+// then start the relay again). The rows stay in the outbox.
 func (r *Relay) Run(ctx context.Context) error {
 	ctx, end, err := r.life.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer end()
+	if err := r.checkTables(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	if err := r.ensurePositionTopic(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -328,6 +357,41 @@ func (r *Relay) watchGroup(ctx context.Context, cl *kgo.Client, workers *workers
 			}
 			r.log.Warn("kscope: outbox relay: the group reported an error; the client retries", "group", r.o.Group, "err", err)
 		})
+	}
+}
+
+// checkTables fails with a [*dbscope.SchemaError], which says to run
+// Migrate, when the database lacks a table the relay uses: a relay that
+// found no dead-letter table only when a row must go there would stop
+// then. A database that cannot be reached is waited for; any other error
+// of the check is logged, and the relay starts.
+func (r *Relay) checkTables(ctx context.Context) error {
+	var names []string
+	for _, t := range []string{"outbox", "outbox_sequences", "outbox_dead"} {
+		names = append(names, r.o.TablePrefix+t)
+	}
+	for attempt := 1; ; attempt++ {
+		rows, err := r.o.Pool.Query(ctx, `SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NULL`, names)
+		var missing []string
+		if err == nil {
+			missing, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		switch {
+		case err == nil && len(missing) == 0:
+			return nil
+		case err == nil:
+			return fmt.Errorf("kscope: outbox relay: %w", &dbscope.SchemaError{Prefix: r.o.TablePrefix, Missing: missing})
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !dbscope.IsTransient(err):
+			r.log.Warn("kscope: outbox relay: could not check the outbox tables; starting anyway", "err", err)
+			return nil
+		}
+		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
+		r.log.Warn("kscope: outbox relay: checking the outbox tables failed; retrying", "err", err, "retry_in", d)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -122,6 +123,12 @@ func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
 	}
 	q.Exec(w.insertSQL(), w.args(rec)...)
 	return nil
+}
+
+// validTopic reports whether Kafka allows t as a topic name.
+func validTopic(t string) bool {
+	const chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+	return t != "" && len(t) <= 249 && t != "." && t != ".." && strings.Trim(t, chars) == ""
 }
 
 // Add adds rec to the default outbox inside tx; see Writer.Add.
