@@ -88,6 +88,11 @@
 //     counted in Stats.Stuck and logged at ERROR, with the topic and what
 //     to do, every 30 seconds.
 //
+// [Writer] refuses at write time what it can tell the relay could not
+// publish: a record larger than Writer.MaxRecordBytes (default
+// DefaultMaxRecordBytes, the producer's and the broker's default limit),
+// or to a topic name Kafka does not allow.
+//
 // # Observability
 //
 // [Relay.Stats] counts published records, committed and aborted
@@ -106,7 +111,8 @@
 // row is not published until an operator publishes it (the ERROR and
 // Stats.DeadLettered say so), and the records of its key
 // after it are published meanwhile: a consumer cannot tell that one is
-// missing. Keep records well within the size limits.
+// missing. Keep records well within the size limits; Writer.MaxRecordBytes
+// refuses the plainly oversized ones in the writing transaction.
 //
 // A commit that fails as the connection drops may have committed all the
 // same: the outbox publishes what PostgreSQL committed, so a write path that

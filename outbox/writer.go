@@ -19,6 +19,11 @@ import (
 const (
 	DefaultOutbox     = "default"
 	DefaultPartitions = 16
+	// DefaultMaxRecordBytes is Writer.MaxRecordBytes's default: just
+	// below the 1,000,012 bytes of a record batch that franz-go's
+	// ProducerBatchMaxBytes and the broker's max.message.bytes allow by
+	// default.
+	DefaultMaxRecordBytes = 1_000_000
 )
 
 // Writer adds records to an outbox. The zero value writes to the default
@@ -44,6 +49,18 @@ type Writer struct {
 	// it on, so the consumer downstream continues that trace. Pass the
 	// hooks of the service's consumer Config.
 	Hooks []hook.Hook
+	// MaxRecordBytes bounds a record's key, value and headers together
+	// (after Hooks added theirs): Add and Queue refuse a larger record
+	// with an error, in the writer's transaction, rather than leave the
+	// relay a row Kafka would refuse. Default DefaultMaxRecordBytes
+	// (1,000,000), for the relay's producer and brokers at their default
+	// limits; a relay given a larger kgo.ProducerBatchMaxBytes, to topics
+	// with a larger max.message.bytes, wants a Writer with a larger bound.
+	// Negative: no bound. Kafka's framing and the kscope-id header add
+	// about a hundred bytes to a record, so a row just within the bound
+	// may still be too large for the relay: the relay moves a row Kafka
+	// refuses for good to the dead-letter table (see Relay).
+	MaxRecordBytes int
 }
 
 func (w Writer) withDefaults() Writer {
@@ -55,6 +72,9 @@ func (w Writer) withDefaults() Writer {
 	}
 	if w.TablePrefix == "" {
 		w.TablePrefix = dbscope.DefaultTablePrefix
+	}
+	if w.MaxRecordBytes == 0 {
+		w.MaxRecordBytes = DefaultMaxRecordBytes
 	}
 	return w
 }
@@ -81,7 +101,10 @@ type Querier interface {
 // if and only if tx commits, exactly once to a read_committed reader. It
 // returns the record's identity, which the published record carries in the
 // kscope-id header: a kscope consumer downstream deduplicates on it, and it
-// is a stable idempotency key for whatever the record asks done.
+// is a stable idempotency key for whatever the record asks done. A record
+// the relay could not publish (larger than MaxRecordBytes, or to a topic
+// name Kafka does not allow) is refused with an error, and nothing is
+// written.
 //
 // The record's outbox partition stays locked from Add until tx ends, so
 // that records of a partition are published in the order their
@@ -101,6 +124,9 @@ func (w Writer) Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, e
 			in.InjectRecord(ctx, rec)
 		}
 	}
+	if err := w.check(rec); err != nil {
+		return "", fmt.Errorf("kscope: outbox.Add: %w", err)
+	}
 	var id string
 	err := tx.QueryRow(ctx, w.insertSQL(), w.args(rec)...).Scan(&id)
 	if err != nil {
@@ -112,7 +138,8 @@ func (w Writer) Add(ctx context.Context, tx Querier, rec *kgo.Record) (string, e
 // Queue queues the insert of rec into the outbox on q, for a
 // dbscope.QueueHandler: it runs, with the record's other statements, in
 // the transaction that holds the record's inbox row, and the relay
-// publishes rec if and only if that transaction commits.
+// publishes rec if and only if that transaction commits. It refuses what
+// Add refuses, queueing nothing.
 func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
 	w = w.withDefaults()
 	if err := w.validate(); err != nil {
@@ -121,7 +148,24 @@ func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
 	if rec == nil || rec.Topic == "" {
 		return errors.New("kscope: outbox.Writer.Queue: the record has no Topic; set the topic it is to be published to")
 	}
+	if err := w.check(rec); err != nil {
+		return fmt.Errorf("kscope: outbox.Writer.Queue: %w", err)
+	}
 	q.Exec(w.insertSQL(), w.args(rec)...)
+	return nil
+}
+
+// check refuses a record the relay could not publish: to a topic name
+// Kafka does not allow, or larger than MaxRecordBytes.
+func (w Writer) check(rec *kgo.Record) error {
+	if !validTopic(rec.Topic) {
+		return fmt.Errorf("the record's topic %q is not a Kafka topic name; use at most 249 of a-z A-Z 0-9 . _ -", rec.Topic)
+	}
+	if n := recordBytes(rec); w.MaxRecordBytes > 0 && n > w.MaxRecordBytes {
+		return fmt.Errorf("the record's key, value and headers are %d bytes, more than MaxRecordBytes (%d): Kafka would refuse it; "+
+			"make it smaller (a reference to the payload rather than the payload), or raise MaxRecordBytes with the relay's kgo.ProducerBatchMaxBytes and the topic's max.message.bytes",
+			n, w.MaxRecordBytes)
+	}
 	return nil
 }
 
@@ -129,6 +173,16 @@ func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
 func validTopic(t string) bool {
 	const chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 	return t != "" && len(t) <= 249 && t != "." && t != ".." && strings.Trim(t, chars) == ""
+}
+
+// recordBytes is the size of rec's key, value and headers, as franz-go
+// counts a record against its limits.
+func recordBytes(rec *kgo.Record) int {
+	n := len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
 }
 
 // Add adds rec to the default outbox inside tx; see Writer.Add.
