@@ -24,6 +24,12 @@ var (
 		"Relay Kafka transactions by result: committed, or aborted (and published again).", []string{"outbox", "result"}, nil)
 	outboxPartitionsDesc = prometheus.NewDesc("kscope_outbox_partitions",
 		"Outbox partitions this relay publishes now.", []string{"outbox"}, nil)
+	outboxDeadDesc = prometheus.NewDesc("kscope_outbox_dead_lettered_records_total",
+		"Outbox rows Kafka refuses for good, moved to the dead-letter table (<prefix>outbox_dead) and not published.", []string{"outbox"}, nil)
+	outboxStuckDesc = prometheus.NewDesc("kscope_outbox_stuck_partitions",
+		"Outbox partitions this relay cannot publish until an operator fixes a topic: missing, refused to the relay, or refusing the records' timestamps.", []string{"outbox"}, nil)
+	outboxHaltedDesc = prometheus.NewDesc("kscope_outbox_halted_partitions",
+		"Outbox partitions this relay refuses to publish: their position is past the last sequence number the database handed out.", []string{"outbox"}, nil)
 	outboxScrapeErrDesc = prometheus.NewDesc("kscope_outbox_pending_scrape_errors_total",
 		"Scrapes that could not count the pending rows (the database did not answer in time).", []string{"outbox"}, nil)
 )
@@ -43,6 +49,9 @@ type relayCollector struct {
 //	kscope_outbox_published_records_total{outbox}          records published
 //	kscope_outbox_transactions_total{outbox,result}        committed, aborted
 //	kscope_outbox_partitions{outbox}                       partitions this relay publishes
+//	kscope_outbox_dead_lettered_records_total{outbox}      rows Kafka refuses for good, moved to the dead-letter table
+//	kscope_outbox_stuck_partitions{outbox}                 partitions waiting for a topic to be fixed (Stats.Stuck)
+//	kscope_outbox_halted_partitions{outbox}                partitions whose position is ahead of the database (Stats.Halted)
 //
 // The pending rows are counted at each scrape, with one query of at most
 // two seconds; only the partitions this instance publishes are reported
@@ -52,7 +61,8 @@ func (m *Metrics) WatchRelay(r *outbox.Relay) error {
 }
 
 func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{outboxPendingDesc, outboxOldestDesc, outboxPublishedDesc, outboxTxnDesc, outboxPartitionsDesc, outboxScrapeErrDesc} {
+	for _, d := range []*prometheus.Desc{outboxPendingDesc, outboxOldestDesc, outboxPublishedDesc, outboxTxnDesc, outboxPartitionsDesc,
+		outboxDeadDesc, outboxStuckDesc, outboxHaltedDesc, outboxScrapeErrDesc} {
 		ch <- d
 	}
 }
@@ -64,6 +74,9 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(outboxTxnDesc, prometheus.CounterValue, float64(st.Transactions), name, "committed")
 	ch <- prometheus.MustNewConstMetric(outboxTxnDesc, prometheus.CounterValue, float64(st.Aborts), name, "aborted")
 	ch <- prometheus.MustNewConstMetric(outboxPartitionsDesc, prometheus.GaugeValue, float64(st.Partitions), name)
+	ch <- prometheus.MustNewConstMetric(outboxDeadDesc, prometheus.CounterValue, float64(st.DeadLettered), name)
+	ch <- prometheus.MustNewConstMetric(outboxStuckDesc, prometheus.GaugeValue, float64(st.Stuck), name)
+	ch <- prometheus.MustNewConstMetric(outboxHaltedDesc, prometheus.GaugeValue, float64(st.Halted), name)
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	ps, err := c.r.Pending(ctx)

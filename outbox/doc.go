@@ -108,8 +108,8 @@
 // # What the outbox does not cover
 //
 // Readers must read with isolation.level=read_committed. A dead-lettered
-// row is not published until an operator publishes it (the ERROR and
-// Stats.DeadLettered say so), and the records of its key
+// row is not published until an operator publishes it (the ERROR,
+// Stats.DeadLettered and the alert say so), and the records of its key
 // after it are published meanwhile: a consumer cannot tell that one is
 // missing. Keep records well within the size limits; Writer.MaxRecordBytes
 // refuses the plainly oversized ones in the writing transaction.

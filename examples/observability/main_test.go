@@ -107,7 +107,7 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 		}
 	}
 	for _, a := range []string{"KscopeConsumerLagHigh", "KscopeDeadLetterOnCriticalPipeline", "KscopeRetryExhaustion", "KscopeOffsetCommitsFailing",
-		"KscopeOutboxPendingGrowing", "KscopeOutboxStalled"} {
+		"KscopeOutboxPendingGrowing", "KscopeOutboxStalled", "KscopeOutboxDeadLettered", "KscopeOutboxBlocked"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alerts.yml lacks %s", a)
 		}
