@@ -182,15 +182,18 @@ func ensureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) erro
 
 // LeftoverRetryTopics returns the retry topics of cfg's group that its
 // failure policy no longer uses (a rung removed from the Ladder, or
-// DisableRetryTopics set; all of them when retryTopics is false) and that
-// still hold records the group has not consumed, with their delays. A
-// runner keeps consuming them, holding each record until its due time, so
-// that what waits in them (and, in the DB scope, the records of its key
-// parked behind it) is not stranded.
-func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map[string]time.Duration, error) {
+// DisableRetryTopics set; all of them when retryTopics is false), with
+// their delays, and which of them still hold records the group has not
+// consumed. A runner consumes every one of them, holding each record until
+// its due time, so that what waits in them (and, in the DB scope, the
+// records of its key parked behind it) is not stranded. An empty one is
+// consumed too: during a rolling deployment the members that still run the
+// earlier policy keep sending records to it after this runner started, and
+// once they are gone no other member would read them.
+func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (left map[string]time.Duration, holding map[string]bool, err error) {
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
 	if err != nil {
-		return nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
+		return nil, nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
@@ -202,35 +205,35 @@ func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map
 	}
 	all, err := adm.ListTopics(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("kscope: listing topics to find retry topics left by an earlier failure policy: %w", err)
+		return nil, nil, fmt.Errorf("kscope: listing topics to find retry topics left by an earlier failure policy: %w", err)
 	}
-	cand := map[string]time.Duration{}
+	left = map[string]time.Duration{}
 	var names []string
 	for t := range all {
 		if d, ok := retrytopic.RetryTopicDelay(cfg.Group, t); ok && !used[t] {
-			cand[t] = d
+			left[t] = d
 			names = append(names, t)
 		}
 	}
-	if len(cand) == 0 {
-		return nil, nil
+	if len(left) == 0 {
+		return nil, nil, nil
 	}
 	committed, err := adm.FetchOffsetsForTopics(ctx, cfg.Group, names...)
 	if err == nil {
 		err = committed.Error()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kscope: reading the group's offsets of retry topics left by an earlier failure policy: %w", err)
+		return nil, nil, fmt.Errorf("kscope: reading the group's offsets of retry topics left by an earlier failure policy: %w", err)
 	}
 	starts, err := adm.ListStartOffsets(ctx, names...)
 	if err != nil {
-		return nil, fmt.Errorf("kscope: reading the start of retry topics left by an earlier failure policy: %w", err)
+		return nil, nil, fmt.Errorf("kscope: reading the start of retry topics left by an earlier failure policy: %w", err)
 	}
 	ends, err := adm.ListEndOffsets(ctx, names...)
 	if err != nil {
-		return nil, fmt.Errorf("kscope: reading the end of retry topics left by an earlier failure policy: %w", err)
+		return nil, nil, fmt.Errorf("kscope: reading the end of retry topics left by an earlier failure policy: %w", err)
 	}
-	left := map[string]time.Duration{}
+	holding = map[string]bool{}
 	ends.Each(func(e kadm.ListedOffset) {
 		from := int64(0)
 		if s, ok := starts.Lookup(e.Topic, e.Partition); ok {
@@ -240,10 +243,10 @@ func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (map
 			from = max(from, c.At)
 		}
 		if e.Err == nil && e.Offset > from {
-			left[e.Topic] = cand[e.Topic]
+			holding[e.Topic] = true
 		}
 	})
-	return left, nil
+	return left, holding, nil
 }
 
 // Metadata returns the failure metadata rec carries (or, for a record on

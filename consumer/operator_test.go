@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -295,5 +296,72 @@ func TestRemovedRetryRungIsDrained(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// A rolling deployment that drops a retry rung (here: Unordered turned
+// off) runs members of both policies side by side. A record that an old
+// member sends to that rung after a new member started, while the rung
+// was still empty, is handled by the new members once the old ones are
+// gone: it is not stranded in a topic no member consumes.
+func TestRetryRungFilledDuringRollingDeployIsDrained(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "roll-src", "g-roll"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	rung := 500 * time.Millisecond
+	// The old deployment: Unordered, one rung. Its handler is still
+	// running the record when the new member joins, and fails it.
+	started, release := make(chan struct{}), make(chan struct{})
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures = fastFailures(retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, Ladder: []time.Duration{rung}, RetryableAttempts: 5})
+	var once sync.Once
+	old, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		once.Do(func() { close(started) })
+		<-release
+		return consumer.Retryable(errors.New("gateway 503"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOld := runAsync(t, old)
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("acct-1"), Value: []byte("charge")}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+
+	// The new deployment: ordered, no retry topics. The rung is empty
+	// when it starts.
+	var logs testenv.LogBuffer
+	cfg.Logger = logs.Logger()
+	cfg.Failures = fastFailures(retrytopic.Policy{})
+	var handled atomic.Int64
+	nw, err := consumer.New(cfg, consumer.HandlerFunc(func(_ context.Context, rec *consumer.Record) error {
+		if string(rec.Value) == "charge" {
+			handled.Add(1)
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopNew := runAsync(t, nw)
+	testenv.WaitFor(t, 30*time.Second, "the new member started", func() bool { return strings.Contains(logs.String(), "runner started") })
+
+	// The old member's record fails and goes to the rung; then the old
+	// member leaves.
+	close(release)
+	testenv.WaitFor(t, 30*time.Second, "the record sent to the rung", func() bool { return old.Stats().Failures.RetryTopic == 1 })
+	if err := stopOld(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the record in the rung handled by the new member", func() bool { return handled.Load() == 1 })
+	testenv.WaitFor(t, 30*time.Second, "the rung's offsets committed", func() bool {
+		return k.CaughtUp(ctx, group, retrytopic.RetryTopic(group, rung))
+	})
+	if err := stopNew(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -435,7 +435,7 @@ func (r *Runner) ensureFailureTopics(ctx context.Context) error {
 	if err := ensureFailureTopics(ctx, r.cfg, r.retryTopics); err != nil {
 		return err
 	}
-	left, err := leftoverRetryTopics(ctx, r.cfg, r.retryTopics)
+	left, holding, err := leftoverRetryTopics(ctx, r.cfg, r.retryTopics)
 	if err != nil {
 		return err
 	}
@@ -444,7 +444,12 @@ func (r *Runner) ensureFailureTopics(ctx context.Context) error {
 			r.delays = make(map[string]time.Duration)
 		}
 		r.delays[t] = d
-		r.log.Warn("kscope: a retry topic the failure policy no longer uses still holds records of this group; consuming it until it is drained", "retry_topic", t, "delay", d)
+		if holding[t] {
+			r.log.Warn("kscope: a retry topic the failure policy no longer uses still holds records of this group; consuming it", "retry_topic", t, "delay", d)
+			continue
+		}
+		r.log.Info("kscope: consuming a retry topic the failure policy no longer uses, as members still running an earlier policy may send records to it; "+
+			"delete it once none does and this group has consumed it", "retry_topic", t, "delay", d)
 	}
 	return nil
 }
