@@ -453,3 +453,65 @@ func TestTooLargeDLTWriteIsLoggedAsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// gatewayError is an error type whose Error method reads its receiver, as
+// most do.
+type gatewayError struct{ status int }
+
+func (e *gatewayError) Error() string { return "gateway answered " + strconv.Itoa(e.status) }
+
+// A handler that returns a nil *T as its error (a non-nil error whose Error
+// method panics) fails like a handler that panics: the record is retried
+// and dead-lettered with an error that says what happened, and the
+// process, with every other partition's work, goes on. The class the
+// handler gave it is kept.
+func TestErrorWhoseErrorMethodPanicsIsAFailure(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "nilerr", "g-nilerr"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx,
+		&kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("unmarked")},
+		&kgo.Record{Topic: topic, Key: []byte("b"), Value: []byte("terminal")},
+		&kgo.Record{Topic: topic, Key: []byte("c"), Value: []byte("fine")}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures = fastFailures(retrytopic.Policy{})
+	var unmarked, fine atomic.Int64
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(_ context.Context, rec *consumer.Record) error {
+		var gerr *gatewayError // never set: a nil pointer, returned as a non-nil error
+		switch string(rec.Value) {
+		case "unmarked":
+			unmarked.Add(1)
+			return gerr
+		case "terminal":
+			return consumer.Terminal(gerr)
+		}
+		fine.Add(1)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "both records dead-lettered", func() bool { return r.Stats().Failures.DeadLettered == 2 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if fine.Load() != 1 || unmarked.Load() != int64(retrytopic.DefaultUnknownAttempts) {
+		t.Fatalf("the fine record handled %d times (want 1), the unmarked one %d (want its unknown budget, %d)", fine.Load(), unmarked.Load(), retrytopic.DefaultUnknownAttempts)
+	}
+	for _, d := range k.ReadAll(t, retrytopic.DLTopic(group)) {
+		msg, class := testenv.Header(d, retrytopic.HeaderError), testenv.Header(d, retrytopic.HeaderErrorClass)
+		if !strings.Contains(msg, "gatewayError") || !strings.Contains(msg, "Error method panicked") {
+			t.Errorf("DLT record %s: error %q does not say the error's Error method panicked", d.Value, msg)
+		}
+		if want := map[string]string{"unmarked": "unknown", "terminal": "terminal"}[string(d.Value)]; class != want {
+			t.Errorf("DLT record %s: class %q, want %q", d.Value, class, want)
+		}
+	}
+}

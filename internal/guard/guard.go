@@ -4,17 +4,83 @@
 package guard
 
 import (
+	"errors"
 	"fmt"
 	"runtime/debug"
 )
 
 // Call runs fn and returns its error, or an error that carries the panic's
-// value and stack when fn panicked.
+// value and stack when fn panicked. An error whose Error method panics is
+// replaced by one that says so (see brokenError).
 func Call(fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	return fn()
+	if err = fn(); err != nil {
+		err = checked(err)
+	}
+	return err
 }
+
+// checked returns err, or a brokenError for it when its Error method
+// panics. The runner reads the message outside the guard (to log and route
+// the failure), and a panic there would take the process down; the most
+// common cause is a nil *T returned as an error, which is not a nil error.
+func checked(err error) error {
+	p, ok := panics(err)
+	if !ok {
+		return err
+	}
+	// Name the innermost error at fault, not the marks around it
+	// (Retryable(err) panics because err does).
+	at := err
+	for {
+		next, ok := unwrap(at)
+		if !ok {
+			break
+		}
+		q, ok := panics(next)
+		if !ok {
+			break
+		}
+		at, p = next, q
+	}
+	return &brokenError{err: err, msg: fmt.Sprintf("kscope: the handler returned an error (%T) whose Error method panicked: %v; "+
+		"a nil pointer returned as an error is not a nil error: return a literal nil on success", at, p)}
+}
+
+// panics reports whether err's Error method panics, and with what.
+func panics(err error) (p any, ok bool) {
+	defer func() {
+		if p = recover(); p != nil {
+			ok = true
+		}
+	}()
+	_ = err.Error()
+	return nil, false
+}
+
+// unwrap is errors.Unwrap for an error that may be broken: false when
+// there is nothing to unwrap or its Unwrap method panics.
+func unwrap(err error) (next error, ok bool) {
+	defer func() {
+		if recover() != nil {
+			next, ok = nil, false
+		}
+	}()
+	next = errors.Unwrap(err)
+	return next, next != nil
+}
+
+// brokenError stands for a handler error whose Error method panics. It
+// wraps that error, so that the class the handler marked it with still
+// decides its route.
+type brokenError struct {
+	err error
+	msg string
+}
+
+func (e *brokenError) Error() string { return e.msg }
+func (e *brokenError) Unwrap() error { return e.err }
