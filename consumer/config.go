@@ -244,6 +244,14 @@ func (c Config) validate() error {
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)
 	}
+	// A dead letter the runner consumes is handled again, fails again and
+	// is dead-lettered again, without end (a retry topic of the group is
+	// consumed whether or not the policy names it).
+	if dlt := c.Failures.DeadLetterTopic; seen[dlt] {
+		bad("Failures.DeadLetterTopic", "%q is one of Topics: its records would be handled and dead-lettered again without end; name a topic the runner does not consume", dlt)
+	} else if _, ok := retrytopic.RetryTopicDelay(c.Group, dlt); ok {
+		bad("Failures.DeadLetterTopic", "%q is named as one of group %s's retry topics, which the runner consumes: its records would be handled and dead-lettered again without end; name it otherwise (default %s)", dlt, c.Group, retrytopic.DLTopic(c.Group))
+	}
 	if len(errs) == 0 {
 		// Let the client reject options it cannot use (a bad TLS or SASL
 		// setup, say) at construction rather than at Run. A client that is

@@ -54,6 +54,15 @@ func TestBadConfigFailsAtConstruction(t *testing.T) {
 			c.Failures.Ladder = []time.Duration{time.Minute, 5 * time.Second}
 		}, "Failures.Ladder", "delays must increase"},
 		{"bad dead-letter topic", func(c *consumer.Config) { c.Failures.DeadLetterTopic = "a/b" }, "Failures.DeadLetterTopic", "use at most 249 of"},
+		// A dead letter the runner consumes again is handled again, and
+		// dead-lettered again, without end.
+		{"dead-letter topic consumed", func(c *consumer.Config) {
+			c.Topics = []string{"orders", "orders.dlt"}
+			c.Failures.DeadLetterTopic = "orders.dlt"
+		}, "Failures.DeadLetterTopic", "is one of Topics"},
+		{"dead-letter topic named as a retry topic", func(c *consumer.Config) {
+			c.Failures.DeadLetterTopic = "g.kscope-retry-30m"
+		}, "Failures.DeadLetterTopic", "one of group g's retry topics"},
 		{"client option rejected", func(c *consumer.Config) {
 			c.ClientOptions = []kgo.Opt{kgo.RequiredAcks(kgo.LeaderAck())}
 		}, "ClientOptions", "rejected by the Kafka client"},

@@ -85,7 +85,10 @@ type Policy struct {
 
 	// DeadLetterTopic is the dead-letter topic. Default DLTopic(group): one
 	// per consumer group. It is created if missing, with as many partitions
-	// as the largest source topic, unless DoNotCreateTopics is set.
+	// as the largest source topic, unless DoNotCreateTopics is set. A
+	// runner refuses one it consumes (one of its topics, or a name of the
+	// group's retry topics): its records would be handled and
+	// dead-lettered again without end.
 	DeadLetterTopic   string
 	DoNotCreateTopics bool
 
