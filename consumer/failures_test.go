@@ -515,3 +515,52 @@ func TestErrorWhoseErrorMethodPanicsIsAFailure(t *testing.T) {
 		}
 	}
 }
+
+// A record back from a retry topic waits in place as it did on its first
+// hop, from Backoff up: the attempts it made on earlier hops do not stretch
+// the waits that hold its key-shard, and every other key of that shard,
+// while the retry topics are there to wait without holding anything.
+func TestInPlaceWaitsStartOverAfterARetryTopic(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "hops", "g-hops"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("down")}); err != nil {
+		t.Fatal(err)
+	}
+	const backoff = 400 * time.Millisecond
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures = retrytopic.Policy{Unordered: true, InPlaceAttempts: 2, Ladder: []time.Duration{100 * time.Millisecond},
+		RetryableAttempts: 6, Backoff: backoff, MaxBackoff: time.Minute}
+	var mu sync.Mutex
+	var calls []time.Time
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		mu.Lock()
+		calls = append(calls, time.Now())
+		mu.Unlock()
+		return consumer.Retryable(errors.New("dependency down"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the record dead-lettered", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 6 {
+		t.Fatalf("%d attempts, want 6: two in place on each of three hops", len(calls))
+	}
+	// The second attempt of each hop follows the first after one step,
+	// drawn between backoff/2 and backoff (with room for a slow machine;
+	// the attempts of the third hop used to wait 8 to 16 times longer).
+	for hop := range 3 {
+		if gap := calls[2*hop+1].Sub(calls[2*hop]); gap < backoff/2-time.Millisecond || gap > backoff+time.Second {
+			t.Errorf("hop %d waited %s in place, want %s to %s", hop, gap, backoff/2, backoff)
+		}
+	}
+}

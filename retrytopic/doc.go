@@ -15,8 +15,8 @@
 // # Retries
 //
 // A failing record is first retried in place (Policy.InPlaceAttempts per
-// hop, backoff from 1s doubling to 5m, with jitter), which holds only its
-// key-shard. Then it climbs the delayed retry topics (Policy.Ladder, default
+// hop, backoff from 1s doubling to 5m, starting over on every hop, with
+// jitter), which holds only its key-shard. Then it climbs the delayed retry topics (Policy.Ladder, default
 // 5s, 1m, 10m; named per consumer group by [RetryTopic], so another group
 // reading the same source never sees them). The consumer holds a retry
 // record until its due time by pausing its partition, never by sleeping in

@@ -34,10 +34,11 @@ const (
 // and other keys go on. Once its budget is spent it goes to the dead-letter
 // topic with its failure metadata.
 type Policy struct {
-	// Backoff is the backoff step before the second attempt; it doubles
-	// per attempt up to MaxBackoff. Each wait is drawn between half the
-	// step and the whole step (equal jitter): with the defaults, 1s and
-	// 5m, the first wait is 0.5 to 1s.
+	// Backoff is the backoff step before the second attempt in place; it
+	// doubles per attempt up to MaxBackoff, and starts over at Backoff on
+	// each hop (a record back from a retry topic). Each wait is drawn
+	// between half the step and the whole step (equal jitter): with the
+	// defaults, 1s and 5m, the first wait is 0.5 to 1s.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
 
@@ -318,5 +319,9 @@ func (p Policy) Next(c Class, attempt, inPlace, stage int, topics bool) Step {
 		next := min(stage+1, len(p.Ladder)-1)
 		return Step{Action: ActionRetryTopic, Class: c, Delay: p.Ladder[next], Stage: next, Topic: RetryTopic(p.group, p.Ladder[next])}
 	}
-	return Step{Action: ActionRetry, Class: c, Delay: backoff.Delay(attempt, p.Backoff, p.MaxBackoff)}
+	// The wait grows with the attempts of this hop only: a record back
+	// from a retry topic starts again at Backoff, as the long waits are
+	// the retry topics', which hold nothing, and a wait in place holds
+	// its whole key-shard.
+	return Step{Action: ActionRetry, Class: c, Delay: backoff.Delay(inPlace, p.Backoff, p.MaxBackoff)}
 }

@@ -170,3 +170,31 @@ func TestDefaultPolicyReachesEveryRung(t *testing.T) {
 		t.Errorf("in-place budget %d, want %d", b, DefaultRetryableAttempts)
 	}
 }
+
+// A record's waits in place start over at Backoff on every hop: the
+// delayed retry topics are where a record waits long without holding its
+// key-shard, so the attempts it made on earlier hops must not make it hold
+// its key-shard for minutes when it comes back from one.
+func TestInPlaceBackoffStartsOverOnEveryHop(t *testing.T) {
+	p := Policy{}.WithDefaults("g")
+	stage, attempt := -1, 0
+	for hop := 0; hop <= len(p.Ladder); hop++ {
+		for inPlace := 1; ; inPlace++ {
+			attempt++
+			s := p.Next(ClassRetryable, attempt, inPlace, stage, true)
+			if s.Action != ActionRetry {
+				stage = s.Stage
+				break
+			}
+			// The inPlace-th wait of a hop: the step doubled inPlace-1
+			// times, whatever the attempts before this hop.
+			step := p.Backoff << (inPlace - 1)
+			if s.Delay < step/2 || s.Delay > step {
+				t.Fatalf("hop %d, attempt %d (%d on this hop): waits %s in place, want %s to %s", hop, attempt, inPlace, s.Delay, step/2, step)
+			}
+		}
+	}
+	if attempt != p.RetryBudget(true) {
+		t.Fatalf("%d attempts, want the budget of %d", attempt, p.RetryBudget(true))
+	}
+}
