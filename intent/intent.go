@@ -8,8 +8,9 @@
 // loses the charge. [Store.Do] closes that gap the way payment teams do
 // ("record the intent, then reconcile"):
 //
-//  1. Before the call, it records the intent "in_flight" under the
-//     idempotency key, in a transaction of its own that commits first.
+//  1. Before the call, it takes the key's lock in the handler's
+//     transaction and records the intent "in_flight" under the key, in a
+//     transaction of its own that commits first.
 //  2. It calls the provider; the answer is marked "done" in the handler's
 //     transaction, so it commits with the handler's effects and inbox row.
 //  3. A redelivery that finds the intent still "in_flight" (the process
@@ -18,26 +19,50 @@
 //     an answer, it is used and nothing is called again; if not, the call
 //     is made.
 //
+// The lock is held until the handler's transaction ends, so another
+// attempt of the key — a second record of one payment on another shard,
+// or a partition's old owner still calling after a rebalance gave its
+// records to a new one — neither calls nor reconciles while a call may be
+// under way: it gets [ErrBusy], and once retried takes the recorded answer
+// (or reconciles, if that transaction rolled back). A crashed process's
+// lock goes with its connection. A second Do of a key in the transaction
+// that holds it (two records of one payment in one batch) returns the
+// first's answer.
+//
 // The key should be stable per piece of work: the record's kscope identity
 // (consumer.Identity), or a business id such as a payment intent. Pass the
 // same key to the provider as its idempotency key (the Idempotency-Key
 // header of most payment APIs), so a provider that deduplicates does so
 // too.
 //
+// Intents are kept: kscope never deletes a row of the intents table. A
+// done row is what makes a replay, or a record back from a retry topic
+// hours later, take the recorded answer instead of calling again. Delete
+// done rows only once no record carrying their key can be delivered again
+// (past the topics' retention and the retry ladder), and never an
+// in_flight one: its next attempt would call without reconciling.
+//
 // # What it does not cover
 //
 // Reconcile must be able to answer "did the call with this key take
 // effect?": without a lookup by key at the provider, a crash between the
-// call and the commit cannot be told apart from a call that never left. A
-// call still running in another process (a network partition, not a
-// crash) is outside what a row in PostgreSQL can see; the provider's own
-// idempotency-key handling covers it. One Do per key per transaction.
+// call and the commit cannot be told apart from a call that never left.
+// The lock lives with the handler's transaction's connection: a call that
+// outlives it (the connection dropped, or idle_in_transaction_session_timeout
+// ended it, while the provider was slow) or a request its caller gave up
+// on (a client timeout) that still lands at the provider after the next
+// attempt's Reconcile looked is outside what PostgreSQL can see; the
+// provider's own idempotency-key handling covers those. Do does not see
+// the request: a key reused for a different request (another amount under
+// the same payment id) gets the first request's answer, where a payment
+// API would refuse it; make the key name exactly one request.
 package intent
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -60,7 +85,10 @@ type Reconcile func(ctx context.Context, key string) (result []byte, done bool, 
 // dbscope.Migrate creates.
 type Store struct {
 	db  dbscope.Beginner
-	sql struct{ begin, mark string }
+	sql struct{ lock, read, record, mark string }
+	// class is the first half of the keys' advisory locks: one per
+	// intents table.
+	class int32
 
 	mu  sync.Mutex
 	own map[string]*pgxpool.Pool // when db is nil: a pool per database the handlers' transactions are on
@@ -82,9 +110,10 @@ func New(db dbscope.Beginner, prefix string) *Store {
 	}
 	s := &Store{db: db}
 	t := pgx.Identifier{prefix + "intents"}.Sanitize()
-	s.sql.begin = `WITH ins AS (
-		INSERT INTO ` + t + ` (key, state) VALUES ($1, 'in_flight') ON CONFLICT (key) DO NOTHING RETURNING key)
-	SELECT EXISTS (SELECT 1 FROM ins), coalesce((SELECT state FROM ` + t + ` WHERE key = $1), ''), (SELECT result FROM ` + t + ` WHERE key = $1)`
+	s.class = hash32("kscope intents " + t)
+	s.sql.lock = `SELECT pg_try_advisory_xact_lock($1, $2)`
+	s.sql.read = `SELECT state, result FROM ` + t + ` WHERE key = $1`
+	s.sql.record = `INSERT INTO ` + t + ` (key, state) VALUES ($1, 'in_flight') ON CONFLICT (key) DO NOTHING`
 	s.sql.mark = `UPDATE ` + t + ` SET state = 'done', result = $2, done_at = now() WHERE key = $1`
 	return s
 }
@@ -109,32 +138,45 @@ const (
 // effect.
 var ErrNoReconcile = errors.New("intent: an earlier attempt of this call may have taken effect and no Reconcile was given to ask the provider; pass one")
 
+// ErrBusy is returned by [Store.Do] when another transaction holds the
+// key: an attempt of the same call is under way in another worker or
+// process (a second record of one payment, a partition's old owner still
+// finishing after a rebalance). Nothing was called and the provider was
+// not asked, since it may not have an answer yet; retry the record
+// (consumer.Retryable): once that transaction ends, the next attempt
+// takes its recorded answer, or reconciles if it rolled back.
+var ErrBusy = errors.New("intent: another transaction is running the call of this key; retry once it ends")
+
 // Do returns the provider's answer for key, calling it at most once
-// across attempts: it records the intent before calling (committed at
-// once, outside tx), calls, and marks the intent done in tx, the handler's
-// transaction. When an earlier attempt left the intent in flight, it asks
-// reconcile before calling. An error from call or reconcile is returned as
-// is (the handler returns it; the failure policy retries the record and
-// the next attempt reconciles first).
+// across attempts: it takes the key's lock in tx, the handler's
+// transaction, records the intent before calling (committed at once,
+// outside tx), calls, and marks the intent done in tx. When an earlier
+// attempt left the intent in flight, it asks reconcile before calling.
+// When another transaction holds the key, it returns [ErrBusy] at once.
+// An error from call or reconcile is returned as is (the handler returns
+// it; the failure policy retries the record and the next attempt
+// reconciles first).
+//
+// The lock is a transaction-level advisory lock on a 32-bit hash of key,
+// released when tx ends (or rolls back to a savepoint taken before Do): a
+// batch holds one per record that called Do, and two keys with the same
+// hash at once take turns.
 func (s *Store) Do(ctx context.Context, tx pgx.Tx, key string, call Call, reconcile Reconcile) ([]byte, Outcome, error) {
 	if key == "" {
 		return nil, Called, errors.New("intent: the key is empty; pass a stable idempotency key (the record's identity, a payment id)")
 	}
-	var fresh bool
-	var state string
-	var result []byte
-	db, err := s.beginner(ctx, tx)
+	state, result, err := s.claim(ctx, tx, key)
 	if err != nil {
 		return nil, Called, err
 	}
-	err = pgx.BeginFunc(ctx, db, func(itx pgx.Tx) error {
-		return itx.QueryRow(ctx, s.sql.begin, key).Scan(&fresh, &state, &result)
-	})
-	if err != nil {
-		return nil, Called, fmt.Errorf("intent: recording the intent of %q: %w", key, err)
-	}
-	if !fresh && state == "done" {
+	if state == "done" {
 		return result, Recorded, nil
+	}
+	fresh := false
+	if state == "" {
+		if fresh, err = s.record(ctx, tx, key); err != nil {
+			return nil, Called, err
+		}
 	}
 	if !fresh {
 		if reconcile == nil {
@@ -153,6 +195,61 @@ func (s *Store) Do(ctx context.Context, tx pgx.Tx, key string, call Call, reconc
 		return nil, Called, err
 	}
 	return res, Called, s.mark(ctx, tx, key, res)
+}
+
+// claim takes the lock of key in tx, then reads its intent: "" when there
+// is none, "in_flight" or "done" (with its answer). Every attempt takes
+// the lock before it reads, records or calls, so an attempt that recorded
+// the intent while holding the lock knows that nobody called before it,
+// and a call under way holds the lock until its transaction's outcome
+// (done, or still in flight) is what the next holder reads. The read is a
+// statement of its own, sent in the same round trip: its snapshot is
+// taken once the lock is held, so an intent that another transaction
+// marked done as it let go of the lock is seen done.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, key string) (state string, result []byte, err error) {
+	b := &pgx.Batch{}
+	b.Queue(s.sql.lock, s.class, hash32(key))
+	b.Queue(s.sql.read, key)
+	br := tx.SendBatch(ctx, b)
+	var locked bool
+	err = br.QueryRow().Scan(&locked)
+	if err == nil {
+		err = br.QueryRow().Scan(&state, &result)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err != nil:
+		return "", nil, fmt.Errorf("intent: reading the intent of %q: %w", key, err)
+	case !locked:
+		return "", nil, fmt.Errorf("%w (key %q)", ErrBusy, key)
+	}
+	return state, result, nil
+}
+
+// record writes the intent of key in flight, in a transaction of its own
+// that commits before the call. fresh reports that this attempt wrote
+// it; an intent already there that tx could not see (recorded on another
+// database, or after the snapshot of a REPEATABLE READ tx) is reconciled
+// as one left in flight.
+func (s *Store) record(ctx context.Context, tx pgx.Tx, key string) (fresh bool, err error) {
+	db, err := s.beginner(ctx, tx)
+	if err != nil {
+		return false, err
+	}
+	err = pgx.BeginFunc(ctx, db, func(itx pgx.Tx) error {
+		tag, err := itx.Exec(ctx, s.sql.record, key)
+		fresh = tag.RowsAffected() == 1
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("intent: recording the intent of %q: %w", key, err)
+	}
+	return fresh, nil
 }
 
 func (s *Store) mark(ctx context.Context, tx pgx.Tx, key string, res []byte) error {
@@ -204,4 +301,11 @@ func (s *Store) Close() {
 		p.Close()
 		delete(s.own, k)
 	}
+}
+
+// hash32 is the FNV-1a hash of s, as an advisory lock's half key.
+func hash32(s string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(s)) //nolint:errcheck // a hash.Hash never fails
+	return int32(h.Sum32())
 }

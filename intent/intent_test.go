@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,7 +65,8 @@ func setup(t *testing.T) (*pgxpool.Pool, *intent.Store, *provider) {
 // when crash is set, never does (the process died after the call).
 func attempt(t *testing.T, pool *pgxpool.Pool, s *intent.Store, p *provider, key string, crash bool) ([]byte, intent.Outcome, error) {
 	t.Helper()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // an attempt that waits on another fails
+	defer cancel()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -198,5 +200,101 @@ func TestStoreOnTwoDatabases(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck
 	if _, _, err := wrong.Do(ctx, tx, "pi_7", p.charge, p.lookup); err == nil || !strings.Contains(err.Error(), "not in the database of the handler's transaction") {
 		t.Fatalf("err %v, want a refusal", err)
+	}
+}
+
+// Two attempts of one key at once — two records of one payment on
+// different shards, or a partition's old owner still calling after a
+// rebalance gave its records to a new one: while the first is calling the
+// provider, the second neither calls nor asks the provider (which has no
+// answer yet); it fails with ErrBusy. Retried once the first committed, it
+// takes the recorded answer.
+func TestConcurrentAttemptCallsNothing(t *testing.T) {
+	pool, s, p := setup(t)
+	ctx := context.Background()
+	entered, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, _, err := s.Do(ctx, tx, "pi_8", func(ctx context.Context, key string) ([]byte, error) {
+				close(entered)
+				<-release // the provider is slow to answer
+				return p.charge(ctx, key)
+			}, p.lookup)
+			return err
+		})
+	}()
+	<-entered
+	_, _, err := attempt(t, pool, s, p, "pi_8", false)
+	close(release)
+	if ferr := <-first; ferr != nil {
+		t.Fatalf("first attempt: %v", ferr)
+	}
+	if !errors.Is(err, intent.ErrBusy) {
+		t.Errorf("second attempt while the first was calling: err %v, want ErrBusy", err)
+	}
+	if p.charges["pi_8"] != 1 {
+		t.Fatalf("%d charges, want 1", p.charges["pi_8"])
+	}
+	res, out, err := attempt(t, pool, s, p, "pi_8", false)
+	if err != nil || out != intent.Recorded || string(res) != "ch_pi_8" || p.calls != 1 {
+		t.Fatalf("second attempt retried: %q, %v, %v, %d calls; want the recorded charge", res, out, err, p.calls)
+	}
+}
+
+// While an attempt holds the key, a concurrent one is refused until its
+// transaction ends; when that transaction rolled back, the next attempt
+// reconciles instead of charging again.
+func TestConcurrentAttemptAfterRollbackReconciles(t *testing.T) {
+	pool, s, p := setup(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, out, err := s.Do(ctx, tx, "pi_9", p.charge, p.lookup); err != nil || out != intent.Called {
+		t.Fatalf("first attempt: %v, %v", out, err)
+	}
+	// The handler has not returned: its transaction still holds the key.
+	if _, _, err := attempt(t, pool, s, p, "pi_9", false); !errors.Is(err, intent.ErrBusy) {
+		t.Fatalf("attempt during the first's transaction: err %v, want ErrBusy", err)
+	}
+	if err := tx.Rollback(ctx); err != nil { // a later statement of its handler failed
+		t.Fatal(err)
+	}
+	res, out, err := attempt(t, pool, s, p, "pi_9", false)
+	if err != nil || out != intent.Reconciled || string(res) != "ch_pi_9" {
+		t.Fatalf("after the rollback: %q, %v, %v; want the charge, reconciled", res, out, err)
+	}
+	if p.charges["pi_9"] != 1 || p.calls != 1 {
+		t.Fatalf("%d charges in %d calls, want 1 in 1", p.charges["pi_9"], p.calls)
+	}
+}
+
+// A second Do of a key in the transaction that already called for it (two
+// records of one payment in one DB-scope batch) takes the first's answer
+// at once: it neither waits for its own transaction nor calls again.
+func TestSecondDoInOneTransaction(t *testing.T) {
+	pool, s, p := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck
+	if _, out, err := s.Do(ctx, tx, "pi_10", p.charge, p.lookup); err != nil || out != intent.Called {
+		t.Fatalf("first Do: %v, %v", out, err)
+	}
+	res, out, err := s.Do(ctx, tx, "pi_10", p.charge, p.lookup)
+	if err != nil || out != intent.Recorded || string(res) != "ch_pi_10" {
+		t.Fatalf("second Do in the same transaction: %q, %v, %v; want the first's answer, recorded", res, out, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p.calls != 1 {
+		t.Fatalf("%d calls, want 1", p.calls)
 	}
 }
