@@ -38,7 +38,10 @@ Usage:
 
 Reads a dead-letter topic from its start up to the end offsets seen when the
 command starts (it never waits for new records), with read-committed
-isolation and no consumer group: nothing is committed. For each record it
+isolation and no consumer group: nothing is committed. Records that a
+transaction still open holds back are named in a warning; records deleted
+(retention) after the read began and before it reached them fail it. For
+each record it
 prints the partition, offset, key, attempt count, error class, last failure
 time, original topic/partition/offset and error message. Long keys and
 messages are cut in the table; --json prints one complete JSON object per
@@ -173,7 +176,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	if !asJSON {
 		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	}
-	err = scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+	held, err := scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
 		m, derr := decode(r)
 		if !flt.match(r, m) {
 			return nil
@@ -222,6 +225,9 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	}
 	if err != nil {
 		return err
+	}
+	for _, h := range held {
+		fmt.Fprintf(e.stderr, "warning: %s\n", h)
 	}
 	if bare > 0 {
 		fmt.Fprintf(e.stderr, "warning: %d of %s in %s carry no kscope failure headers (class, error, original topic): "+
@@ -386,11 +392,13 @@ func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue in
 	}
 	if b := bs[rng.partition]; b.begin > offset {
 		return fmt.Errorf("offset %d of %s partition %d no longer exists: the partition starts at %d (older records were deleted by retention)", offset, topic, rng.partition, b.begin)
+	} else if b.begin >= b.end && b.heldTo > offset {
+		return fmt.Errorf("offset %d of %s partition %d is held back by a transaction open since offset %d: a read-committed reader sees it once the transaction ends", offset, topic, rng.partition, b.end)
 	} else if b.begin >= b.end {
 		return fmt.Errorf("offset %d of %s partition %d is not written yet: the partition ends at %d", offset, topic, rng.partition, b.end)
 	}
 	var found *kgo.Record
-	err = scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+	_, err = scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
 		if r.Offset == offset {
 			found = r
 		}

@@ -29,7 +29,10 @@
 // dlt list and dlt show read with read-committed isolation and no consumer
 // group (nothing is committed), from the start of each partition up to the
 // end offset seen when the command starts: they never wait for records
-// produced after that. They decode each record's kscope headers (attempt,
+// produced after that. Records that a transaction still open holds back
+// (past the last stable offset) are named as not read, and records deleted
+// by retention after the read began and before it reached them fail the
+// read, named, rather than being passed over. They decode each record's kscope headers (attempt,
 // error class and message, failure times, original topic, partition and
 // offset) with retrytopic.FromRecord.
 //
@@ -50,9 +53,12 @@
 // Redrive does not remove records from the dead-letter topic: Kafka cannot
 // delete single records. Partitions are redriven one after the other, in
 // offset order; records are produced synchronously, one at a time, at most
-// --rate per second. The first error stops the redrive and names the
-// partition and offset to resume from. --dry-run prints what would be sent
-// and sends nothing.
+// --rate per second. The first error (a produce, or records deleted by
+// retention before the redrive reached them) stops the redrive and names
+// the partition and offset to resume from; records held back by an open
+// transaction are named with the offset to resume from once it ends, and
+// the redrive exits 1. --dry-run prints what would be sent and sends
+// nothing.
 //
 // # Replay
 //

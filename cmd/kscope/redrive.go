@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -78,7 +79,11 @@ delete single records. They stay there until retention drops them; use
 
 Partitions are redriven one after the other, each in offset order; records
 are produced one at a time, synchronously, at most --rate per second. The
-first produce error stops the redrive and says where to resume. A record
+first produce error stops the redrive and says where to resume. So do
+records that retention deletes before the redrive reaches them: it names
+them instead of passing over them. Records that a transaction still open
+holds back (read-committed) are not read: the redrive names them and
+exits 1, to be resumed from there once the transaction ends. A record
 sent twice keeps its identity, so a consumer that deduplicates (DB scope)
 applies it once. Progress goes to stderr, the summary to stdout.
 
@@ -230,7 +235,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		verb = "would send"
 	}
 
-	err = scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+	held, err := scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
 		st.scanned++
 		m, derr := decode(r)
 		if !flt.match(r, m) {
@@ -297,6 +302,18 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		}
 		return nil
 	})
+	var de *deletedError
+	if errors.As(err, &de) {
+		err = fmt.Errorf("%w; they were not redriven (%s sent); resume with --partition %d --from-offset %d and redrive the later partitions (partitions are redriven in order)",
+			de, plural(st.sent, "record"), de.partition, de.start)
+	}
+	if err == nil && len(held) > 0 {
+		notes := make([]string, len(held))
+		for i, h := range held {
+			notes[i] = fmt.Sprintf("%s; redrive them once it ends with --partition %d --from-offset %d", h, h.partition, h.from)
+		}
+		err = fmt.Errorf("not every record was read: %s", strings.Join(notes, "; "))
+	}
 	summary := redriveSummary(topic, verb, st)
 	if o.asJSON {
 		rep := redriveReport{DLTTopic: topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -290,4 +291,97 @@ func TestRedriveJSON(t *testing.T) {
 	}
 	r = kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--json", "--by", "frank")
 	r.want(t, exitOK, `"dry_run":false`, `"sent":5`)
+}
+
+// Retention deletes records of a partition that the redrive, which reads
+// the partitions one after the other, has not reached yet: the redrive
+// does not report them sent or pass over them in silence; it stops, names
+// the records it could not read and where to resume.
+func TestRedriveSaysWhatRetentionDeletedBeforeItsRead(t *testing.T) {
+	k := testenv.KafkaT(t)
+	dlt := "retention.kscope-dlt"
+	createTopic(t, k, testSource, 2)
+	createTopic(t, k, dlt, 2)
+	var recs []*kgo.Record
+	for i := range 10 {
+		e := fixture[0]
+		e.partition, e.key, e.origOff = 0, fmt.Sprintf("p0-%d", i), int64(i)
+		recs = append(recs, dltRecord(dlt, e))
+	}
+	for i := range 3 {
+		e := fixture[0]
+		e.partition, e.key, e.origOff = 1, fmt.Sprintf("p1-%d", i), int64(100+i)
+		recs = append(recs, dltRecord(dlt, e))
+	}
+	produceTo(t, k, recs...)
+
+	done := make(chan result, 1)
+	go func() { // partition 0 takes about a second at --rate 10
+		done <- kscope(t, "dlt", "redrive", brokers(k), "--topic", dlt, "--to", "source", "--rate", "10", "--by", "hana")
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waitFor(t, "the first record redriven", func() (bool, error) {
+		e, err := k.EndOffsets(ctx, testSource)
+		return err == nil && e[0]+e[1] > 0, err
+	})
+	del := kadm.Offsets{}
+	del.Add(kadm.Offset{Topic: dlt, Partition: 1, At: 2}) // retention drops offsets 0 and 1
+	if resp, err := k.Admin().DeleteRecords(ctx, del); err != nil || resp.Error() != nil {
+		t.Fatalf("deleting records: %v, %v", err, resp.Error())
+	}
+	r := <-done
+	r.want(t, exitFailure, "redrive: sent 10 of 10 matching records",
+		"records of retention.kscope-dlt partition 1 from offset 0 to 1 were deleted (retention) before they were read",
+		"resume with --partition 1 --from-offset 2")
+	if n := len(readTopic(t, k, testSource)); n != 10 {
+		t.Fatalf("%d records redriven, want the 10 of partition 0", n)
+	}
+}
+
+// A transaction still open in the dead-letter topic holds back, for a
+// read-committed reader, the records committed after it began: the
+// redrive names them as not read, and so does the list, instead of
+// reporting the topic done.
+func TestRedriveSaysWhatAnOpenTransactionHoldsBack(t *testing.T) {
+	k := testenv.KafkaT(t)
+	dlt := "open.kscope-dlt"
+	createTopic(t, k, testSource, 2)
+	createTopic(t, k, dlt, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	inTxn := func(txnID, key string, commit bool) {
+		cl, err := k.Client(kgo.TransactionalID(txnID), kgo.DefaultProduceTopic(dlt), kgo.TransactionTimeout(5*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		e := fixture[0]
+		e.partition, e.key = 0, key
+		if err := cl.ProduceSync(ctx, dltRecord(dlt, e)).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	inTxn("dlt-writer-a", "before", true)
+	inTxn("dlt-writer-b", "open", false) // its producer died mid-transaction
+	inTxn("dlt-writer-c", "after", true)
+	// Offsets: 0 before, 1 its commit marker, 2 open, 3 after, 4 its marker.
+
+	kscope(t, "dlt", "redrive", brokers(k), "--topic", dlt, "--to", "source", "--by", "ivan").want(t, exitFailure,
+		"redrive: sent 1 of 1 matching record",
+		"partition 0: a transaction open since offset 2 holds back offsets 2 to 4, not read",
+		"--partition 0 --from-offset 2")
+	kscope(t, "dlt", "list", brokers(k), "--topic", dlt).want(t, exitOK,
+		"1 record in open.kscope-dlt",
+		"warning: partition 0: a transaction open since offset 2 holds back offsets 2 to 4, not read")
+	kscope(t, "dlt", "show", brokers(k), "--topic", dlt, "--partition", "0", "--offset", "3").want(t, exitFailure,
+		"offset 3 of open.kscope-dlt partition 0 is held back by a transaction open since offset 2")
 }

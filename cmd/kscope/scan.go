@@ -152,8 +152,38 @@ type scanRange struct {
 }
 
 // partitionBounds is what a scan reads of one partition: [begin, end).
+// heldTo, when above end, is where the range would end but for a
+// transaction still open when the read began: a read-committed reader
+// cannot read past its first offset (end) until it ends.
 type partitionBounds struct {
 	begin, end int64
+	heldTo     int64
+}
+
+// heldBack names the records of a partition that a transaction still open
+// kept a read from: offsets from up to to, exclusive.
+type heldBack struct {
+	partition int32
+	from, to  int64
+}
+
+func (h heldBack) String() string {
+	return fmt.Sprintf("partition %d: a transaction open since offset %d holds back offsets %d to %d, not read: a read-committed reader cannot pass it until it ends (its producer's transaction timeout aborts it at the latest)",
+		h.partition, h.from, h.from, h.to-1)
+}
+
+// deletedError says that records of a partition were deleted (retention,
+// or DeleteRecords) after the read began and before it reached them.
+type deletedError struct {
+	topic     string
+	partition int32
+	from      int64 // the first offset not read
+	start     int64 // the partition's start offset now
+}
+
+func (e *deletedError) Error() string {
+	return fmt.Sprintf("records of %s partition %d from offset %d to %d were deleted (retention) before they were read; the partition now starts at %d",
+		e.topic, e.partition, e.from, e.start-1, e.start)
 }
 
 // topicExists checks that topic exists and returns its partition count.
@@ -198,6 +228,15 @@ func bounds(ctx context.Context, adm *kadm.Client, brokers []string, topic strin
 	if err != nil {
 		return nil, fmt.Errorf("listing the end offsets of %q: %w", topic, err)
 	}
+	// The high watermark, past the last stable offset while a transaction
+	// is open: the records between are held back.
+	marks, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = marks.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the end offsets of %q: %w", topic, err)
+	}
 	out := make(map[int32]partitionBounds)
 	for p, s := range starts[topic] {
 		if r.partition >= 0 && p != r.partition {
@@ -208,11 +247,17 @@ func bounds(ctx context.Context, adm *kadm.Client, brokers []string, topic strin
 			continue
 		}
 		b := partitionBounds{begin: s.Offset, end: e.Offset}
+		if m, ok := marks.Lookup(topic, p); ok && m.Offset > b.end {
+			b.heldTo = m.Offset
+		}
 		if r.from > b.begin {
 			b.begin = r.from
 		}
 		if r.to >= 0 && r.to+1 < b.end {
 			b.end = r.to + 1
+		}
+		if r.to >= 0 && r.to+1 < b.heldTo {
+			b.heldTo = r.to + 1
 		}
 		out[p] = b
 	}
@@ -222,54 +267,74 @@ func bounds(ctx context.Context, adm *kadm.Client, brokers []string, topic strin
 // scan reads topic partition by partition, in offset order, from each
 // partition's begin up to its end offset as listed when the scan started,
 // with read-committed isolation, and calls fn for each data record. It
-// uses no consumer group and commits nothing.
-func scan(ctx context.Context, brokers []string, adm *kadm.Client, topic string, r scanRange, fn func(*kgo.Record) error) error {
+// uses no consumer group and commits nothing. It returns the records a
+// transaction still open when it began held back, and a *deletedError
+// when records of the range were deleted before it reached them.
+func scan(ctx context.Context, brokers []string, adm *kadm.Client, topic string, r scanRange, fn func(*kgo.Record) error) ([]heldBack, error) {
 	bs, err := bounds(ctx, adm, brokers, topic, r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cl, err := newClient(brokers,
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// Transaction markers are kept so that a partition whose last
 		// offsets are a marker is seen to reach its end.
 		kgo.KeepControlRecords(),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// An offset below the log start fails the read instead of
+		// resuming at the start: the records in between were deleted
+		// since the bounds were listed, and are named, not passed over.
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 	)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer cl.Close()
+	var held []heldBack
 	for _, p := range sortedPartitions(bs) {
 		b := bs[p]
+		if b.heldTo > max(b.end, b.begin) {
+			held = append(held, heldBack{partition: p, from: max(b.end, b.begin), to: b.heldTo})
+		}
 		if b.begin >= b.end {
 			continue
 		}
-		if err := scanPartition(ctx, cl, topic, p, b, r.idle, fn); err != nil {
-			return err
+		if err := scanPartition(ctx, cl, adm, topic, p, b, r.idle, fn); err != nil {
+			return held, err
 		}
 	}
-	return nil
+	return held, nil
 }
 
-func scanPartition(ctx context.Context, cl *kgo.Client, topic string, p int32, b partitionBounds, idle time.Duration, fn func(*kgo.Record) error) error {
+func scanPartition(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic string, p int32, b partitionBounds, idle time.Duration, fn func(*kgo.Record) error) error {
 	cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p: kgo.NewOffset().At(b.begin)}})
 	defer cl.RemoveConsumePartitions(map[string][]int32{topic: {p}})
+	next := b.begin // the first offset not read yet
 	err := kread.ToEnd(ctx, cl, map[string]map[int32]int64{topic: {p: b.end}}, kread.Options{
 		Idle: idle,
-		// The client resumed at the log start: records were deleted by
-		// retention while reading.
+		// The broker lost records the client had read (an unclean leader
+		// election): the client resumes where the log diverged.
 		Tolerate: func(err error) bool { return errors.As(err, new(*kgo.ErrDataLoss)) },
 	}, func(rec *kgo.Record) error {
 		if rec.Offset < b.begin {
 			return nil
 		}
+		next = rec.Offset + 1
 		return fn(rec)
 	})
 	var idleErr *kread.IdleError
-	if errors.As(err, &idleErr) {
+	switch {
+	case errors.As(err, &idleErr):
 		return fmt.Errorf("reading %s partition %d: no record for %v at offset %d, before the end offset %d seen at start; "+
 			"records may have been deleted (retention) or the cluster is slow: re-run, raise --idle-timeout, or narrow the read with --from-offset/--to-offset",
 			topic, p, idle, max(idleErr.Offset, b.begin), b.end)
+	case errors.Is(err, kerr.OffsetOutOfRange):
+		starts, lerr := adm.ListStartOffsets(ctx, topic)
+		if lerr == nil {
+			lerr = starts.Error()
+		}
+		if s, ok := starts.Lookup(topic, p); lerr == nil && ok && s.Offset > next {
+			return &deletedError{topic: topic, partition: p, from: next, start: s.Offset}
+		}
 	}
 	return err
 }
