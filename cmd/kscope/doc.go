@@ -43,7 +43,7 @@
 // --ladder-first, default retrytopic.DefaultLadder[0]). A redriven record
 // keeps its key, value and headers, including its identity (kscope-id) and
 // original coordinates, so a record that was already applied dedupes as a
-// no-op downstream. It loses the per-attempt routing headers (attempt, due,
+// no-op downstream; an identity dead-lettered twice is sent once. It loses the per-attempt routing headers (attempt, due,
 // stage, parked, error, error class, failure times and Spring's
 // kafka_dlt-* headers), so it gets a fresh retry budget, and gains an audit
 // header, kscope-redrive: "by=<who> at=<RFC 3339 UTC> from=<topic>/<partition>/<offset>".

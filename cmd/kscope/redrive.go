@@ -67,7 +67,10 @@ Re-publishes the records of a dead-letter topic that match the filters
 
 Each record keeps its key, value and headers, including its kscope identity
 (kscope-id) and original coordinates, so a record that was already applied
-is deduplicated downstream as a no-op. The per-attempt routing headers
+is deduplicated downstream as a no-op. An identity that the topic holds
+twice (dead-lettered again by a consumer killed between the DLT's
+acknowledgement and the transaction that records it) is sent once, its
+first copy; the summary counts the later copies. The per-attempt routing headers
 (attempt, due, stage, parked, error, error class, failure times, Spring's
 kafka_dlt-*) are dropped, so the record gets a fresh retry budget, and a
 kscope-redrive audit header is added: "by=<who> at=<RFC 3339 UTC> from=<dlt
@@ -125,6 +128,7 @@ type redriveReport struct {
 	Matched  int            `json:"matched"`
 	Sent     int            `json:"sent"` // with --dry-run: would send
 	Skipped  int            `json:"skipped"`
+	Copies   int            `json:"copies"` // later copies of an identity already sent
 	PerTopic map[string]int `json:"per_topic"`
 	Error    string         `json:"error,omitempty"`
 }
@@ -141,6 +145,7 @@ type redriveLine struct {
 // redriveStats counts a redrive.
 type redriveStats struct {
 	matched, sent, skipped int
+	copies                 int   // later copies of an identity already sent
 	scanned, total         int64 // records read, and in the range to read
 	perTopic               map[string]int
 	started, lastProgress  time.Time
@@ -223,6 +228,10 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		tick = t.C
 	}
 	checked := make(map[string]error) // target topics checked to exist
+	// The identities sent: a record dead-lettered twice (a consumer killed
+	// between the DLT's acknowledgement and the transaction that records
+	// it) is sent once, its first copy.
+	sentIDs := make(map[string]bool)
 	st := &redriveStats{perTopic: make(map[string]int), started: time.Now()}
 	if bs, err := bounds(ctx, adm, brokers, topic, rng); err == nil {
 		for _, b := range bs {
@@ -242,6 +251,10 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 			return nil
 		}
 		st.matched++
+		if sentIDs[m.ID] {
+			st.copies++
+			return nil
+		}
 		target := retryTopic
 		if o.to == "source" {
 			// Without a valid header, FromRecord falls back to the
@@ -295,6 +308,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 			}
 		}
 		st.sent++
+		sentIDs[m.ID] = true
 		st.perTopic[target]++
 		if now := time.Now(); st.sent%progressEvery == 0 || now.Sub(st.lastProgress) >= progressInterval {
 			st.lastProgress = now
@@ -317,7 +331,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	summary := redriveSummary(topic, verb, st)
 	if o.asJSON {
 		rep := redriveReport{DLTTopic: topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,
-			Sent: st.sent, Skipped: st.skipped, PerTopic: st.perTopic}
+			Sent: st.sent, Skipped: st.skipped, Copies: st.copies, PerTopic: st.perTopic}
 		if err != nil {
 			rep.Error = err.Error()
 		}
@@ -362,6 +376,12 @@ func redriveSummary(topic, verb string, st *redriveStats) string {
 		fmt.Fprintf(&b, " to %s", strings.Join(ts, ", "))
 	}
 	fmt.Fprintf(&b, ", skipped %d", st.skipped)
+	switch {
+	case st.copies == 1:
+		b.WriteString(", 1 later copy of an identity sent once")
+	case st.copies > 1:
+		fmt.Fprintf(&b, ", %d later copies of identities sent once", st.copies)
+	}
 	return b.String()
 }
 

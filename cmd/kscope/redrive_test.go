@@ -385,3 +385,30 @@ func TestRedriveSaysWhatAnOpenTransactionHoldsBack(t *testing.T) {
 	kscope(t, "dlt", "show", brokers(k), "--topic", dlt, "--partition", "0", "--offset", "3").want(t, exitFailure,
 		"offset 3 of open.kscope-dlt partition 0 is held back by a transaction open since offset 2")
 }
+
+// A consumer killed between the DLT's acknowledgement and the transaction
+// that records it dead-letters the record again: the DLT holds two copies
+// of one identity. A redrive sends the record once, so that a consumer
+// without an inbox (the at-least-once scope: an e-mail, a webhook) does
+// not handle it twice for one redrive.
+func TestRedriveSendsAnIdentityDeadLetteredTwiceOnce(t *testing.T) {
+	k := testenv.KafkaT(t)
+	dlt := setupDLT(t, k)
+	again := dltRecord(dlt, fixture[1]) // orders/1/11, dead-lettered again
+	again.Partition = 1
+	produceTo(t, k, again)
+
+	kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--dry-run", "--by", "jo").
+		want(t, exitOK, "redrive: would send 5 of 6 matching records", "1 later copy of an identity sent once")
+	r := kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--by", "jo")
+	r.want(t, exitOK, "redrive: sent 5 of 6 matching records", "1 later copy of an identity sent once")
+	n := 0
+	for _, rec := range readTopic(t, k, testSource) {
+		if id, _ := header(rec, consumer.HeaderID); id == "orders/1/11" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the identity dead-lettered twice was redriven %d times, want once", n)
+	}
+}
