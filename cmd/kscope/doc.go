@@ -40,7 +40,10 @@
 //
 // dlt redrive re-publishes matching records to their original topic
 // (--to source) or to the group's first retry topic (--to retry, with
-// --ladder-first, default retrytopic.DefaultLadder[0]). A redriven record
+// --ladder-first, default retrytopic.DefaultLadder[0]). Every consumer
+// group on the original topic reads what --to source sends: a DB-scope
+// group that applied the record dedupes it, a group in another scope
+// handles it again; --to retry reaches the group alone. A redriven record
 // keeps its key, value and headers, including its identity (kscope-id) and
 // original coordinates, so a record that was already applied dedupes as a
 // no-op downstream; an identity dead-lettered twice is sent once. It loses the per-attempt routing headers (attempt, due,

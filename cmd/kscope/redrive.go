@@ -65,6 +65,12 @@ Re-publishes the records of a dead-letter topic that match the filters
   --to retry    the group's first retry topic, <group>.kscope-retry-<delay>
                 with <delay> = --ladder-first; needs --group
 
+The source topic is read by every consumer group on it, not only the one
+whose dead letters these are: a group in the DB scope that applied the
+record (within its inbox TTL) dedupes it by its identity, but a group in
+another scope (at-least-once, Kafka) handles it again. --to retry reaches
+the group alone.
+
 Each record keeps its key, value and headers, including its kscope identity
 (kscope-id) and original coordinates, so a record that was already applied
 is deduplicated downstream as a no-op. An identity that the topic holds
