@@ -78,7 +78,9 @@ type Call func(ctx context.Context, key string) (result []byte, err error)
 // Reconcile asks the provider whether a call with key took effect: done
 // reports that it did (or that the provider has a final answer for it,
 // a decline say), with that answer; done false means the provider never
-// saw the key, and the call is made.
+// saw the key, and the call is made. A provider that saw the key but has
+// no final answer yet (a charge still processing) is neither: return an
+// error, and the record is retried, to ask again.
 type Reconcile func(ctx context.Context, key string) (result []byte, done bool, err error)
 
 // Store keeps the intents in PostgreSQL, in the table <prefix>intents that
