@@ -92,9 +92,12 @@ first produce error stops the redrive and says where to resume. So do
 records that retention deletes before the redrive reaches them: it names
 them instead of passing over them. Records that a transaction still open
 holds back (read-committed) are not read: the redrive names them and
-exits 1, to be resumed from there once the transaction ends. A record
-sent twice keeps its identity, so a consumer that deduplicates (DB scope)
-applies it once. Progress goes to stderr, the summary to stdout.
+exits 1, to be resumed from there once the transaction ends. Nothing
+stops two redrives of one topic (a rerun after a crash, two operators at
+once) from sending a record twice: it keeps its identity, so a consumer
+that deduplicates (DB scope) applies it once; resume a redrive cut short
+from the partition and offset of its last progress line instead of
+running it again. Progress goes to stderr, the summary to stdout.
 
 Examples:
   kscope dlt redrive --group payments --to source --dry-run
