@@ -50,6 +50,13 @@ func TestBadConfigFailsAtConstruction(t *testing.T) {
 		{"negative unknown budget", func(c *consumer.Config) { c.Failures.UnknownAttempts = -2 }, "Failures.UnknownAttempts", "set it between 1 and 1000"},
 		{"negative in-place attempts", func(c *consumer.Config) { c.Failures.InPlaceAttempts = -1 }, "Failures.InPlaceAttempts", "set it to 1 or more"},
 		{"non-positive ladder delay", func(c *consumer.Config) { c.Failures.Ladder = []time.Duration{0} }, "Failures.Ladder", "every delay must be positive"},
+		{"sub-millisecond ladder delay", func(c *consumer.Config) { c.Failures.Ladder = []time.Duration{500 * time.Microsecond} }, "Failures.Ladder", "whole milliseconds"},
+		{"ladder longer than a stage header counts", func(c *consumer.Config) {
+			c.Failures.Ladder = nil
+			for i := range 66 {
+				c.Failures.Ladder = append(c.Failures.Ladder, time.Duration(i+1)*time.Second)
+			}
+		}, "Failures.Ladder", "at most 65"},
 		{"decreasing ladder", func(c *consumer.Config) {
 			c.Failures.Ladder = []time.Duration{time.Minute, 5 * time.Second}
 		}, "Failures.Ladder", "delays must increase"},

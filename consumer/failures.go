@@ -215,6 +215,11 @@ func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (lef
 			names = append(names, t)
 		}
 	}
+	if len(used) > 0 || len(left) > 0 {
+		if err := retryTopicsShared(ctx, adm, cfg); err != nil {
+			return nil, nil, err
+		}
+	}
 	if len(left) == 0 {
 		return nil, nil, nil
 	}
@@ -247,6 +252,29 @@ func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (lef
 		}
 	})
 	return left, holding, nil
+}
+
+// retryTopicsShared returns an error naming another consumer group of the
+// cluster whose id maps to the same topic-safe name as cfg's group
+// (retrytopic.SafeName: "pay/v2" and "pay_v2", or two ids alike in their
+// first 180 characters): the two would share their retry topics, and
+// each would handle the other's records. A cluster that does not let
+// this client list its groups is not checked.
+func retryTopicsShared(ctx context.Context, adm *kadm.Client, cfg Config) error {
+	groups, err := adm.ListGroups(ctx)
+	if err != nil {
+		cfg.Logger.Debug("kscope: the consumer groups could not be listed to check that no other group shares this group's retry topics", "err", err)
+		return nil
+	}
+	safe := retrytopic.SafeName(cfg.Group)
+	for _, g := range groups.Groups() {
+		if g != cfg.Group && retrytopic.SafeName(g) == safe {
+			return fmt.Errorf("kscope: consumer group %q and group %q share their retry topics (%s.kscope-retry-*): each would handle the other's failed records. "+
+				"Give this group an id that differs from the other's in its letters, digits, '.', '_' or '-' (or, to rename a group, delete the old one with "+
+				"kafka-consumer-groups --delete once its retry topics are drained)", cfg.Group, g, safe)
+		}
+	}
+	return nil
 }
 
 // Metadata returns the failure metadata rec carries (or, for a record on

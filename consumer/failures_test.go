@@ -564,3 +564,46 @@ func TestInPlaceWaitsStartOverAfterARetryTopic(t *testing.T) {
 		}
 	}
 }
+
+// A group whose id maps to the same topic-safe name as another group's
+// of the cluster ("pay/v2" and "pay_v2") would share its retry topics,
+// and each group would handle the other's failed records (a second
+// service acting on a payment meant for the first): Run refuses to start
+// and names both groups.
+func TestGroupSharingRetryTopicsIsRefused(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	for _, topic := range []string{"pay-a", "pay-b"} {
+		if err := k.CreateTopic(ctx, topic, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ladder := []time.Duration{100 * time.Millisecond}
+	if retrytopic.RetryTopic("pay/v2", ladder[0]) != retrytopic.RetryTopic("pay_v2", ladder[0]) {
+		t.Fatal("the two groups' retry topics differ; the test needs them shared")
+	}
+	newRunner := func(group, topic string) *consumer.Runner {
+		cfg := baseConfig(t, k, group, topic)
+		cfg.Failures = fastFailures(retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, Ladder: ladder})
+		r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a := newRunner("pay/v2", "pay-a")
+	stopA := runAsync(t, a)
+	testenv.WaitFor(t, time.Minute, "the first group joined", func() bool { return a.Stats().Assigned > 0 })
+	ctx2, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err := newRunner("pay_v2", "pay-b").Run(ctx2)
+	if ctx2.Err() != nil {
+		t.Fatal("the second group ran on, sharing the first group's retry topics")
+	}
+	if err == nil || !strings.Contains(err.Error(), `"pay/v2"`) || !strings.Contains(err.Error(), `"pay_v2"`) || !strings.Contains(err.Error(), "retry topics") {
+		t.Fatalf("Run returned %v, want an error naming both groups and their shared retry topics", err)
+	}
+	if err := stopA(); err != nil {
+		t.Fatal(err)
+	}
+}

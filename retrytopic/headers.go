@@ -54,6 +54,10 @@ const (
 	MaxAttempt = 1000
 )
 
+// maxStage is the highest retry-topic stage a record's HeaderStage may
+// name: a Ladder has at most maxStage+1 delays.
+const maxStage = 64
+
 // Metadata is what kscope knows about a record's failures, carried in its
 // headers from hop to hop.
 type Metadata struct {
@@ -161,7 +165,7 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	}
 	if v, ok := header(HeaderStage); ok {
 		n, err := strconv.Atoi(string(v))
-		if err != nil || n < 0 || n > 64 {
+		if err != nil || n < 0 || n > maxStage {
 			bad(HeaderStage, v)
 		} else {
 			m.Stage = n

@@ -190,11 +190,17 @@ func (p Policy) Problems() []Problem {
 		bad("InPlaceAttempts", "is %d; set it to 1 or more (0 selects %d)", p.InPlaceAttempts, DefaultInPlaceAttempts)
 	}
 	for i, d := range p.Ladder {
-		if d <= 0 {
+		switch {
+		case d <= 0:
 			bad("Ladder", "delay %d is %s; every delay must be positive", i, d)
-		} else if i > 0 && d <= p.Ladder[i-1] {
+		case d%time.Millisecond != 0:
+			bad("Ladder", "delay %d is %s; use whole milliseconds (the delay names its retry topic, and due times travel in milliseconds)", i, d)
+		case i > 0 && d <= p.Ladder[i-1]:
 			bad("Ladder", "delays must increase, got %s then %s", p.Ladder[i-1], d)
 		}
+	}
+	if len(p.Ladder) > maxStage+1 {
+		bad("Ladder", "has %d delays; at most %d (a record's stage header counts to %d)", len(p.Ladder), maxStage+1, maxStage)
 	}
 	if !validTopic(p.DeadLetterTopic) {
 		bad("DeadLetterTopic", "%q is not a valid topic name; use at most 249 of a-z A-Z 0-9 . _ -", p.DeadLetterTopic)
