@@ -473,3 +473,60 @@ func TestDiskFullRetriesInPlace(t *testing.T) {
 	wantOutcomes(t, r, 3, 0, 0)
 	wantEffectsOnce(t, effectKeys(t, pool), "a,b,c")
 }
+
+// A COMMIT that fails transiently (a deferred constraint trigger meeting a
+// serialization failure) is retried in place, and once it succeeds every
+// record is applied once. The failed COMMIT has handed the connection back
+// to the pool, where another worker may be using it: nothing of the failed
+// transaction reads it any more (under -race, reading whether it had
+// closed was a data race with that worker).
+func TestTransientCommitFailureIsRetriedInPlace(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE contention (on_commit boolean NOT NULL);
+		INSERT INTO contention VALUES (true);
+		CREATE FUNCTION check_contention() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT on_commit FROM contention) THEN
+				RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001';
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER effects_contention AFTER INSERT ON effects
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION check_contention()`); err != nil {
+		t.Fatal(err)
+	}
+	const topic, group = "commitretry", "g-commitretry"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	var vals []string
+	for i := range 8 {
+		vals = append(vals, fmt.Sprintf("k%d/0", i))
+	}
+	produceValues(t, k, topic, vals...)
+	cfg := baseConfig(k, group, topic)
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		return insertEffect(ctx, tx, r)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "COMMITs retried in place", func() bool { return r.Stats().DB.TxRetries >= 10 })
+	if st := r.Stats(); st.Done != 0 || st.Failures.DeadLettered != 0 {
+		t.Fatalf("stats %+v while every COMMIT fails: want nothing done or dead-lettered", st)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE contention SET on_commit = false`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return r.Stats().Done == int64(len(vals)) })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if c := countEffects(t, pool); c.rows != len(vals) || c.unique != len(vals) {
+		t.Fatalf("%d effects (%d distinct), want %d, each once", c.rows, c.unique, len(vals))
+	}
+}

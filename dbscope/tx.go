@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/engine"
@@ -36,7 +37,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 	b.tx, fresh, prior, b.park, b.waiting, err = s.begin(ctx, ids, work, b.metas, b.honour)
 	defer b.tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	defer func() {
-		if err != nil && (b.tx.Conn() == nil || b.tx.Conn().IsClosed()) {
+		if err != nil && b.connLost(err) {
 			// The connection is gone with the transaction: the queued
 			// handlers' statements are not trusted to be what killed it.
 			clear(calls)
@@ -85,6 +86,10 @@ type batchTx struct {
 	s       *scope
 	ctx     context.Context
 	tx      pgx.Tx
+	// committing: COMMIT was sent. The pool has the connection back then,
+	// whatever COMMIT answered, and may have handed it to another worker:
+	// it is not to be touched (see connLost).
+	committing bool
 	work    []*consumer.Record
 	ids     []string
 	metas   []retrytopic.Metadata
@@ -476,6 +481,7 @@ func (b *batchTx) commit() error {
 		}
 		return unwrapStmt(err)
 	}
+	b.committing = true
 	err := b.tx.Commit(b.ctx)
 	if deferredRefusal(err) {
 		// A deferred check that a record's writes broke, refusing the
@@ -490,6 +496,21 @@ func (b *batchTx) commit() error {
 		return v
 	}
 	return err
+}
+
+// connLost reports whether the transaction, which failed with err, lost
+// its connection. Once COMMIT was sent, the connection belongs to the pool
+// again, so this is judged from err: any failure other than the server's
+// answer (a *pgconn.PgError) is taken for a lost connection.
+func (b *batchTx) connLost(err error) bool {
+	if b.tx == nil {
+		return true
+	}
+	if b.committing {
+		var pg *pgconn.PgError
+		return !errors.As(err, &pg)
+	}
+	return b.tx.Conn() == nil || b.tx.Conn().IsClosed()
 }
 
 // setStatus records record i's outcome in its inbox row.
