@@ -35,7 +35,7 @@ type failures struct {
 	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
-	routed, parked                            atomic.Int64
+	routed                                    atomic.Int64
 	topics                                    bool
 }
 
@@ -290,23 +290,6 @@ func (f *failures) MetadataOf(rec *Record, id string) retrytopic.Metadata {
 	return m
 }
 
-// Park sends rec, which did not fail, to retry topic stage behind an
-// earlier record of its key that is in the retry topics; it runs when that
-// one has left them. It waits for the broker's acknowledgement.
-func (f *failures) Park(ctx context.Context, rec *Record, stage int) error {
-	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
-	stage = max(0, min(stage, len(f.policy.Ladder)-1))
-	d := f.policy.Ladder[stage]
-	meta.Group, meta.Stage, meta.Parked, meta.Due = f.group, stage, true, time.Now().Add(d)
-	out := &kgo.Record{Topic: retrytopic.RetryTopic(f.group, d), Key: rec.Key, Value: rec.Value, Headers: meta.Headers(rec.Headers, false)}
-	f.obs.Inject(f.obs.Context(ctx, rec), out)
-	if err := f.produce(ctx, rec.Topic, "retry", "parked", out); err != nil {
-		return err
-	}
-	f.parked.Add(1)
-	return nil
-}
-
 // Policy returns the failure policy, with its defaults.
 func (f *failures) Policy() retrytopic.Policy { return f.policy }
 
@@ -431,13 +414,12 @@ type FailureStats struct {
 	DeadLettered int64 // records acknowledged by the dead-letter topic
 	DLTErrors    int64 // failed produce attempts to the dead-letter or a retry topic
 	RetryTopic   int64 // records sent to a retry topic after failing
-	Parked       int64 // records sent to a retry topic behind an earlier failing record of their key
 }
 
 func (f *failures) stats() FailureStats {
 	return FailureStats{
 		Retries: f.retries.Load(), Skipped: f.skipped.Load(),
 		DeadLettered: f.deadLettered.Load(), DLTErrors: f.dltErrors.Load(),
-		RetryTopic: f.routed.Load(), Parked: f.parked.Load(),
+		RetryTopic: f.routed.Load(),
 	}
 }

@@ -83,20 +83,20 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 // its start (inbox rows, parked heads, waiting keys) and what it decides
 // for each record. It lives for one runTx call.
 type batchTx struct {
-	s       *scope
-	ctx     context.Context
-	tx      pgx.Tx
+	s   *scope
+	ctx context.Context
+	tx  pgx.Tx
 	// committing: COMMIT was sent. The pool has the connection back then,
 	// whatever COMMIT answered, and may have handed it to another worker:
 	// it is not to be touched (see connLost).
 	committing bool
-	work    []*consumer.Record
-	ids     []string
-	metas   []retrytopic.Metadata
-	fails   map[*consumer.Record]*failure
-	calls   map[*consumer.Record]*queuedCall
-	known   map[int]error
-	ordered bool // a new failure makes its record its key's head
+	work       []*consumer.Record
+	ids        []string
+	metas      []retrytopic.Metadata
+	fails      map[*consumer.Record]*failure
+	calls      map[*consumer.Record]*queuedCall
+	known      map[int]error
+	ordered    bool // a new failure makes its record its key's head
 	// honour: the transaction reads its keys' parked heads and waiting
 	// records and honours them (s.honours): set when ordered, and in a
 	// pipeline that is not while rows an ordered one left may remain.

@@ -226,9 +226,6 @@ type Failures interface {
 	// MetadataOf is Metadata for a record whose identity (id) the caller
 	// has already computed.
 	MetadataOf(rec *consumer.Record, id string) retrytopic.Metadata
-	// Park sends rec, which did not fail, to retry topic stage behind an
-	// earlier record of its key; it waits for the acknowledgement.
-	Park(ctx context.Context, rec *consumer.Record, stage int) error
 	// Policy returns the failure policy, with its defaults.
 	Policy() retrytopic.Policy
 }
