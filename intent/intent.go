@@ -101,6 +101,9 @@ type Store struct {
 // call, in a transaction of their own; nil (the usual choice) makes the
 // Store open a small pool of its own for each database the handlers'
 // transactions are on, with their connection settings (Close closes them).
+// Those are the settings of the handler's connection: credentials that a
+// pool hook supplies anew for each connection (pgxpool.Config.BeforeConnect,
+// an IAM token) are not renewed there; pass a pool of your own then.
 //
 // Do not pass the pool the DB scope runs its transactions on unless it has
 // more connections than Config.Shards: every Do needs a second connection
@@ -273,16 +276,23 @@ func (s *Store) beginner(ctx context.Context, tx pgx.Tx) (dbscope.Beginner, erro
 	if s.db != nil {
 		return s.db, nil
 	}
-	conn := tx.Conn().Config().ConnString()
+	cc := tx.Conn().Config()
+	// One pool per database and runtime parameters (a search_path set in
+	// code names another intents table on the same server).
+	key := fmt.Sprint(cc.ConnString(), "\x00", cc.Host, cc.Port, cc.Database, cc.RuntimeParams)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.own[conn]; p != nil {
+	if p := s.own[key]; p != nil {
 		return p, nil
 	}
-	cfg, err := pgxpool.ParseConfig(conn)
+	cfg, err := pgxpool.ParseConfig(cc.ConnString())
 	if err != nil {
 		return nil, fmt.Errorf("intent: opening a connection for intents: %w", err)
 	}
+	// The handler's connection settings as they are, including those set
+	// in code rather than in the connection string (a TLS configuration,
+	// a password, a search_path among the runtime parameters).
+	cfg.ConnConfig = cc.Copy()
 	cfg.MaxConns = 4
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -291,7 +301,7 @@ func (s *Store) beginner(ctx context.Context, tx pgx.Tx) (dbscope.Beginner, erro
 	if s.own == nil {
 		s.own = map[string]*pgxpool.Pool{}
 	}
-	s.own[conn] = p
+	s.own[key] = p
 	return p, nil
 }
 

@@ -174,6 +174,42 @@ func TestStoreWithoutPool(t *testing.T) {
 	}
 }
 
+// A Store without a pool opens its own with the handler connection's
+// settings as they are, including those set in code and absent from the
+// connection string: here the search_path of the schema the intents table
+// is in.
+func TestStoreWithoutPoolKeepsSettingsMadeInCode(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.DatabaseT(t)
+	admin, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA tenant_a`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = "tenant_a"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	s := intent.New(nil, "")
+	defer s.Close()
+	p := &provider{charges: map[string]int{}}
+	if _, out, err := attempt(t, pool, s, p, "pi_9", false); err != nil || out != intent.Called || p.calls != 1 {
+		t.Fatalf("%v, %v, %d calls: want the call made once, its intent recorded in tenant_a", out, err, p.calls)
+	}
+}
+
 // One Store serves handlers on two databases: each intent is recorded in
 // the database of its handler's transaction; a Store given the pool of
 // another database refuses to mark an intent it cannot see.
