@@ -68,6 +68,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 )
 
@@ -147,9 +148,10 @@ var ErrNoReconcile = errors.New("intent: an earlier attempt of this call may hav
 // key: an attempt of the same call is under way in another worker or
 // process (a second record of one payment, a partition's old owner still
 // finishing after a rebalance). Nothing was called and the provider was
-// not asked, since it may not have an answer yet; retry the record
-// (consumer.Retryable): once that transaction ends, the next attempt
-// takes its recorded answer, or reconciles if it rolled back.
+// not asked, since it may not have an answer yet. Do returns it marked
+// consumer.Retryable, so a handler that returns it as it is gets the
+// record retried: once that transaction ends, the next attempt takes its
+// recorded answer, or reconciles if it rolled back.
 var ErrBusy = errors.New("intent: another transaction is running the call of this key; retry once it ends")
 
 // Do returns the provider's answer for key, calling it at most once
@@ -231,7 +233,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, key string) (state string,
 	case err != nil:
 		return "", nil, fmt.Errorf("intent: reading the intent of %q: %w", key, err)
 	case !locked:
-		return "", nil, fmt.Errorf("%w (key %q)", ErrBusy, key)
+		return "", nil, consumer.Retryable(fmt.Errorf("%w (key %q)", ErrBusy, key))
 	}
 	return state, result, nil
 }

@@ -11,9 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/intent"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // provider is a payment gateway that does not deduplicate: every call
@@ -266,8 +268,8 @@ func TestConcurrentAttemptCallsNothing(t *testing.T) {
 	if ferr := <-first; ferr != nil {
 		t.Fatalf("first attempt: %v", ferr)
 	}
-	if !errors.Is(err, intent.ErrBusy) {
-		t.Errorf("second attempt while the first was calling: err %v, want ErrBusy", err)
+	if !errors.Is(err, intent.ErrBusy) || retrytopic.ClassOf(err) != consumer.ClassRetryable {
+		t.Errorf("second attempt while the first was calling: err %v (class %s), want ErrBusy, retryable", err, retrytopic.ClassOf(err))
 	}
 	if p.charges["pi_8"] != 1 {
 		t.Fatalf("%d charges, want 1", p.charges["pi_8"])
