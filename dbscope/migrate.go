@@ -177,7 +177,7 @@ func checkSchema(ctx context.Context, db interface {
 // this prefix since the upgrade. Run returns it at start.
 type SchemaError struct {
 	Prefix  string   // the table prefix the scope uses
-	Missing []string // the missing tables, or the migration files not yet applied
+	Missing []string // the missing tables (or table.column), or the migration files not yet applied
 }
 
 func (e *SchemaError) Error() string {

@@ -74,12 +74,12 @@
 //     position passes only rows published or dead-lettered; a crash
 //     between the two writes it again, as a no-op. Each is logged at
 //     ERROR (at most one line every 30 seconds) and counted in
-//     Stats.DeadLettered. Publish such a row again by hand, with its
-//     kscope-id header so that a consumer that saw it drops the copy, or
-//     discard it; then delete it from the table, which the relay never
-//     prunes. A relay whose database lacks the table (Migrate not run
-//     since an upgrade) fails Run with a dbscope.SchemaError that says to
-//     run Migrate.
+//     Stats.DeadLettered. The relay never prunes the table: an operator
+//     lists its rows (kscope outbox dead list, or [DeadLetters.List]),
+//     then requeues or discards each (see "Requeuing a dead row"). A
+//     relay whose database lacks the table or the identity column
+//     (Migrate not run since an upgrade) fails Run with a
+//     dbscope.SchemaError that says to run Migrate.
 //   - A row whose topic does not exist (the producer creates none unless
 //     kgo.AllowAutoTopicCreation is in Options.ClientOptions), is refused
 //     to the relay, or refuses the records' timestamps (the relay's clock)
@@ -93,13 +93,52 @@
 // DefaultMaxRecordBytes, the producer's and the broker's default limit),
 // or to a topic name Kafka does not allow.
 //
+// # Requeuing a dead row
+//
+// "kscope outbox dead requeue ID" ([DeadLetters.Requeue]) moves a dead row
+// back into its outbox; "kscope outbox dead discard ID"
+// ([DeadLetters.Discard]) deletes it, never to be published. A requeue
+// deletes the row from the dead-letter table and adds it at the end of its
+// partition in one PostgreSQL transaction, numbered through the
+// partition's sequence row as [Writer.Add] numbers rows: a crash leaves it
+// in exactly one of the two tables, and the partition stays gapless and in
+// commit order. The row keeps its identity: the outbox table's id column
+// holds it, and the relay sends it in the kscope-id header instead of the
+// identity of the row's new place, so a consumer that saw the record
+// already drops the copy (a relay fenced between publishing a row and
+// dead-lettering it can have done both). A requeued row that Kafka refuses
+// again is dead-lettered again, under the same identity.
+//
+// The record is published after the records of its key added since it
+// was written: per-key order is not restored. Before requeuing, check:
+//
+//   - that the cause is fixed: the topic's max.message.bytes (or the
+//     brokers' message.max.bytes) and the relays' kgo.ProducerBatchMaxBytes
+//     raised above the row's size, plus about a hundred bytes of framing
+//     and the kscope-id header, and the relays restarted with it; a row to
+//     a topic name Kafka does not allow is requeued to the topic it was
+//     meant for (--topic);
+//   - that its consumers can take the record late, after newer ones of its
+//     key: one that checks per-key versions (package sequence) skips it as
+//     stale once it applied a later version, and one that keeps the last
+//     state of a key would go back to an older one. Discard the row instead,
+//     and write what it should say anew with [Writer.Add], when that is so;
+//   - that the relays run this version of kscope or a later one: an older
+//     relay publishes a requeued row under the identity of its new place.
+//
+// Requeue the rows of one key in the order "kscope outbox dead list"
+// shows them (the CLI does, for the rows it is given) to publish them in
+// the order they were written.
+//
 // # Observability
 //
 // [Relay.Stats] counts published records, committed and aborted
 // transactions, dead-lettered rows, and the partitions stuck or halted;
-// [Relay.Pending] counts the committed rows not published yet, and the
-// age of the oldest, for the partitions the relay publishes. kscopeprom's
-// Metrics.WatchRelay exports both (kscope_outbox_*), with alert rules in
+// [Relay.Pending] counts the committed rows not published yet, the age of
+// the oldest, and the rows in the dead-letter table, for the partitions
+// the relay publishes; [Status] (kscope outbox status) does for every
+// partition. kscopeprom's Metrics.WatchRelay exports the stats and the
+// backlog (kscope_outbox_*), with alert rules in
 // examples/observability/alerts.yml. A [Writer] with
 // Hooks (kscopeotel's tracer) writes the trace of Add's context into each
 // record, so the consumer downstream continues the trace of the
@@ -108,11 +147,12 @@
 // # What the outbox does not cover
 //
 // Readers must read with isolation.level=read_committed. A dead-lettered
-// row is not published until an operator publishes it (the ERROR,
+// row is not published until an operator requeues it (the ERROR,
 // Stats.DeadLettered and the alert say so), and the records of its key
 // after it are published meanwhile: a consumer cannot tell that one is
-// missing. Keep records well within the size limits; Writer.MaxRecordBytes
-// refuses the plainly oversized ones in the writing transaction.
+// missing, and gets it after them once requeued. Keep records well within
+// the size limits; Writer.MaxRecordBytes refuses the plainly oversized
+// ones in the writing transaction.
 //
 // A commit that fails as the connection drops may have committed all the
 // same: the outbox publishes what PostgreSQL committed, so a write path that

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -179,7 +178,11 @@ func (t *throttle) allow() (held int, ok bool) {
 
 // row is one outbox row.
 type row struct {
-	seq     int64
+	seq int64
+	// id is the row's identity when the row holds one (a row requeued
+	// from the dead-letter table keeps the one it was written with), ""
+	// when it is the row's place: see publisher.ident.
+	id      string
 	topic   string
 	key     []byte
 	value   []byte
@@ -282,7 +285,7 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 		if pub.doomed != nil && pub.doomed.seq != rows[0].seq {
 			pub.doomed = nil // the position passed it meanwhile
 		}
-		if pub.doomed == nil && !validTopic(rows[0].topic) {
+		if pub.doomed == nil && !ValidTopic(rows[0].topic) {
 			// No broker takes it: no need to ask.
 			pub.doomed = &refusal{seq: rows[0].seq, err: fmt.Errorf("kscope: %q is not a Kafka topic name (at most 249 of a-z A-Z 0-9 . _ -)", rows[0].topic)}
 		}
@@ -291,14 +294,14 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 			if err := pub.deadLetter(ctx, rows[0], dead.err); err != nil {
 				if errors.As(err, new(*dbscope.SchemaError)) {
 					return false, fmt.Errorf("kscope: outbox relay: Kafka refuses the row %s for good, and it cannot be moved to the dead-letter table (it stays in the outbox, unpublished, and the partition waits): %w",
-						pub.id(rows[0].seq), err)
+						pub.ident(rows[0]), err)
 				}
 				if ctx.Err() != nil {
 					return false, nil
 				}
 				attempt++
 				d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-				log.Warn("kscope: outbox relay: writing a refused row to the dead-letter table failed; retrying", "id", pub.id(rows[0].seq), "err", err, "retry_in", d)
+				log.Warn("kscope: outbox relay: writing a refused row to the dead-letter table failed; retrying", "id", pub.ident(rows[0]), "err", err, "retry_in", d)
 				if !backoff.Sleep(ctx, d) {
 					return false, nil
 				}
@@ -382,7 +385,7 @@ func (pub *publisher) failed(log *slog.Logger, batch []row, rowErrs []error, err
 			pub.probe = max(1, len(batch)/2)
 		}
 		log.Warn("kscope: outbox relay: Kafka refused a record of the transaction; publishing fewer rows per transaction to find the row it refuses",
-			"first_refused", pub.id(batch[refused].seq), "rows", len(batch), "next_rows", pub.probe, "err", rowErrs[refused])
+			"first_refused", pub.ident(batch[refused]), "rows", len(batch), "next_rows", pub.probe, "err", rowErrs[refused])
 		return false
 	case refused == 0: // alone
 		w := batch[0]
@@ -394,7 +397,7 @@ func (pub *publisher) failed(log *slog.Logger, batch []row, rowErrs []error, err
 			pub.doomed = &refusal{seq: w.seq, err: rowErrs[0]}
 		}
 		log.Warn("kscope: outbox relay: Kafka refused a row sent alone; it is moved to the dead-letter table if that goes on",
-			"id", pub.id(w.seq), "topic", w.topic, "bytes", len(w.key)+len(w.value)+len(w.headers),
+			"id", pub.ident(w), "topic", w.topic, "bytes", len(w.key)+len(w.value)+len(w.headers),
 			"refusals", pub.lone.n, "dead_letter_after", refusalsToDeadLetter, "err", rowErrs[0])
 		return true
 	case blocked >= 0:
@@ -408,7 +411,7 @@ func (pub *publisher) failed(log *slog.Logger, batch []row, rowErrs []error, err
 		if held, ok := pub.stuckLog.allow(); ok {
 			log.Error("kscope: outbox relay: the partition cannot be published: "+advice+
 				". Nothing is skipped: the relay retries the row, and the rows after it wait, until this is fixed. This is logged every 30 seconds meanwhile",
-				"id", pub.id(w.seq), "topic", w.topic, "err", rowErrs[blocked], "attempts_since_last_log", held+1)
+				"id", pub.ident(w), "topic", w.topic, "err", rowErrs[blocked], "attempts_since_last_log", held+1)
 		} else {
 			log.Debug("kscope: outbox relay: the partition is still stuck", "topic", w.topic, "err", rowErrs[blocked])
 		}
@@ -430,9 +433,11 @@ func (pub *publisher) committed(log *slog.Logger, dead *refusal, head row, last 
 		if held, ok := pub.deadLog.allow(); ok {
 			log.Error("kscope: outbox relay: a row can never be published (Kafka refused it alone, again and again: too large for the producer or the topic, "+
 				"or a record the broker rejects; or its topic name is not one Kafka allows); it was moved to the dead-letter table, and the partition goes on with the rows after it. "+
-				"Publish it again by hand (with its kscope-id header, so that a consumer that saw it drops the copy) or discard it, and delete it from the table. "+
+				"See it with 'kscope outbox dead show <id>'; once the cause is fixed (the topic's max.message.bytes and the relay's kgo.ProducerBatchMaxBytes raised above its size), "+
+				"publish it again with 'kscope outbox dead requeue <id>' (with --topic NAME for a topic name Kafka does not allow), which keeps its identity so that a consumer that saw it drops the copy, "+
+				"or drop it with 'kscope outbox dead discard <id>'. "+
 				"At most one such line is logged every 30 seconds",
-				"id", pub.id(head.seq), "topic", head.topic,
+				"id", pub.ident(head), "topic", head.topic,
 				"bytes", len(head.key)+len(head.value)+len(head.headers), "table", r.o.TablePrefix+"outbox_dead", "err", dead.err,
 				"dead_lettered_since_last_log", held+1)
 		}
@@ -466,6 +471,16 @@ func (pub *publisher) id(seq int64) string {
 	return pub.r.o.Outbox + "/" + strconv.Itoa(pub.p) + "/" + strconv.FormatInt(seq, 10)
 }
 
+// ident is the identity w's record carries in its kscope-id header: the
+// one the row holds (a requeued row's, from when it was written), else
+// its place, id(w.seq).
+func (pub *publisher) ident(w row) string {
+	if w.id != "" {
+		return w.id
+	}
+	return pub.id(w.seq)
+}
+
 // batch returns the rows of the next transaction: at most probe of them
 // while a refused row is searched for, none from a row to a topic name
 // Kafka does not allow on (it is dead-lettered once at the head), and a
@@ -477,7 +492,7 @@ func (pub *publisher) batch(rows []row, maxBytes func(string) int32) []row {
 		rows = rows[:pub.probe]
 	}
 	for i, w := range rows {
-		if !validTopic(w.topic) || maxBytes != nil && len(w.key)+len(w.value)+len(w.headers) > int(maxBytes(w.topic)) {
+		if !ValidTopic(w.topic) || maxBytes != nil && len(w.key)+len(w.value)+len(w.headers) > int(maxBytes(w.topic)) {
 			if i == 0 {
 				return rows[:1]
 			}
@@ -554,31 +569,30 @@ func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) 
 // BatchSize of them.
 func (pub *publisher) read(ctx context.Context, pos int64) ([]row, error) {
 	r := pub.r
-	rows, err := r.o.Pool.Query(ctx, `SELECT seq, topic, key, value, headers, created_at FROM `+r.o.TablePrefix+`outbox
+	rows, err := r.o.Pool.Query(ctx, `SELECT seq, coalesce(id, ''), topic, key, value, headers, created_at FROM `+r.o.TablePrefix+`outbox
 		WHERE outbox = $1 AND partition = $2 AND seq > $3 ORDER BY seq LIMIT $4`, r.o.Outbox, int32(pub.p), pos, r.o.BatchSize)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(rs pgx.CollectableRow) (row, error) {
 		var w row
-		err := rs.Scan(&w.seq, &w.topic, &w.key, &w.value, &w.headers, &w.created)
+		err := rs.Scan(&w.seq, &w.id, &w.topic, &w.key, &w.value, &w.headers, &w.created)
 		return w, err
 	})
 }
 
 // deadLetter writes w, with why Kafka refuses it, to the dead-letter
-// table; a row there already is left as it is. A missing table is
-// reported as a *dbscope.SchemaError, which says to run Migrate.
+// table, with the identity the row holds (a requeued row keeps its
+// original one); a row there already is left as it is. A missing table
+// or column is reported as a *dbscope.SchemaError, which says to run
+// Migrate.
 func (pub *publisher) deadLetter(ctx context.Context, w row, why error) error {
 	r := pub.r
 	table := r.o.TablePrefix + "outbox_dead"
-	_, err := r.o.Pool.Exec(ctx, `INSERT INTO `+table+` (outbox, partition, seq, topic, key, value, headers, created_at, error)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (outbox, partition, seq) DO NOTHING`,
-		r.o.Outbox, int32(pub.p), w.seq, w.topic, w.key, w.value, w.headers, w.created, why.Error())
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return &dbscope.SchemaError{Prefix: r.o.TablePrefix, Missing: []string{table}}
-	}
-	return err
+	_, err := r.o.Pool.Exec(ctx, `INSERT INTO `+table+` (outbox, partition, seq, topic, key, value, headers, created_at, error, id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($10, '')) ON CONFLICT (outbox, partition, seq) DO NOTHING`,
+		r.o.Outbox, int32(pub.p), w.seq, w.topic, w.key, w.value, w.headers, w.created, why.Error(), w.id)
+	return schemaErr(ctx, r.o.Pool, r.o.TablePrefix, err)
 }
 
 // send publishes rows and the partition's new position, last, in one
@@ -613,7 +627,7 @@ func (pub *publisher) send(ctx context.Context, cl *kgo.Client, rows []row, last
 			// rather than never.
 			r.log.Error("kscope: outbox relay: a row's headers cannot be decoded; publishing it without them", "partition", pub.p, "seq", w.seq, "err", err)
 		}
-		hs = append(hs, kgo.RecordHeader{Key: retrytopic.HeaderID, Value: []byte(pub.id(w.seq))})
+		hs = append(hs, kgo.RecordHeader{Key: retrytopic.HeaderID, Value: []byte(pub.ident(w))})
 		cl.Produce(ctx, &kgo.Record{Topic: w.topic, Key: w.key, Value: w.value, Headers: hs}, note(i))
 	}
 	cl.Produce(ctx, &kgo.Record{Topic: r.o.PositionTopic, Partition: int32(pub.p), Key: []byte(strconv.Itoa(pub.p)), Value: []byte(strconv.FormatInt(last, 10))}, note(-1))

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -231,9 +230,10 @@ func (r *Relay) Close() error { return r.life.Close() }
 func (r *Relay) Outbox() string { return r.o.Outbox }
 
 // Pending reports, for each partition this relay publishes now and whose
-// position it has read, its position and the committed rows after it:
-// what metrics and health checks watch (a backlog that grows, a row that
-// waits long). Other partitions are other instances' to report.
+// position it has read, its position, the committed rows after it and
+// its rows in the dead-letter table: what metrics and health checks watch
+// (a backlog that grows, a row that waits long). Other partitions are
+// other instances' to report.
 func (r *Relay) Pending(ctx context.Context) ([]PartitionStatus, error) {
 	pos := map[int]int64{}
 	r.wakeMu.Lock()
@@ -254,9 +254,10 @@ func (r *Relay) Pending(ctx context.Context) ([]PartitionStatus, error) {
 // that retrying cannot heal, which it returns: a partition's producer that
 // cannot be created, the broker refusing this client the relay's group
 // or its position topic (an authorization error; grant the ACLs and start
-// the relay again), or the database lacking an outbox table, the
-// dead-letter table included (a [*dbscope.SchemaError]: run [Migrate],
-// then start the relay again). The rows stay in the outbox.
+// the relay again), or the database lacking an outbox table or column,
+// the dead-letter table and the identity column of requeued rows included
+// (a [*dbscope.SchemaError]: run [Migrate], then start the relay again).
+// The rows stay in the outbox.
 func (r *Relay) Run(ctx context.Context) error {
 	ctx, end, err := r.life.Begin(ctx)
 	if err != nil {
@@ -361,21 +362,14 @@ func (r *Relay) watchGroup(ctx context.Context, cl *kgo.Client, workers *workers
 }
 
 // checkTables fails with a [*dbscope.SchemaError], which says to run
-// Migrate, when the database lacks a table the relay uses: a relay that
-// found no dead-letter table only when a row must go there would stop
-// then. A database that cannot be reached is waited for; any other error
-// of the check is logged, and the relay starts.
+// Migrate, when the database lacks a table or column the relay uses: a
+// relay that found no dead-letter table only when a row must go there
+// would stop then, and one that cannot read a row's identity would
+// retry reading forever. A database that cannot be reached is waited
+// for; any other error of the check is logged, and the relay starts.
 func (r *Relay) checkTables(ctx context.Context) error {
-	var names []string
-	for _, t := range []string{"outbox", "outbox_sequences", "outbox_dead"} {
-		names = append(names, r.o.TablePrefix+t)
-	}
 	for attempt := 1; ; attempt++ {
-		rows, err := r.o.Pool.Query(ctx, `SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NULL`, names)
-		var missing []string
-		if err == nil {
-			missing, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
+		missing, err := missingSchema(ctx, r.o.Pool, r.o.TablePrefix)
 		switch {
 		case err == nil && len(missing) == 0:
 			return nil

@@ -24,12 +24,17 @@ type PartitionStatus struct {
 	// yet; Oldest is when the oldest of them was written (zero when none).
 	Pending int64
 	Oldest  time.Time
+	// Dead counts the partition's rows in the dead-letter table: rows
+	// Kafka refuses for good, not published until an operator requeues
+	// them (see DeadLetters).
+	Dead int64
 }
 
 // Status reads where every partition of the outbox o names stands: the
-// relay's position from the position topic (read_committed) and the rows
-// not published yet from the database. o needs Brokers, Pool and the names
-// (Outbox, Partitions, TablePrefix, PositionTopic) the relay uses.
+// relay's position from the position topic (read_committed), and the rows
+// not published yet and those in the dead-letter table from the database.
+// o needs Brokers, Pool and the names (Outbox, Partitions, TablePrefix,
+// PositionTopic) the relay uses.
 func Status(ctx context.Context, o Options) ([]PartitionStatus, error) {
 	o = o.withDefaults()
 	if err := o.validate(); err != nil {
@@ -58,7 +63,7 @@ func pending(ctx context.Context, pool *pgxpool.Pool, o Options, pos map[int]int
 }
 
 // pendingOf counts, for each partition of pos, the rows after its
-// position, in partition order.
+// position and the rows in the dead-letter table, in partition order.
 func pendingOf(ctx context.Context, o Options, pos map[int]int64) ([]PartitionStatus, error) {
 	parts := make([]int, 0, len(pos))
 	for p := range pos {
@@ -89,6 +94,26 @@ func pendingOf(ctx context.Context, o Options, pos map[int]int64) ([]PartitionSt
 		}
 		if i, ok := idx[p]; ok {
 			out[i].Pending, out[i].Oldest = n, oldest
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	rows, err = o.Pool.Query(ctx, `SELECT partition, count(*) FROM `+o.TablePrefix+`outbox_dead
+		WHERE outbox = $1 AND partition = ANY($2) GROUP BY 1`, o.Outbox, ps)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: outbox status: counting dead-letter rows: %w", schemaErr(ctx, o.Pool, o.TablePrefix, err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p int32
+		var n int64
+		if err := rows.Scan(&p, &n); err != nil {
+			return nil, err
+		}
+		if i, ok := idx[p]; ok {
+			out[i].Dead = n
 		}
 	}
 	return out, rows.Err()

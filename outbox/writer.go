@@ -158,7 +158,7 @@ func (w Writer) Queue(q *dbscope.Queue, rec *kgo.Record) error {
 // check refuses a record the relay could not publish: to a topic name
 // Kafka does not allow, or larger than MaxRecordBytes.
 func (w Writer) check(rec *kgo.Record) error {
-	if !validTopic(rec.Topic) {
+	if !ValidTopic(rec.Topic) {
 		return fmt.Errorf("the record's topic %q is not a Kafka topic name; use at most 249 of a-z A-Z 0-9 . _ -", rec.Topic)
 	}
 	if n := recordBytes(rec); w.MaxRecordBytes > 0 && n > w.MaxRecordBytes {
@@ -169,8 +169,10 @@ func (w Writer) check(rec *kgo.Record) error {
 	return nil
 }
 
-// validTopic reports whether Kafka allows t as a topic name.
-func validTopic(t string) bool {
+// ValidTopic reports whether Kafka allows t as a topic name: at most 249
+// of a-z A-Z 0-9 . _ -, and neither "." nor "..". Writer refuses a record
+// to any other, and the relay dead-letters a row to one.
+func ValidTopic(t string) bool {
 	const chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 	return t != "" && len(t) <= 249 && t != "." && t != ".." && strings.Trim(t, chars) == ""
 }
