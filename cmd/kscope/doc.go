@@ -1,7 +1,9 @@
-// Command kscope inspects and repairs what kscope consumers leave in Kafka:
-// it lists, shows and redrives the records of a consumer group's
-// dead-letter topic, and moves a stopped group's committed offsets to
-// replay (or skip) records.
+// Command kscope inspects and repairs what kscope consumers leave in Kafka
+// and what an outbox relay leaves in PostgreSQL: it lists, shows and
+// redrives the records of a consumer group's dead-letter topic, moves a
+// stopped group's committed offsets to replay (or skip) records, shows
+// how far an outbox's relay is, and lists, shows, requeues and discards
+// the outbox rows Kafka refused.
 //
 // Build it with:
 //
@@ -13,11 +15,18 @@
 //	kscope dlt show    (--topic T | --group G) --partition P --offset O [--max-value N] [--json]
 //	kscope dlt redrive (--topic T | --group G) --to source|retry [filters] [--dry-run] [--rate N] [--by WHO]
 //	kscope replay      --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
+//	kscope outbox status         [--outbox NAME] [--partitions N] [--database-url URL] [--json]
+//	kscope outbox dead list      [--outbox NAME] [--database-url URL] [--json]
+//	kscope outbox dead show      ID [--max-value N] [--json]
+//	kscope outbox dead requeue   (ID... | --all [--outbox NAME]) [--topic T] [--dry-run] [--yes] [--json]
+//	kscope outbox dead discard   (ID... | --all [--outbox NAME]) [--dry-run] [--yes] [--json]
 //	kscope dev         [--port 9092] [--data-dir DIR] [--partitions N] [--brokers N]
 //	kscope help [command]
 //
-// Every command takes --brokers, a comma-separated list of seed brokers,
-// which defaults to $KAFKA_BROKERS. With --group, the dead-letter topic is
+// The commands that talk to Kafka take --brokers, a comma-separated list
+// of seed brokers, which defaults to $KAFKA_BROKERS; the outbox commands
+// take --database-url, which defaults to $DATABASE_URL, and
+// --table-prefix, the prefix dbscope.Migrate was given. With --group, the dead-letter topic is
 // "<group>.kscope-dlt" (retrytopic.DLTopic). The filters of dlt list and dlt
 // redrive are --partition, --from-offset and --to-offset (inclusive),
 // --key (exact), --class (unknown, retryable, terminal, skip) and --id (the
@@ -71,6 +80,30 @@
 // consumed again (moving back) or skipped (moving forward). It commits only
 // with --yes, and refuses when the group does not exist, still has members,
 // or the topic does not exist.
+//
+// # The outbox's dead rows
+//
+// An outbox relay moves a row Kafka refuses for good (too large for the
+// relay's producer or the topic, a record the broker rejects, a topic name
+// Kafka does not allow) to the table <prefix>outbox_dead, so that the rows
+// after it are published. outbox dead list and show print those rows
+// (identity "<outbox>/<partition>/<seq>", topic, key, size, when, Kafka's
+// answer; show adds the headers and the value), and outbox status counts
+// them per partition. They change nothing.
+//
+// outbox dead requeue moves rows back into their outbox, each in one
+// PostgreSQL transaction that deletes it from the dead-letter table and
+// adds it at the end of its partition through the partition's sequence
+// row, so it is in exactly one of the two tables whatever happens. The
+// relay publishes it with its original identity in the kscope-id header,
+// so a consumer that saw it already drops the copy; it comes after the
+// records of its key written since (per-key order is not restored). Rows
+// are requeued in the order the list shows them. A row to a topic name
+// Kafka does not allow is skipped unless --topic names the one it was
+// meant for. outbox dead discard deletes rows, never to be published.
+// Both print the rows first and change them only with --yes (never with
+// --dry-run); an identity that is not in the table is named, and makes
+// the command exit 1.
 //
 // # Exit codes
 //

@@ -39,20 +39,51 @@ type command struct {
 	// usage is the synopsis, a description and examples; the flag list
 	// is appended to it.
 	usage string
+	// takesArgs says that the command takes arguments among its flags
+	// (row identities), which it reads from env.args; the others refuse
+	// any.
+	takesArgs bool
 	// flags declares the command's flags on fs and returns the function
 	// that runs the command once they are parsed.
 	flags func(fs *flag.FlagSet, e *env) func(ctx context.Context) error
 }
 
-// env is what a command runs with: its output streams and the process
-// environment.
+// env is what a command runs with: its output streams, the process
+// environment, and the arguments given among its flags.
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	args           []string
 }
 
 func commands() []*command {
-	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), outboxStatusCmd(), devCmd()}
+	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), outboxStatusCmd(),
+		outboxDeadListCmd(), outboxDeadShowCmd(), outboxDeadRequeueCmd(), outboxDeadDiscardCmd(), devCmd()}
+}
+
+// groups are the first words of several commands, longest first, and
+// what those commands are for: "kscope dlt" alone lists its commands.
+var groups = []struct{ name, summary string }{
+	{"outbox dead", "list, show, requeue and discard the rows an outbox relay moved to its dead-letter table"},
+	{"outbox", "see how far an outbox's relay is, and the rows Kafka refused"},
+	{"dlt", "read and redrive a consumer group's dead-letter topic"},
+}
+
+// findGroup returns the longest group that words start with, and its
+// number of words (0 when none).
+func findGroup(words []string) (name, summary string, n int) {
+	for _, g := range groups {
+		parts := strings.Fields(g.name)
+		if len(words) >= len(parts) && strings.Join(words[:len(parts)], " ") == g.name {
+			return g.name, g.summary, len(parts)
+		}
+	}
+	return "", "", 0
+}
+
+// isHelp reports whether w asks for help.
+func isHelp(w string) bool {
+	return w == "help" || w == "-h" || w == "-help" || w == "--help"
 }
 
 func findCommand(words []string) (*command, int) {
@@ -83,8 +114,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, commandUsage(c, e))
 				return exitOK
 			}
-			if args[1] == "dlt" && len(args) == 2 {
-				fmt.Fprint(stdout, dltUsage())
+			if g, summary, n := findGroup(args[1:]); n > 0 && n == len(args)-1 {
+				fmt.Fprint(stdout, groupUsage(g, summary))
 				return exitOK
 			}
 			fmt.Fprintf(stderr, "kscope: no help for %q: it is not a command.\n\n%s", strings.Join(args[1:], " "), mainUsage())
@@ -95,16 +126,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	c, n := findCommand(args)
 	if c == nil {
-		if args[0] == "dlt" {
-			if len(args) == 1 {
-				fmt.Fprint(stderr, dltUsage())
+		if g, summary, n := findGroup(args); n > 0 {
+			if len(args) == n {
+				fmt.Fprint(stderr, groupUsage(g, summary))
 				return exitUsage
 			}
-			if h := args[1]; h == "help" || h == "-h" || h == "-help" || h == "--help" {
-				fmt.Fprint(stdout, dltUsage())
+			if isHelp(args[n]) {
+				fmt.Fprint(stdout, groupUsage(g, summary))
 				return exitOK
 			}
-			fmt.Fprintf(stderr, "kscope dlt: unknown subcommand %q\n\n%s", args[1], dltUsage())
+			fmt.Fprintf(stderr, "kscope %s: unknown subcommand %q\n\n%s", g, args[n], groupUsage(g, summary))
 			return exitUsage
 		}
 		fmt.Fprintf(stderr, "kscope: unknown command %q\n\n%s", args[0], mainUsage())
@@ -118,17 +149,32 @@ func runCommand(ctx context.Context, c *command, e *env, args []string) int {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	fn := c.flags(fs, e)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(e.stdout, commandUsage(c, e))
-			return exitOK
+	// The flag package stops at the first argument: a command that takes
+	// arguments reads its flags before, between and after them, and every
+	// word after "--" as an argument.
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprint(e.stdout, commandUsage(c, e))
+				return exitOK
+			}
+			fmt.Fprintf(e.stderr, "kscope %s: %v\nRun 'kscope %s -h' for usage.\n", c.name, err, c.name)
+			return exitUsage
 		}
-		fmt.Fprintf(e.stderr, "kscope %s: %v\nRun 'kscope %s -h' for usage.\n", c.name, err, c.name)
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(e.stderr, "kscope %s: unexpected argument %q (flags only; a flag after an argument is not read)\nRun 'kscope %s -h' for usage.\n", c.name, fs.Arg(0), c.name)
-		return exitUsage
+		left := fs.Args()
+		if len(left) == 0 {
+			break
+		}
+		if !c.takesArgs {
+			fmt.Fprintf(e.stderr, "kscope %s: unexpected argument %q (flags only; a flag after an argument is not read)\nRun 'kscope %s -h' for usage.\n", c.name, fs.Arg(0), c.name)
+			return exitUsage
+		}
+		if used := len(rest) - len(left); used > 0 && rest[used-1] == "--" {
+			e.args = append(e.args, left...)
+			break
+		}
+		e.args = append(e.args, left[0])
+		rest = left[1:]
 	}
 	err := fn(ctx)
 	if err == nil {
@@ -153,8 +199,9 @@ func usagef(format string, args ...any) error {
 
 func mainUsage() string {
 	var b strings.Builder
-	b.WriteString(`kscope inspects and repairs what kscope consumers leave in Kafka: dead-letter
-topics and consumer group offsets.
+	b.WriteString(`kscope inspects and repairs what kscope consumers leave in Kafka (dead-letter
+topics and consumer group offsets) and what an outbox relay leaves in
+PostgreSQL (the rows Kafka refused).
 
 Usage:
   kscope <command> [flags]
@@ -162,11 +209,13 @@ Usage:
 Commands:
 `)
 	for _, c := range commands() {
-		fmt.Fprintf(&b, "  %-13s %s\n", c.name, c.summary)
+		fmt.Fprintf(&b, "  %-20s %s\n", c.name, c.summary)
 	}
-	b.WriteString(`  help          this text; "kscope help <command>" for a command's flags
+	b.WriteString(`  help                 this text; "kscope help <command>" for a command's flags
 
-Every command takes --brokers (default: $KAFKA_BROKERS, comma separated).
+The commands that talk to Kafka take --brokers (default: $KAFKA_BROKERS,
+comma separated); the outbox commands take --database-url (default:
+$DATABASE_URL).
 kscope --version prints the version.
 Exit codes: 0 ok, 1 failure or refusal, 2 wrong command line.
 
@@ -176,19 +225,22 @@ Examples:
   kscope dlt show --group payments --partition 0 --offset 42
   kscope dlt redrive --group payments --to source --class retryable --dry-run
   kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z
+  kscope outbox dead list --database-url "$DATABASE_URL"
+  kscope outbox dead requeue default/3/1042 --yes
 `)
 	return b.String()
 }
 
-func dltUsage() string {
+// groupUsage lists the commands of group g, which are for summary.
+func groupUsage(g, summary string) string {
 	var b strings.Builder
-	b.WriteString("kscope dlt: read and redrive a consumer group's dead-letter topic.\n\nUsage:\n")
+	fmt.Fprintf(&b, "kscope %s: %s.\n\nUsage:\n", g, summary)
 	for _, c := range commands() {
-		if strings.HasPrefix(c.name, "dlt ") {
-			fmt.Fprintf(&b, "  kscope %-12s %s\n", c.name, c.summary)
+		if strings.HasPrefix(c.name, g+" ") {
+			fmt.Fprintf(&b, "  kscope %-20s %s\n", c.name, c.summary)
 		}
 	}
-	b.WriteString("\nRun 'kscope dlt <subcommand> -h' for its flags and examples.\n")
+	fmt.Fprintf(&b, "\nRun 'kscope %s <subcommand> -h' for its flags and examples.\n", g)
 	return b.String()
 }
 

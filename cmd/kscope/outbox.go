@@ -17,7 +17,7 @@ import (
 func outboxStatusCmd() *command {
 	return &command{
 		name:    "outbox status",
-		summary: "show an outbox's pending rows, their age and the relay's position per partition",
+		summary: "show an outbox's pending rows, their age, its dead rows and the relay's position per partition",
 		usage: `
 Usage:
   kscope outbox status [--outbox NAME] [--partitions N] [--database-url URL] [--json]
@@ -25,7 +25,9 @@ Usage:
 Reads, for every partition of an outbox, the relay's position (the last
 sequence number a committed relay transaction published, from the position
 topic, read_committed) and, from the database, how many committed rows are
-not published yet and how old the oldest of them is. It changes nothing.
+not published yet, how old the oldest of them is, and how many rows the
+relay moved to the dead-letter table because Kafka refuses them (see them
+with 'kscope outbox dead list'). It changes nothing.
 The names must be the relay's: --outbox, --partitions, --table-prefix and
 --position-topic default as outbox.Options does.
 
@@ -35,10 +37,10 @@ Examples:
 `,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
 			brokers := brokerFlag(fs)
-			dbURL := fs.String("database-url", "", "the PostgreSQL connection string (default $DATABASE_URL)")
+			dbURL := databaseFlag(fs)
 			name := fs.String("outbox", outbox.DefaultOutbox, "the outbox's name")
 			parts := fs.Int("partitions", outbox.DefaultPartitions, "the outbox's partition count")
-			prefix := fs.String("table-prefix", "", "the table prefix given to dbscope.Migrate (default kscope_)")
+			prefix := tablePrefixFlag(fs)
 			posTopic := fs.String("position-topic", "", "the relay's position topic (default kscope-outbox-<outbox>.positions)")
 			asJSON := fs.Bool("json", false, "print one JSON object per partition and line")
 			return func(ctx context.Context) error {
@@ -46,16 +48,9 @@ Examples:
 				if err != nil {
 					return err
 				}
-				url := *dbURL
-				if strings.TrimSpace(url) == "" {
-					url = e.getenv("DATABASE_URL")
-				}
-				if strings.TrimSpace(url) == "" {
-					return usagef("no database given: set --database-url or DATABASE_URL")
-				}
-				pool, err := pgxpool.New(ctx, url)
+				pool, err := e.database(ctx, *dbURL)
 				if err != nil {
-					return fmt.Errorf("bad --database-url: %w", err)
+					return err
 				}
 				defer pool.Close()
 				st, err := outbox.Status(ctx, outbox.Options{Brokers: bs, Pool: pool, Outbox: *name, Partitions: *parts,
@@ -69,12 +64,39 @@ Examples:
 	}
 }
 
+// databaseFlag declares --database-url.
+func databaseFlag(fs *flag.FlagSet) *string {
+	return fs.String("database-url", "", "the PostgreSQL connection string (default $DATABASE_URL)")
+}
+
+// tablePrefixFlag declares --table-prefix.
+func tablePrefixFlag(fs *flag.FlagSet) *string {
+	return fs.String("table-prefix", "", "the table prefix given to dbscope.Migrate (default kscope_)")
+}
+
+// database returns a pool on the database of the flag or DATABASE_URL.
+func (e *env) database(ctx context.Context, flagValue string) (*pgxpool.Pool, error) {
+	url := flagValue
+	if strings.TrimSpace(url) == "" {
+		url = e.getenv("DATABASE_URL")
+	}
+	if strings.TrimSpace(url) == "" {
+		return nil, usagef("no database given: set --database-url or DATABASE_URL")
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("bad --database-url: %w", err)
+	}
+	return pool, nil
+}
+
 // outboxEntry is one partition in outbox status --json.
 type outboxEntry struct {
 	Partition     int     `json:"partition"`
 	Position      int64   `json:"position"`
 	Pending       int64   `json:"pending"`
 	OldestSeconds float64 `json:"oldest_pending_seconds"`
+	Dead          int64   `json:"dead"`
 }
 
 func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
@@ -88,28 +110,32 @@ func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)
 		for _, s := range st {
-			if err := enc.Encode(outboxEntry{Partition: s.Partition, Position: s.Position, Pending: s.Pending, OldestSeconds: age(s).Seconds()}); err != nil {
+			if err := enc.Encode(outboxEntry{Partition: s.Partition, Position: s.Position, Pending: s.Pending, OldestSeconds: age(s).Seconds(), Dead: s.Dead}); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tPOSITION\tPENDING\tOLDEST PENDING")
-	var total int64
+	fmt.Fprintln(tw, "PARTITION\tPOSITION\tPENDING\tOLDEST PENDING\tDEAD")
+	var total, dead int64
 	var oldest time.Duration
 	for _, s := range st {
 		a := "-"
 		if s.Pending > 0 {
 			a = age(s).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\n", s.Partition, s.Position, s.Pending, a)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%d\n", s.Partition, s.Position, s.Pending, a, s.Dead)
 		total += s.Pending
+		dead += s.Dead
 		oldest = max(oldest, age(s))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "%s pending, the oldest for %s\n", plural(int(total), "row"), oldest.Round(time.Millisecond))
+	if dead > 0 {
+		fmt.Fprintf(e.stdout, "%s in the dead-letter table, not published: Kafka refuses them; see 'kscope outbox dead list'\n", plural(int(dead), "row"))
+	}
 	return nil
 }
