@@ -44,9 +44,10 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Migrate creates kscope's tables (inbox, offsets, parked keys) with the given table
-// prefix ("" selects DefaultTablePrefix) from the SQL files embedded in this
-// package. It is idempotent and safe to run from several processes at once:
+// Migrate creates kscope's tables with the given table prefix ("" selects
+// DefaultTablePrefix) from the SQL files embedded in this package: the
+// DB scope's inbox, offsets, parked keys and key versions, the outbox and
+// its dead-letter table, and package intent's intents. It is idempotent and safe to run from several processes at once:
 // each file is applied once, under an advisory lock, and recorded in
 // <prefix>schema_migrations.
 func Migrate(ctx context.Context, db Beginner, prefix string) error {
@@ -126,7 +127,7 @@ func migrationFiles() ([]migrationFile, error) {
 }
 
 // kscopeTables are the tables Migrate creates, without their prefix.
-var kscopeTables = []string{"schema_migrations", "inbox", "offsets", "parked", "key_versions", "waiting", "outbox_sequences", "outbox", "outbox_dead"}
+var kscopeTables = []string{"schema_migrations", "inbox", "offsets", "parked", "key_versions", "waiting", "outbox_sequences", "outbox", "outbox_dead", "intents"}
 
 // checkSchema reports, as an error that says to run Migrate, a database
 // that lacks one of kscope's tables or one of the embedded migrations. Any
