@@ -30,6 +30,8 @@ var (
 		"Outbox partitions this relay cannot publish until an operator fixes a topic: missing, refused to the relay, or refusing the records' timestamps.", []string{"outbox"}, nil)
 	outboxHaltedDesc = prometheus.NewDesc("kscope_outbox_halted_partitions",
 		"Outbox partitions this relay refuses to publish: their position is past the last sequence number the database handed out.", []string{"outbox"}, nil)
+	outboxDeadRowsDesc = prometheus.NewDesc("kscope_outbox_dead_rows",
+		"Rows in the outbox's dead-letter table now, per partition this relay publishes: waiting for an operator to requeue or discard them (kscope outbox dead).", []string{"outbox", "partition"}, nil)
 	outboxScrapeErrDesc = prometheus.NewDesc("kscope_outbox_pending_scrape_errors_total",
 		"Scrapes that could not count the pending rows (the database did not answer in time).", []string{"outbox"}, nil)
 )
@@ -46,6 +48,7 @@ type relayCollector struct {
 //
 //	kscope_outbox_pending_rows{outbox,partition}           committed rows not published yet
 //	kscope_outbox_oldest_pending_seconds{outbox,partition} age of the oldest of them
+//	kscope_outbox_dead_rows{outbox,partition}              rows in the dead-letter table now
 //	kscope_outbox_published_records_total{outbox}          records published
 //	kscope_outbox_transactions_total{outbox,result}        committed, aborted
 //	kscope_outbox_partitions{outbox}                       partitions this relay publishes
@@ -53,7 +56,7 @@ type relayCollector struct {
 //	kscope_outbox_stuck_partitions{outbox}                 partitions waiting for a topic to be fixed (Stats.Stuck)
 //	kscope_outbox_halted_partitions{outbox}                partitions whose position is ahead of the database (Stats.Halted)
 //
-// The pending rows are counted at each scrape, with one query of at most
+// The pending and dead rows are counted at each scrape, with one query of at most
 // two seconds; only the partitions this instance publishes are reported
 // (each relay instance reports its own).
 func (m *Metrics) WatchRelay(r *outbox.Relay) error {
@@ -62,7 +65,7 @@ func (m *Metrics) WatchRelay(r *outbox.Relay) error {
 
 func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{outboxPendingDesc, outboxOldestDesc, outboxPublishedDesc, outboxTxnDesc, outboxPartitionsDesc,
-		outboxDeadDesc, outboxStuckDesc, outboxHaltedDesc, outboxScrapeErrDesc} {
+		outboxDeadDesc, outboxStuckDesc, outboxHaltedDesc, outboxDeadRowsDesc, outboxScrapeErrDesc} {
 		ch <- d
 	}
 }
@@ -93,5 +96,6 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(outboxPendingDesc, prometheus.GaugeValue, float64(p.Pending), name, part)
 		ch <- prometheus.MustNewConstMetric(outboxOldestDesc, prometheus.GaugeValue, age, name, part)
+		ch <- prometheus.MustNewConstMetric(outboxDeadRowsDesc, prometheus.GaugeValue, float64(p.Dead), name, part)
 	}
 }

@@ -75,6 +75,10 @@ func TestWatchRelayExportsDeadLetters(t *testing.T) {
 	if v := value(t, g, "kscope_outbox_dead_lettered_records_total", of); v != 1 {
 		t.Errorf("kscope_outbox_dead_lettered_records_total is %v, want 1", v)
 	}
+	// The row waits in the dead-letter table for an operator.
+	if v := value(t, g, "kscope_outbox_dead_rows", of); v != 1 {
+		t.Errorf("kscope_outbox_dead_rows is %v, want 1", v)
+	}
 	for _, name := range []string{"kscope_outbox_stuck_partitions", "kscope_outbox_halted_partitions"} {
 		if n := series(t, g, name); n != 1 {
 			t.Errorf("%d series of %s, want 1", n, name)
