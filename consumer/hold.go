@@ -1,10 +1,12 @@
 package consumer
 
 import (
-	"github.com/kscope-dev/kscope/commit"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/kscope-dev/kscope/commit"
 )
 
 // hold keeps rec back when it is a delay-topic record that is not due yet,
@@ -90,6 +92,63 @@ func (r *Runner) releaseHeld(st *partState) {
 		st.held = nil
 		r.setHoldPaused(st, false)
 	}
+	r.settleMarkersLocked(st)
+}
+
+// markersPolled is markersPolledLocked for a poll that brought st only
+// transaction markers.
+func (r *Runner) markersPolled(st *partState, markers []int64) {
+	st.holdMu.Lock()
+	defer st.holdMu.Unlock()
+	if st.Revoked() {
+		return // dropHeld may have run already; the next owner passes them
+	}
+	r.markersPolledLocked(st, markers)
+}
+
+// markersPolledLocked takes the transaction markers, in offset order, that
+// one poll of a transactional runner's partition brought, after the poll's
+// records were dispatched or held: those below every held record of the
+// partition count as done at once, the others once the held records
+// before them are dispatched (releaseHeld).
+//
+// A marker counted done above held records would make every transaction
+// list each of them as undone in the offset's metadata, and records are
+// held by the thousand: past commit.MaxUndone dispatched, or waiting for
+// their due time on a retry topic, which the Kafka scope writes in
+// transactions, a marker after each record it sends there. Metadata that
+// long is refused by the broker (offset.metadata.max.bytes, 4096 bytes by
+// default), so every transaction would abort, and again after each
+// rewind. Kept back, a marker leaves below it only dispatched records
+// undone: at most commit.MaxUndone. st.holdMu must be held.
+func (r *Runner) markersPolledLocked(st *partState, markers []int64) {
+	st.heldMarkers = append(st.heldMarkers, markers...)
+	if r.settleMarkersLocked(st) {
+		// The Kafka scope commits offsets only in a transaction: a
+		// marker alone in a poll (an input transaction that aborted,
+		// once the runner caught up) must end one too. (A marker
+		// settled later by releaseHeld follows a record dispatched
+		// then, whose transaction ends anyway.)
+		r.gate.progress()
+	}
+}
+
+// settleMarkersLocked counts done the kept markers of st that lie below
+// its lowest held record (all of them when none is held) and reports
+// whether there were any. st.holdMu must be held.
+func (r *Runner) settleMarkersLocked(st *partState) bool {
+	i := len(st.heldMarkers)
+	if len(st.held) > 0 {
+		i, _ = slices.BinarySearch(st.heldMarkers, st.held[0].offset)
+	}
+	if i == 0 {
+		return false
+	}
+	st.Watermark.DoneAll(st.heldMarkers[:i])
+	if st.heldMarkers = st.heldMarkers[i:]; len(st.heldMarkers) == 0 {
+		st.heldMarkers = nil
+	}
+	return true
 }
 
 // releaseSlots dispatches held records of a transactional runner's
@@ -117,7 +176,7 @@ func (r *Runner) dropHeld(st *partState) {
 		r.held.Add(-1)
 		rec.state = recDone // its in-flight room was given back when it was kept
 	}
-	st.held = nil
+	st.held, st.heldMarkers = nil, nil
 }
 
 // keepHeld counts rec as held. A held record does not count against the

@@ -228,15 +228,15 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 		route[i] = routed{offset: rec.Offset, size: size, shard: s}
 		next[s+1]++
 	}
+	bounded := st.txc != nil
 	if markers != nil {
-		st.Watermark.DoneAll(markers)
-		if st.txc != nil {
-			// The Kafka scope commits offsets only in a transaction: a
-			// marker alone in a poll (an input transaction that
-			// aborted, once the runner caught up) must end one too.
-			r.gate.progress()
+		if !bounded {
+			st.Watermark.DoneAll(markers)
 		}
 		if recs, route = dropMarkers(recs, route); len(recs) == 0 {
+			if bounded {
+				r.markersPolled(st, markers)
+			}
 			return n, bytes
 		}
 	}
@@ -252,7 +252,6 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
 	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(added))
 	r.polled.Add(int64(len(recs)))
-	bounded := st.txc != nil
 	var now time.Time
 	if delayed || bounded {
 		if beforeHoldHook != nil {
@@ -287,6 +286,9 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 			st.active.Add(1)
 		}
 		r.shardBuf[kr.shard] = append(r.shardBuf[kr.shard], kr)
+	}
+	if bounded && markers != nil {
+		r.markersPolledLocked(st, markers)
 	}
 	for shard, q := range r.shardBuf {
 		if len(q) == 0 {

@@ -39,6 +39,10 @@ type partState struct {
 	holdMu    sync.Mutex
 	held      []*Record // records waiting for their due time or, in a transactional runner, a dispatch slot; in offset order
 	holdTimer *time.Timer
+	// A transactional runner's transaction markers polled behind a held
+	// record, in offset order: counted done once the held records below
+	// them are dispatched (markersPolledLocked).
+	heldMarkers []int64
 
 	// A transactional runner's: the records dispatched and not done (at
 	// most commit.MaxUndone), and what the last transaction committed.
@@ -371,7 +375,9 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		// initialised (newClient), so that it joins the group only then.
 		kgo.ConsumeTopics(r.consumedAtStart()...),
 		// Transaction markers reach dispatchAll, which counts them done
-		// at once: the committed offset then passes a transaction's
+		// at once (a transactional runner, once the records it holds
+		// back before them are dispatched; see markersPolledLocked):
+		// the committed offset then passes a transaction's
 		// last marker, and a caught-up group shows no lag (without them
 		// it would stop one short, at the marker, on every partition a
 		// transactional producer writes).

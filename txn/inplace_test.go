@@ -24,9 +24,11 @@ import (
 
 // stuckSetup creates topic "one" (one partition, so that every key shares
 // it) and produces, round robin, perKey records of the key "stuck" and of
-// keys k00..k(keys-1): value "<key>/<seq>". It returns the keys whose
-// key-shard differs from stuck's under cfg, which must not wait for it.
-func stuckSetup(t *testing.T, k *testenv.Kafka, cfg consumer.Config, keys, perKey int) (free []string, total int) {
+// keys k00..k(keys-1): value "<key>/<seq>"; in transactions of perTxn
+// records, each ending in a marker, when perTxn is positive. It returns
+// the keys whose key-shard differs from stuck's under cfg, which must not
+// wait for it.
+func stuckSetup(t *testing.T, k *testenv.Kafka, cfg consumer.Config, keys, perKey, perTxn int) (free []string, total int) {
 	t.Helper()
 	if err := k.CreateTopic(context.Background(), "one", 1); err != nil {
 		t.Fatal(err)
@@ -39,7 +41,9 @@ func stuckSetup(t *testing.T, k *testenv.Kafka, cfg consumer.Config, keys, perKe
 			recs = append(recs, &kgo.Record{Topic: "one", Key: []byte(key), Value: []byte(fmt.Sprintf("%s/%d", key, s))})
 		}
 	}
-	if err := k.Produce(context.Background(), recs...); err != nil {
+	if perTxn > 0 {
+		produceInTransactions(t, k, recs, perTxn)
+	} else if err := k.Produce(context.Background(), recs...); err != nil {
 		t.Fatal(err)
 	}
 	stuck := partition.Shard("one", 0, 0, []byte("stuck"), cfg.Shards, cfg.NullKeys)
@@ -50,6 +54,32 @@ func stuckSetup(t *testing.T, k *testenv.Kafka, cfg consumer.Config, keys, perKe
 		}
 	}
 	return free, len(recs)
+}
+
+// produceInTransactions produces recs, in order, in committed
+// transactions of perTxn records, as an upstream exactly-once pipeline
+// does.
+func produceInTransactions(t *testing.T, k *testenv.Kafka, recs []*kgo.Record, perTxn int) {
+	t.Helper()
+	ctx := context.Background()
+	cl, err := k.Client(kgo.TransactionalID("upstream"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for len(recs) > 0 {
+		n := min(perTxn, len(recs))
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, recs[:n]...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+		recs = recs[n:]
+	}
 }
 
 // echo emits "<value>" to "out" for every input, unless fail says the
@@ -118,7 +148,7 @@ func checkOutputs(t *testing.T, k *testenv.Kafka, want int) {
 func TestOneRetryingKeyHoldsOnlyItsShard(t *testing.T) {
 	k := setup(t)
 	cfg := stuckConfig(k, "g-stuck")
-	free, total := stuckSetup(t, k, cfg, 24, 3)
+	free, total := stuckSetup(t, k, cfg, 24, 3, 0)
 	var released atomic.Bool
 	h := &echo{attempts: map[string]int{}, fail: func(v string) bool { return v == "stuck/0" && !released.Load() }}
 	r, err := txn.New(cfg, txn.Options{TransactionalID: "stuck-1"}, h)
@@ -151,7 +181,7 @@ func TestOneRetryingKeyHoldsOnlyItsShard(t *testing.T) {
 func TestRetryingKeyAcrossRestart(t *testing.T) {
 	k := setup(t)
 	cfg := stuckConfig(k, "g-stuck-restart")
-	free, total := stuckSetup(t, k, cfg, 24, 3)
+	free, total := stuckSetup(t, k, cfg, 24, 3, 0)
 	h := &echo{attempts: map[string]int{}, fail: func(v string) bool { return v == "stuck/0" }}
 	r1, err := txn.New(cfg, txn.Options{TransactionalID: "stuck-restart-1"}, h)
 	if err != nil {
@@ -261,10 +291,22 @@ func mustClient(t *testing.T, k *testenv.Kafka) *kgo.Client {
 // most that many, within the broker's metadata limit. The next member
 // skips every record whose outputs committed, and read_committed nothing
 // is duplicated or lost.
+//
+// So also when the input was written in transactions, each ending in a
+// marker: a marker is counted done only once the records held back
+// before it are dispatched. Counted done at once, a marker above the held
+// records made every transaction list them all as undone, metadata the
+// broker refuses past offset.metadata.max.bytes (4096 by default), and
+// every transaction aborted.
 func TestRetryingKeyPastTheUndoneBound(t *testing.T) {
+	t.Run("plain input", func(t *testing.T) { testRetryingKeyPastTheUndoneBound(t, 64, 60, 0) })
+	t.Run("input written in transactions", func(t *testing.T) { testRetryingKeyPastTheUndoneBound(t, 64, 100, 10) })
+}
+
+func testRetryingKeyPastTheUndoneBound(t *testing.T, keys, perKey, perTxn int) {
 	k := setup(t)
 	cfg := stuckConfig(k, "g-stuck-bound")
-	_, total := stuckSetup(t, k, cfg, 64, 60)
+	_, total := stuckSetup(t, k, cfg, keys, perKey, perTxn)
 	h1 := &echo{attempts: map[string]int{}, fail: func(v string) bool { return v == "stuck/0" }}
 	r1, err := txn.New(cfg, txn.Options{TransactionalID: "stuck-bound-1"}, h1)
 	if err != nil {
@@ -277,7 +319,7 @@ func TestRetryingKeyPastTheUndoneBound(t *testing.T) {
 	stuckShard := partition.Shard("one", 0, 0, []byte("stuck"), cfg.Shards, cfg.NullKeys)
 	behind, passing := 0, 0
 	for s := 0; behind < commit.MaxUndone; s++ {
-		for i := -1; i < 64 && behind < commit.MaxUndone; i++ {
+		for i := -1; i < keys && behind < commit.MaxUndone; i++ {
 			key := "stuck"
 			if i >= 0 {
 				key = fmt.Sprintf("k%02d", i)
