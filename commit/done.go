@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"strings"
 )
@@ -63,7 +65,11 @@ func (d Done) Metadata() string {
 // ParseDone decodes what [Done.Metadata] wrote for committed offset
 // offset. Metadata that kscope did not write (another tool's, or none)
 // means nothing above offset is done; so does metadata that does not
-// decode, which is also reported as an error.
+// decode to what Metadata writes, which is also reported as an error:
+// undone offsets out of order or outside [offset, End), an End past the
+// largest offset, or bytes after the undone offsets. Whatever meta holds,
+// what ParseDone returns never says more than metadata kscope wrote
+// said.
 func ParseDone(offset int64, meta string) (Done, error) {
 	none := Done{Offset: offset, End: offset}
 	if !strings.HasPrefix(meta, metaPrefix) {
@@ -86,19 +92,33 @@ func ParseDone(offset int64, meta string) (Done, error) {
 	if err != nil {
 		return none, err
 	}
+	if offset < 0 {
+		return none, fmt.Errorf("offset %d: no offset is committed", offset)
+	}
+	if span > uint64(math.MaxInt64-offset) {
+		return none, fmt.Errorf("the records done above offset %d end past the largest offset", offset)
+	}
 	n, err := next()
 	if err != nil || n > uint64(len(b)) {
 		return none, errTruncated
 	}
 	d := Done{Offset: offset, End: offset + int64(span)}
 	prev := offset
-	for range n {
+	for i := range n {
 		gap, err := next()
 		if err != nil {
 			return none, err
 		}
+		// Each undone offset lies past the one before (the first may
+		// be the committed offset itself) and before End.
+		if (i > 0 && gap == 0) || gap >= uint64(d.End-prev) {
+			return none, errors.New("the undone offsets are out of order or outside the records done")
+		}
 		prev += int64(gap)
 		d.Undone = append(d.Undone, prev)
+	}
+	if len(b) > 0 {
+		return none, errors.New("bytes after the undone offsets")
 	}
 	return d, nil
 }

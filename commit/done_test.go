@@ -1,6 +1,9 @@
 package commit_test
 
 import (
+	"encoding/base64"
+	"encoding/binary"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -120,4 +123,86 @@ func TestProgressIsExact(t *testing.T) {
 			}
 		}
 	}
+}
+
+// kscopeMeta encodes uvarints as kscope1 metadata, well-formed or not.
+func kscopeMeta(vs ...uint64) string {
+	var b []byte
+	for _, v := range vs {
+		b = binary.AppendUvarint(b, v)
+	}
+	return "kscope1:" + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// Metadata that kscope never writes (damaged, or another writer's under
+// kscope's prefix) must claim no record done above the committed offset:
+// undone offsets out of order, below the offset or past the end, or an end
+// past the largest offset, are refused as damaged. Taken as they decoded,
+// the next owner's progress committed past a record that was not done
+// (the first case: offset 150 committed while 120 was undone, and 120 was
+// never handled) or went back below the committed offset.
+func TestParseDoneRefusesMetadataKscopeDoesNotWrite(t *testing.T) {
+	const offset = 100
+	back := func(n uint64) uint64 { return -n } // a gap that wraps below the previous offset
+	for _, c := range []struct {
+		name string
+		meta string
+	}{
+		{"undone out of order", kscopeMeta(100, 2, 50, back(30))},
+		{"undone below the offset", kscopeMeta(100, 1, back(50))},
+		{"undone past the end", kscopeMeta(10, 1, 20)},
+		{"the same undone twice", kscopeMeta(10, 2, 3, 0)},
+		{"an end past the largest offset", kscopeMeta(math.MaxInt64, 0)},
+		{"bytes after the undone offsets", kscopeMeta(10, 1, 3, 7)},
+		{"no undone offsets after their count", kscopeMeta(10, 2, 3)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := commit.ParseDone(offset, c.meta)
+			if err == nil || !got.Equal(commit.Done{Offset: offset, End: offset}) {
+				t.Fatalf("ParseDone = %+v, %v; want nothing done above %d, and an error", got, err, offset)
+			}
+		})
+	}
+
+	// What a damaged prior becomes in the next owner's commit.
+	prior, _ := commit.ParseDone(offset, kscopeMeta(100, 2, 50, back(30)))
+	p := commit.NewPartition("t", 0)
+	for o := int64(offset); o <= 110; o++ {
+		p.Add(o, 0)
+		p.Done(o)
+	}
+	if next := p.Progress(prior); next.Offset > 120 && !prior.IsDone(120) {
+		t.Fatalf("the prior %+v says 120 is not done; the next commit %+v passes it", prior, next)
+	}
+}
+
+// Whatever the metadata, ParseDone returns a well-formed Done for the
+// offset it is given, and what Metadata writes reads back the same.
+func FuzzParseDone(f *testing.F) {
+	f.Add(int64(100), commit.Done{Offset: 100, End: 110, Undone: []int64{103, 105}}.Metadata())
+	f.Add(int64(0), commit.Done{Offset: 0, End: 1 << 40, Undone: []int64{0, 1, 1 << 39}}.Metadata())
+	f.Add(int64(100), kscopeMeta(100, 2, 50, math.MaxUint64-29))
+	f.Add(int64(7), "kscope1:")
+	f.Add(int64(7), "another tool's")
+	f.Fuzz(func(t *testing.T, offset int64, meta string) {
+		if offset < 0 {
+			return // nothing committed: the runner does not parse
+		}
+		none := commit.Done{Offset: offset, End: offset}
+		d, err := commit.ParseDone(offset, meta)
+		if err != nil && !d.Equal(none) {
+			t.Fatalf("ParseDone(%d, %q) = %+v with error %v; want nothing done above the offset", offset, meta, d, err)
+		}
+		if d.Offset != offset || d.End < d.Offset || !slices.IsSorted(d.Undone) || len(slices.Compact(slices.Clone(d.Undone))) != len(d.Undone) ||
+			len(d.Undone) > 0 && (d.Undone[0] < d.Offset || d.Undone[len(d.Undone)-1] >= d.End) {
+			t.Fatalf("ParseDone(%d, %q) = %+v: malformed", offset, meta, d)
+		}
+		if d.End == d.Offset {
+			return
+		}
+		again, err := commit.ParseDone(offset, d.Metadata())
+		if err != nil || !again.Equal(d) {
+			t.Fatalf("%+v does not read back: %+v, %v", d, again, err)
+		}
+	})
 }
