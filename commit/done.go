@@ -45,9 +45,16 @@ type Done struct {
 const metaPrefix = "kscope1:"
 
 // Metadata encodes d's records done above Offset as offset commit
-// metadata: uvarints of End-Offset, len(Undone) and the gaps between
-// Offset and the undone offsets, in base64. It is empty when nothing above
-// Offset is done.
+// metadata: uvarints of End-Offset, len(Undone), the gaps between Offset
+// and the undone offsets, and Offset itself, in base64. It is empty when
+// nothing above Offset is done.
+//
+// The offset comes last so that it reads as the metadata's own: a tool
+// that commits another offset with this metadata (a script that reads a
+// group's offsets with their metadata, moves them and commits them back)
+// does not make ParseDone take the records at the same distances from the
+// new offset for done. (Metadata written before the offset was added
+// still reads; readers that predate it ignore it.)
 func (d Done) Metadata() string {
 	if d.End <= d.Offset {
 		return ""
@@ -59,6 +66,7 @@ func (d Done) Metadata() string {
 		b = binary.AppendUvarint(b, uint64(u-prev))
 		prev = u
 	}
+	b = binary.AppendUvarint(b, uint64(d.Offset))
 	return metaPrefix + base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -67,9 +75,9 @@ func (d Done) Metadata() string {
 // means nothing above offset is done; so does metadata that does not
 // decode to what Metadata writes, which is also reported as an error:
 // undone offsets out of order or outside [offset, End), an End past the
-// largest offset, or bytes after the undone offsets. Whatever meta holds,
-// what ParseDone returns never says more than metadata kscope wrote
-// said.
+// largest offset, bytes after the offset, or metadata written for another
+// offset. Whatever meta holds, what ParseDone returns never says more
+// than the metadata kscope wrote for offset said.
 func ParseDone(offset int64, meta string) (Done, error) {
 	none := Done{Offset: offset, End: offset}
 	if !strings.HasPrefix(meta, metaPrefix) {
@@ -117,8 +125,18 @@ func ParseDone(offset int64, meta string) (Done, error) {
 		prev += int64(gap)
 		d.Undone = append(d.Undone, prev)
 	}
+	if len(b) == 0 {
+		return d, nil // written before the metadata named its offset
+	}
+	at, err := next()
+	if err != nil {
+		return none, err
+	}
+	if at != uint64(offset) {
+		return none, fmt.Errorf("the metadata was written for offset %d, not %d: a tool committed another offset with it", at, offset)
+	}
 	if len(b) > 0 {
-		return none, errors.New("bytes after the undone offsets")
+		return none, errors.New("bytes after the offset")
 	}
 	return d, nil
 }

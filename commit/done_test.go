@@ -153,7 +153,7 @@ func TestParseDoneRefusesMetadataKscopeDoesNotWrite(t *testing.T) {
 		{"undone past the end", kscopeMeta(10, 1, 20)},
 		{"the same undone twice", kscopeMeta(10, 2, 3, 0)},
 		{"an end past the largest offset", kscopeMeta(math.MaxInt64, 0)},
-		{"bytes after the undone offsets", kscopeMeta(10, 1, 3, 7)},
+		{"bytes after the offset", kscopeMeta(10, 1, 3, 100, 7)},
 		{"no undone offsets after their count", kscopeMeta(10, 2, 3)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -176,8 +176,30 @@ func TestParseDoneRefusesMetadataKscopeDoesNotWrite(t *testing.T) {
 	}
 }
 
+// Metadata names the offset it was written for: a tool that commits
+// another offset with it (a script that reads the group's offsets with
+// their metadata, changes the offsets and commits them back) does not
+// make the next owner take the records at the old distances from the new
+// offset for done. Read at 50, what was written at 100 with 150 undone
+// said that 150 was done.
+func TestParseDoneRefusesMetadataOfAnotherOffset(t *testing.T) {
+	meta := commit.Done{Offset: 100, End: 200, Undone: []int64{150}}.Metadata()
+	for _, at := range []int64{50, 99, 101, 120} {
+		got, err := commit.ParseDone(at, meta)
+		if err == nil || !got.Equal(commit.Done{Offset: at, End: at}) {
+			t.Fatalf("metadata written at 100, committed at %d: ParseDone = %+v, %v; want nothing done above %d, and an error", at, got, err, at)
+		}
+	}
+	// Metadata written before it named its offset still reads.
+	old := kscopeMeta(100, 1, 50)
+	if got, err := commit.ParseDone(100, old); err != nil || !got.Equal(commit.Done{Offset: 100, End: 200, Undone: []int64{150}}) {
+		t.Fatalf("metadata without its offset: ParseDone = %+v, %v", got, err)
+	}
+}
+
 // Whatever the metadata, ParseDone returns a well-formed Done for the
-// offset it is given, and what Metadata writes reads back the same.
+// offset it is given, and what Metadata writes reads back the same, at its
+// own offset only.
 func FuzzParseDone(f *testing.F) {
 	f.Add(int64(100), commit.Done{Offset: 100, End: 110, Undone: []int64{103, 105}}.Metadata())
 	f.Add(int64(0), commit.Done{Offset: 0, End: 1 << 40, Undone: []int64{0, 1, 1 << 39}}.Metadata())
@@ -203,6 +225,12 @@ func FuzzParseDone(f *testing.F) {
 		again, err := commit.ParseDone(offset, d.Metadata())
 		if err != nil || !again.Equal(d) {
 			t.Fatalf("%+v does not read back: %+v, %v", d, again, err)
+		}
+		if offset == math.MaxInt64 {
+			return
+		}
+		if other, _ := commit.ParseDone(offset+1, d.Metadata()); !other.Equal(commit.Done{Offset: offset + 1, End: offset + 1}) {
+			t.Fatalf("%+v read at %d: %+v", d, offset+1, other)
 		}
 	})
 }

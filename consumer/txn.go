@@ -506,7 +506,7 @@ func (r *Runner) onOffsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.O
 				}
 				d, err := commit.ParseDone(p.Offset, meta)
 				if err != nil {
-					r.log.Warn("kscope: the committed offset's metadata is not kscope's; records above the offset are handled again",
+					r.log.Warn("kscope: the committed offset's metadata is not what kscope wrote for it; records above the offset are handled again",
 						"topic", t.Topic, "partition", p.Partition, "offset", p.Offset, "err", err)
 				}
 				st.txc.set(d)
