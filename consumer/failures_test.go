@@ -259,53 +259,95 @@ func TestDLTProduceFailureHoldsTheOffset(t *testing.T) {
 	}
 }
 
-// A dead-letter write the broker refuses (the client lacks the ACL) is
-// logged as an ERROR that names the topic and says what to grant, not as
-// a passing warning; the record's offset is held meanwhile, and the grant
-// heals it without a restart.
+// A dead-letter write the broker refuses is logged as an ERROR that names
+// the topic and says what to change, not as a passing warning: the client
+// lacks the ACL, or the record is larger than the topic's
+// max.message.bytes. The record's offset is held meanwhile, and the grant,
+// or the raised limit, heals it without a restart.
 func TestRefusedDLTWriteIsLoggedAsAnError(t *testing.T) {
-	ctx := context.Background()
-	k := testenv.KafkaT(t)
-	const topic, group = "dltrefused", "g-dltrefused"
-	if err := k.CreateTopic(ctx, topic, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("poison")}); err != nil {
-		t.Fatal(err)
-	}
-	dlt := retrytopic.DLTopic(group)
-	fault, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: dlt, Err: kerr.TopicAuthorizationFailed, Count: -1})
-	if err != nil {
-		t.Skip(err) // refusing a write needs the in-process kfake cluster
-	}
-	var logs testenv.LogBuffer
-	cfg := baseConfig(t, k, group, topic)
-	cfg.Logger = logs.Logger()
-	cfg.Failures = fastFailures(retrytopic.Policy{})
-	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
-		return consumer.Terminal(errors.New("bad record"))
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runAsync(t, r)
-	testenv.WaitFor(t, time.Minute, "an ERROR naming the refused DLT", func() bool {
-		for _, l := range strings.Split(logs.String(), "\n") {
-			if strings.Contains(l, "level=ERROR") && strings.Contains(l, dlt) && strings.Contains(l, "grant") && strings.Contains(l, "TOPIC_AUTHORIZATION_FAILED") {
-				return true
+	cases := []struct {
+		name string
+		// refuse makes the broker refuse the dead-letter write of value
+		// to dlt, and returns what heals it.
+		refuse func(t *testing.T, k *testenv.Kafka, dlt string) (heal func())
+		value  []byte
+		words  []string // in the ERROR line, besides the topic
+	}{
+		{"no ACL", func(t *testing.T, k *testenv.Kafka, dlt string) func() {
+			fault, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: dlt, Err: kerr.TopicAuthorizationFailed, Count: -1})
+			if err != nil {
+				t.Skip(err) // refusing a write needs the in-process kfake cluster
 			}
-		}
-		return false
-	})
-	if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] != 0 {
-		t.Fatalf("committed offset %d past the record whose DLT write is refused", com[0])
+			return fault.Remove
+		}, []byte("poison"), []string{"grant", "TOPIC_AUTHORIZATION_FAILED"}},
+		{"too large", func(t *testing.T, k *testenv.Kafka, dlt string) func() {
+			limit := "2048"
+			if resp, err := k.Admin().CreateTopic(context.Background(), 1, -1, map[string]*string{"max.message.bytes": &limit}, dlt); err != nil || resp.Err != nil {
+				t.Fatal(err, resp.Err)
+			}
+			return func() {
+				raised := "1048588"
+				if _, err := k.Admin().AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &raised}}, dlt); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, incompressible(8192), []string{"max.message.bytes", "MESSAGE_TOO_LARGE"}},
 	}
-	fault.Remove()
-	testenv.WaitFor(t, time.Minute, "the record dead-lettered once granted", func() bool { return r.Stats().Failures.DeadLettered == 1 })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
+	for n, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			k := testenv.KafkaT(t)
+			topic, group := fmt.Sprintf("dltrefused-%d", n), fmt.Sprintf("g-dltrefused-%d", n)
+			if err := k.CreateTopic(ctx, topic, 1); err != nil {
+				t.Fatal(err)
+			}
+			dlt := retrytopic.DLTopic(group)
+			heal := tc.refuse(t, k, dlt)
+			if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: tc.value}); err != nil {
+				t.Fatal(err)
+			}
+			var logs testenv.LogBuffer
+			cfg := baseConfig(t, k, group, topic)
+			cfg.Logger = logs.Logger()
+			cfg.Failures = fastFailures(retrytopic.Policy{})
+			r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+				return consumer.Terminal(errors.New("bad record"))
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runAsync(t, r)
+			testenv.WaitFor(t, time.Minute, "an ERROR naming the refused DLT and what to change", func() bool {
+				for _, l := range strings.Split(logs.String(), "\n") {
+					ok := strings.Contains(l, "level=ERROR") && strings.Contains(l, dlt)
+					for _, w := range tc.words {
+						ok = ok && strings.Contains(l, w)
+					}
+					if ok {
+						return true
+					}
+				}
+				return false
+			})
+			if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] != 0 {
+				t.Fatalf("committed offset %d past the record whose DLT write is refused", com[0])
+			}
+			heal()
+			testenv.WaitFor(t, time.Minute, "the record dead-lettered once healed", func() bool { return r.Stats().Failures.DeadLettered == 1 })
+			testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
+}
+
+// incompressible returns n bytes the producer's compression cannot shrink:
+// the broker's limit applies to a batch as compressed.
+func incompressible(n int) []byte {
+	b := make([]byte, n)
+	rand.NewChaCha8([32]byte{byte(n), byte(n >> 8)}).Read(b)
+	return b
 }
 
 // The dead-letter topic must exist or be creatable; with creation turned
@@ -397,60 +439,6 @@ func TestRetryTopicsUnordered(t *testing.T) {
 	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
 	if len(dlt) != 1 || testenv.Header(dlt[0], retrytopic.HeaderAttempt) != "4" || testenv.Header(dlt[0], consumer.HeaderOriginalTopic) != topic {
 		t.Fatalf("DLT %v", dlt)
-	}
-}
-
-// A dead-letter record the broker refuses as too large (the topic's
-// max.message.bytes below the record) is logged as an ERROR that names
-// the topic and what to raise; the record's offset is held meanwhile, and
-// raising the limit heals it without a restart.
-func TestTooLargeDLTWriteIsLoggedAsAnError(t *testing.T) {
-	ctx := context.Background()
-	k := testenv.KafkaT(t)
-	const topic, group = "dltlarge", "g-dltlarge"
-	if err := k.CreateTopic(ctx, topic, 1); err != nil {
-		t.Fatal(err)
-	}
-	dlt := retrytopic.DLTopic(group)
-	limit := "2048"
-	if resp, err := k.Admin().CreateTopic(ctx, 1, -1, map[string]*string{"max.message.bytes": &limit}, dlt); err != nil || resp.Err != nil {
-		t.Fatal(err, resp.Err)
-	}
-	value := make([]byte, 8192)
-	rand.NewChaCha8([32]byte{1}).Read(value) // the broker's limit applies to the batch as compressed
-	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: value}); err != nil {
-		t.Fatal(err)
-	}
-	var logs testenv.LogBuffer
-	cfg := baseConfig(t, k, group, topic)
-	cfg.Logger = logs.Logger()
-	cfg.Failures = fastFailures(retrytopic.Policy{})
-	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
-		return consumer.Terminal(errors.New("bad record"))
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runAsync(t, r)
-	testenv.WaitFor(t, time.Minute, "an ERROR naming the DLT and its limit", func() bool {
-		for _, l := range strings.Split(logs.String(), "\n") {
-			if strings.Contains(l, "level=ERROR") && strings.Contains(l, dlt) && strings.Contains(l, "max.message.bytes") && strings.Contains(l, "MESSAGE_TOO_LARGE") {
-				return true
-			}
-		}
-		return false
-	})
-	if com, _ := k.CommittedOffsets(ctx, group, topic); com[0] != 0 {
-		t.Fatalf("committed offset %d past the record whose DLT write is refused", com[0])
-	}
-	raised := "1048588"
-	if _, err := k.Admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &raised}}, dlt); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "the record dead-lettered once the limit is raised", func() bool { return r.Stats().Failures.DeadLettered == 1 })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop(); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -469,32 +469,43 @@ func textCut(v []byte, cut bool) []byte {
 	return v
 }
 
-func showText(w io.Writer, r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int) {
-	fmt.Fprintf(w, "topic:      %s\npartition:  %d\noffset:     %d\ntimestamp:  %s\n", r.Topic, r.Partition, r.Offset, timeText(r.Timestamp))
-	fmt.Fprintf(w, "key:        %s\n", keyText(r.Key))
-	fmt.Fprintf(w, "headers:    %d\n", len(r.Headers))
-	for _, h := range r.Headers {
+// headersText prints headers, one a line: as text where they are, else
+// in hex.
+func headersText(w io.Writer, hs []kgo.RecordHeader) {
+	for _, h := range hs {
 		if printable(h.Value, true) {
 			fmt.Fprintf(w, "  %s: %s\n", h.Key, escape(string(h.Value)))
 		} else {
 			fmt.Fprintf(w, "  %s: 0x%s (binary)\n", h.Key, hex.EncodeToString(h.Value))
 		}
 	}
-	switch {
-	case r.Value == nil:
+}
+
+// valueText prints a record's value, cut to maxValue bytes: as text where
+// it is, else as a hex dump.
+func valueText(w io.Writer, value []byte, maxValue int) {
+	if value == nil {
 		fmt.Fprintf(w, "value:      (null)\n")
-	default:
-		v, cut := cutValue(r.Value, maxValue)
-		note := ""
-		if cut {
-			note = fmt.Sprintf(", first %d shown (raise --max-value, 0 for all)", len(v))
-		}
-		if tv := textCut(v, cut); printable(tv, true) {
-			fmt.Fprintf(w, "value:      %d bytes, text%s\n%s\n", len(r.Value), note, tv)
-		} else {
-			fmt.Fprintf(w, "value:      %d bytes, binary%s\n%s", len(r.Value), note, hex.Dump(v))
-		}
+		return
 	}
+	v, cut := cutValue(value, maxValue)
+	note := ""
+	if cut {
+		note = fmt.Sprintf(", first %d shown (raise --max-value, 0 for all)", len(v))
+	}
+	if tv := textCut(v, cut); printable(tv, true) {
+		fmt.Fprintf(w, "value:      %d bytes, text%s\n%s\n", len(value), note, tv)
+	} else {
+		fmt.Fprintf(w, "value:      %d bytes, binary%s\n%s", len(value), note, hex.Dump(v))
+	}
+}
+
+func showText(w io.Writer, r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int) {
+	fmt.Fprintf(w, "topic:      %s\npartition:  %d\noffset:     %d\ntimestamp:  %s\n", r.Topic, r.Partition, r.Offset, timeText(r.Timestamp))
+	fmt.Fprintf(w, "key:        %s\n", keyText(r.Key))
+	fmt.Fprintf(w, "headers:    %d\n", len(r.Headers))
+	headersText(w, r.Headers)
+	valueText(w, r.Value, maxValue)
 	fmt.Fprintf(w, "metadata:\n")
 	row := func(k, v string) {
 		if v == "" {

@@ -239,31 +239,11 @@ func deadShowText(out io.Writer, w outbox.DeadRow, maxValue int) {
 	fmt.Fprintf(out, "dead since: %s\n", timeText(w.Dead))
 	fmt.Fprintf(out, "error:      %s\n", escape(w.Error))
 	fmt.Fprintf(out, "headers:    %d, and kscope-id: %s when published\n", len(w.Headers), escape(w.ID))
-	for _, h := range w.Headers {
-		if printable(h.Value, true) {
-			fmt.Fprintf(out, "  %s: %s\n", h.Key, escape(string(h.Value)))
-		} else {
-			fmt.Fprintf(out, "  %s: 0x%s (binary)\n", h.Key, hex.EncodeToString(h.Value))
-		}
-	}
+	headersText(out, w.Headers)
 	if w.HeadersErr != nil {
 		fmt.Fprintf(out, "  (the stored headers cannot be decoded: %v; the relay publishes the row without them)\n", w.HeadersErr)
 	}
-	switch {
-	case w.Value == nil:
-		fmt.Fprintf(out, "value:      (null)\n")
-	default:
-		v, cut := cutValue(w.Value, maxValue)
-		note := ""
-		if cut {
-			note = fmt.Sprintf(", first %d shown (raise --max-value, 0 for all)", len(v))
-		}
-		if tv := textCut(v, cut); printable(tv, true) {
-			fmt.Fprintf(out, "value:      %d bytes, text%s\n%s\n", len(w.Value), note, tv)
-		} else {
-			fmt.Fprintf(out, "value:      %d bytes, binary%s\n%s", len(w.Value), note, hex.Dump(v))
-		}
-	}
+	valueText(out, w.Value, maxValue)
 }
 
 func outboxDeadRequeueCmd() *command {
