@@ -434,7 +434,16 @@ func showJSON(r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int) sh
 		ValueSize: len(r.Value),
 		Metadata:  toMetadataJSON(m, derr),
 	}
-	for _, h := range r.Headers {
+	s.Headers = headersJSON(r.Headers)
+	s.Value, s.ValueHex, s.ValueTruncated = valueJSON(r.Value, maxValue)
+	return s
+}
+
+// headersJSON returns headers as JSON shows them: as text where they are,
+// else in hex.
+func headersJSON(hs []kgo.RecordHeader) []headerJSON {
+	out := []headerJSON{}
+	for _, h := range hs {
 		hj := headerJSON{Key: h.Key}
 		if printable(h.Value, true) {
 			v := string(h.Value)
@@ -442,19 +451,23 @@ func showJSON(r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int) sh
 		} else {
 			hj.ValueHex = hex.EncodeToString(h.Value)
 		}
-		s.Headers = append(s.Headers, hj)
+		out = append(out, hj)
 	}
-	if r.Value != nil {
-		v, cut := cutValue(r.Value, maxValue)
-		s.ValueTruncated = cut
-		if tv := textCut(v, cut); printable(tv, true) {
-			t := string(tv)
-			s.Value = &t
-		} else {
-			s.ValueHex = hex.EncodeToString(v)
-		}
+	return out
+}
+
+// valueJSON returns a record's value, cut to maxValue bytes, as JSON shows
+// it: as text where it is, else in hex; and whether it was cut.
+func valueJSON(value []byte, maxValue int) (text *string, hexValue string, cut bool) {
+	if value == nil {
+		return nil, "", false
 	}
-	return s
+	v, cut := cutValue(value, maxValue)
+	if tv := textCut(v, cut); printable(tv, true) {
+		t := string(tv)
+		return &t, "", cut
+	}
+	return nil, hex.EncodeToString(v), cut
 }
 
 // textCut returns v, without the incomplete UTF-8 sequence a cut may have

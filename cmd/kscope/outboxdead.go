@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -202,30 +201,11 @@ func deadShow(ctx context.Context, e *env, f *deadFlags, maxValue int, asJSON bo
 }
 
 func deadShowJSON(w outbox.DeadRow, maxValue int) deadShowEntry {
-	s := deadShowEntry{deadEntry: toDeadEntry(w), Headers: []headerJSON{}, ValueSize: len(w.Value)}
-	for _, h := range w.Headers {
-		hj := headerJSON{Key: h.Key}
-		if printable(h.Value, true) {
-			v := string(h.Value)
-			hj.Value = &v
-		} else {
-			hj.ValueHex = hex.EncodeToString(h.Value)
-		}
-		s.Headers = append(s.Headers, hj)
-	}
+	s := deadShowEntry{deadEntry: toDeadEntry(w), Headers: headersJSON(w.Headers), ValueSize: len(w.Value)}
 	if w.HeadersErr != nil {
 		s.HeadersError = w.HeadersErr.Error()
 	}
-	if w.Value != nil {
-		v, cut := cutValue(w.Value, maxValue)
-		s.ValueTruncated = cut
-		if tv := textCut(v, cut); printable(tv, true) {
-			t := string(tv)
-			s.Value = &t
-		} else {
-			s.ValueHex = hex.EncodeToString(v)
-		}
-	}
+	s.Value, s.ValueHex, s.ValueTruncated = valueJSON(w.Value, maxValue)
 	return s
 }
 
