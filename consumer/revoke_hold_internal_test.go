@@ -64,21 +64,7 @@ func TestRevokeMidDispatchLeavesNothingHeldOrPaused(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"d"}, Shards: 4, Logger: slog.New(slog.DiscardHandler)}.withDefaults(), delayTxnScope{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			r.cl = cl
-			r.hardCtx = context.Background()
-			r.shardBuf = make([][]*Record, r.cfg.Shards)
-			r.newPool()
-			r.pool.Start()
-			defer r.pool.Stop()
+			r, cl := offlineRunner(t, []string{"d"}, delayTxnScope{})
 			ctx := context.Background()
 			d0 := map[string][]int32{"d": {0}}
 			r.onAssigned(ctx, cl, d0)
@@ -101,4 +87,27 @@ func TestRevokeMidDispatchLeavesNothingHeldOrPaused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// offlineRunner returns a runner of scope sc on topics, with its worker
+// pool started and a client that reaches no broker: the poll loop's
+// dispatch is driven by the test. Both stop when the test ends.
+func offlineRunner(t *testing.T, topics []string, sc workScope) (*Runner, *kgo.Client) {
+	t.Helper()
+	r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: topics, Shards: 4, Logger: slog.New(slog.DiscardHandler)}.withDefaults(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	r.cl = cl
+	r.hardCtx = context.Background()
+	r.shardBuf = make([][]*Record, r.cfg.Shards)
+	r.newPool()
+	r.pool.Start()
+	t.Cleanup(r.pool.Stop)
+	return r, cl
 }

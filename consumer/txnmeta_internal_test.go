@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"sync"
 	"testing"
@@ -91,21 +90,7 @@ func TestTxnMetadataStaysWithinTheBrokersLimit(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			sc := &gatedTxnScope{open: make(chan struct{})}
-			r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t", "d"}, Shards: 4, Logger: slog.New(slog.DiscardHandler)}.withDefaults(), sc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			r.cl = cl
-			r.hardCtx = context.Background()
-			r.shardBuf = make([][]*Record, r.cfg.Shards)
-			r.newPool()
-			r.pool.Start()
-			defer r.pool.Stop()
+			r, cl := offlineRunner(t, []string{"t", "d"}, sc)
 			defer sc.release() // before the pool stops: its workers wait for it
 			ctx := context.Background()
 			r.onAssigned(ctx, cl, map[string][]int32{c.topic: {0}})

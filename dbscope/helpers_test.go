@@ -9,24 +9,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/internal/testmain"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(wrapped{m})
-}
-
-type wrapped struct{ m *testing.M }
-
-func (w wrapped) Run() int {
-	code := w.m.Run()
-	testenv.StopShared()
-	return code
+	testmain.Main(m)
 }
 
 // newPool returns a pool on a fresh, migrated database with an effects

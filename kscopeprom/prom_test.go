@@ -17,27 +17,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/goleak"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/internal/testmain"
 	"github.com/kscope-dev/kscope/kscopeprom"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/txn"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(wrapped{m})
-}
-
-type wrapped struct{ m *testing.M }
-
-func (w wrapped) Run() int {
-	code := w.m.Run()
-	testenv.StopShared()
-	return code
+	testmain.Main(m)
 }
 
 // value returns the sum of the samples of metric name whose labels include

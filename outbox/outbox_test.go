@@ -23,9 +23,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/goleak"
 
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/internal/testmain"
 	"github.com/kscope-dev/kscope/outbox"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -38,15 +38,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	goleak.VerifyTestMain(wrapped{m})
-}
-
-type wrapped struct{ m *testing.M }
-
-func (w wrapped) Run() int {
-	code := w.m.Run()
-	testenv.StopShared()
-	return code
+	testmain.Main(m)
 }
 
 func logger() *slog.Logger {

@@ -8,23 +8,13 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/goleak"
 
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/internal/testmain"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(stopShared{m})
-}
-
-// stopShared stops the test PostgreSQL server after the tests, before
-// goleak looks for leftover goroutines.
-type stopShared struct{ m *testing.M }
-
-func (s stopShared) Run() int {
-	code := s.m.Run()
-	testenv.StopShared()
-	return code
+	testmain.Main(m)
 }
 
 // result is what one kscope invocation printed and returned.
