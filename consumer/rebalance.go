@@ -46,15 +46,12 @@ func (r *Runner) onCommit(res commit.Result) {
 
 func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	r.rebalances.Add(1)
+	r.endUnreported(assigned)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			k := tp{topic, p}
-			if old := r.parts[k]; old != nil {
-				old.Revoke()
-				old.Cancel()
-			}
 			wm := r.tracker.Assign(topic, p)
 			st := &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
 			if r.txs != nil {
@@ -65,6 +62,40 @@ func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 	}
 	r.obs.Rebalance("assigned", count(assigned))
 	r.log.Info("kscope: partitions assigned", "partitions", assigned)
+}
+
+// endUnreported ends, as lost, the earlier assignments of partitions assigned
+// to this member again without a revoke in between. franz-go's
+// transactional session passes on one revoke (or loss) per transaction, so
+// a second partition revoked before the transaction ends is not reported.
+// Its records are dropped, its pauses lifted (the client keeps a pause
+// across rebalances), and the scope is told it is gone, so that nothing
+// of the earlier assignment commits; the new one reads from the committed
+// offset.
+func (r *Runner) endUnreported(assigned map[string][]int32) {
+	stale := make(map[string][]int32)
+	r.mu.Lock()
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			if r.parts[tp{topic, p}] != nil {
+				stale[topic] = append(stale[topic], p)
+			}
+		}
+	}
+	r.mu.Unlock()
+	if len(stale) == 0 {
+		return
+	}
+	r.log.Warn("kscope: partitions assigned again whose revoke was not reported; ending their earlier assignment as lost", "partitions", stale)
+	sts := r.detach(stale)
+	if r.txs != nil {
+		r.txnGone(sts, stale)
+		return
+	}
+	for _, st := range sts {
+		st.Cancel()
+	}
+	r.forget(sts)
 }
 
 // detach ends the given assignments in this process: no queued record of them
