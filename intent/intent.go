@@ -19,6 +19,11 @@
 //     an answer, it is used and nothing is called again; if not, the call
 //     is made.
 //
+// The intent's attempts column counts the attempts that reached the
+// provider (the first call, then each reconcile), committed before each
+// one, so a key that keeps failing shows how often it was tried; an
+// attempt that took a recorded answer, or got [ErrBusy], is not counted.
+//
 // The lock is held until the handler's transaction ends, so another
 // attempt of the key — a second record of one payment on another shard,
 // or a partition's old owner still calling after a rebalance gave its
@@ -119,7 +124,11 @@ func New(db dbscope.Beginner, prefix string) *Store {
 	s.class = hash32("kscope intents " + t)
 	s.sql.lock = `SELECT pg_try_advisory_xact_lock($1, $2)`
 	s.sql.read = `SELECT state, result FROM ` + t + ` WHERE key = $1`
-	s.sql.record = `INSERT INTO ` + t + ` (key, state) VALUES ($1, 'in_flight') ON CONFLICT (key) DO NOTHING`
+	// An attempt that finds the intent in flight counts itself in
+	// attempts as it records it; the statement returns no row for an
+	// intent done already (one tx cannot see), and 1 for a new one.
+	s.sql.record = `INSERT INTO ` + t + ` AS i (key, state) VALUES ($1, 'in_flight')
+		ON CONFLICT (key) DO UPDATE SET attempts = i.attempts + 1 WHERE i.state = 'in_flight' RETURNING attempts`
 	s.sql.mark = `UPDATE ` + t + ` SET state = 'done', result = $2, done_at = now() WHERE key = $1`
 	return s
 }
@@ -179,11 +188,9 @@ func (s *Store) Do(ctx context.Context, tx pgx.Tx, key string, call Call, reconc
 	if state == "done" {
 		return result, Recorded, nil
 	}
-	fresh := false
-	if state == "" {
-		if fresh, err = s.record(ctx, tx, key); err != nil {
-			return nil, Called, err
-		}
+	fresh, err := s.record(ctx, tx, key)
+	if err != nil {
+		return nil, Called, err
 	}
 	if !fresh {
 		if reconcile == nil {
@@ -238,9 +245,11 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, key string) (state string,
 	return state, result, nil
 }
 
-// record writes the intent of key in flight, in a transaction of its own
-// that commits before the call. fresh reports that this attempt wrote
-// it; an intent already there that tx could not see (recorded on another
+// record writes the intent of key in flight, or counts one more attempt
+// of an intent left in flight, in a transaction of its own that commits
+// before the provider is asked or called: the count survives the
+// attempt's rollback. fresh reports that this attempt wrote the intent;
+// an intent already there that tx could not see (recorded on another
 // database, or after the snapshot of a REPEATABLE READ tx) is reconciled
 // as one left in flight.
 func (s *Store) record(ctx context.Context, tx pgx.Tx, key string) (fresh bool, err error) {
@@ -249,8 +258,12 @@ func (s *Store) record(ctx context.Context, tx pgx.Tx, key string) (fresh bool, 
 		return false, err
 	}
 	err = pgx.BeginFunc(ctx, db, func(itx pgx.Tx) error {
-		tag, err := itx.Exec(ctx, s.sql.record, key)
-		fresh = tag.RowsAffected() == 1
+		var attempts int
+		err := itx.QueryRow(ctx, s.sql.record, key).Scan(&attempts)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // done already, where tx cannot see it
+		}
+		fresh = attempts == 1
 		return err
 	})
 	if err != nil {

@@ -103,6 +103,22 @@ func TestCrashAfterTheCallReconciles(t *testing.T) {
 	if err != nil || out != intent.Recorded || string(res) != "ch_pi_1" || p.calls != 1 {
 		t.Fatalf("after the commit: %q, %v, %v, %d calls", res, out, err, p.calls)
 	}
+	// Two attempts reached the provider (a call, then a lookup); the one
+	// that took the recorded answer did not.
+	if n := attemptsOf(t, pool, "pi_1"); n != 2 {
+		t.Fatalf("the intent counts %d attempts; want 2", n)
+	}
+}
+
+// attemptsOf reads the attempts column of key's intent: how many attempts
+// called or reconciled.
+func attemptsOf(t *testing.T, pool *pgxpool.Pool, key string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT attempts FROM kscope_intents WHERE key = $1`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // A call that failed before reaching the provider: the next attempt finds
@@ -119,6 +135,10 @@ func TestFailedCallIsMadeAgain(t *testing.T) {
 	}
 	if p.charges["pi_2"] != 1 {
 		t.Fatalf("%d charges, want 1", p.charges["pi_2"])
+	}
+	// The failed attempt's count survives its rollback.
+	if n := attemptsOf(t, pool, "pi_2"); n != 2 {
+		t.Fatalf("the intent counts %d attempts; want 2", n)
 	}
 }
 
