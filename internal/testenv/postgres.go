@@ -145,11 +145,47 @@ func startLocal(ctx context.Context, bin string, o PostgresOptions) (*Postgres, 
 	}
 	p.DataDir = data
 	p.URL = fmt.Sprintf("postgres://kscope@127.0.0.1:%d/postgres?sslmode=disable", port)
+	unwatch, err := p.watch(dir)
+	if err != nil {
+		p.run(context.Background(), "pg_ctl", "stop", "-m", "immediate", "-w", "-D", data) //nolint:errcheck // best effort on cleanup
+		cleanup()
+		return nil, err
+	}
 	p.stop = func() {
 		p.run(context.Background(), "pg_ctl", "stop", "-m", "immediate", "-w", "-D", data) //nolint:errcheck // best effort on cleanup
 		cleanup()
+		unwatch()
 	}
 	return p, nil
+}
+
+// watch starts a watchdog that stops the server in dir, and removes dir,
+// when this process ends without doing so (a test binary killed by its
+// timeout, or with kill -9): pg_ctl's server is a daemon that would
+// outlive it. The watchdog waits on a pipe whose write end only this
+// process holds, so it wakes however this process ends; it runs in a
+// process group of its own, so a Ctrl-C that ends the tests does not end
+// it first. unwatch ends it once the server was stopped.
+func (p *Postgres) watch(dir string) (unwatch func(), err error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("/bin/sh", "-c", `read _ ; "$0" stop -m immediate -w -D "$1/data" >/dev/null 2>&1 ; rm -rf "$1"`,
+		filepath.Join(p.bin, "pg_ctl"), dir)
+	cmd.Stdin = r
+	cmd.Dir = os.TempDir()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: p.cred}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("testenv: starting the PostgreSQL server's watchdog: %w", err)
+	}
+	return func() {
+		w.Close()
+		cmd.Wait() //nolint:errcheck // the server is stopped already
+	}, nil
 }
 
 func (p *Postgres) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
