@@ -23,6 +23,13 @@ const (
 )
 
 // Identity computes a record's identity, its dedupe key.
+//
+// Keep it the same from one deployment to the next, as the inbox's key: a
+// record a new Header or Extract names differently is not recognised as
+// one the inbox already holds. Records in the retry topics keep the
+// identity stamped on their first hop; those a rolling deploy redelivers
+// (applied, their offsets not yet committed) would be handled again,
+// unless dbscope.Options.StoreOffsets skips them by offset.
 type Identity struct {
 	// Header is the producer-set header that carries the identity. Default
 	// DefaultMessageIDHeader.
