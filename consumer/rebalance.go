@@ -87,15 +87,23 @@ func (r *Runner) endUnreported(assigned map[string][]int32) {
 		return
 	}
 	r.log.Warn("kscope: partitions assigned again whose revoke was not reported; ending their earlier assignment as lost", "partitions", stale)
-	sts := r.detach(stale)
+	r.abandon(stale)
+}
+
+// abandon ends the given assignments without committing anything for
+// them: their records stop, and a transactional runner's open transaction
+// aborts.
+func (r *Runner) abandon(parts map[string][]int32) []*partState {
+	sts := r.detach(parts)
 	if r.txs != nil {
-		r.txnGone(sts, stale)
-		return
+		r.txnGone(sts, parts)
+		return sts
 	}
 	for _, st := range sts {
 		st.Cancel()
 	}
 	r.forget(sts)
+	return sts
 }
 
 // detach ends the given assignments in this process: no queued record of them
@@ -180,17 +188,9 @@ func (r *Runner) txnGone(sts []*partState, ps map[string][]int32) {
 func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	r.rebalances.Add(1)
 	r.obs.Rebalance("lost", count(lost))
-	sts := r.detach(lost)
+	sts := r.abandon(lost)
 	r.lost.Add(int64(len(sts)))
-	if r.txs != nil {
-		r.txnGone(sts, lost)
-		return
-	}
-	for _, st := range sts {
-		st.Cancel()
-	}
-	r.forget(sts)
-	if len(sts) > 0 {
+	if r.txs == nil && len(sts) > 0 {
 		r.log.Warn("kscope: partitions lost; nothing committed for them", "partitions", lost)
 	}
 }
