@@ -343,6 +343,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 	r := w.rec
 	hctx := ctx
 	herr := error(nil)
+	var gapStep *retrytopic.Step // where a gap sends it, decided as for a record consumed
 	if s.o.Versions != nil {
 		check, err := s.checkVersion(ctx, tx, topic, key, w.version)
 		if err != nil {
@@ -356,10 +357,11 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 			return false, nil
 		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
 			gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: w.version}
-			herr = consumer.Retryable(gap)
-			if s.o.Versions.Gaps == sequence.DeadLetter {
-				herr = consumer.Terminal(gap)
-			}
+			var st retrytopic.Step
+			var note gapNote
+			st, note, herr = s.gapRoute(ctx, r, s.f.Metadata(r), gap, tries[w.id]+1)
+			gapStep = &st
+			s.countGap(note)
 		}
 		hctx = sequence.WithResult(hctx, check)
 	}
@@ -389,7 +391,12 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		s.applied.Add(1)
 		return false, nil
 	}
-	st := s.f.Decide(ctx, r, herr, tries[w.id]+1, true)
+	var st retrytopic.Step
+	if gapStep != nil {
+		st = *gapStep
+	} else {
+		st = s.f.Decide(ctx, r, herr, tries[w.id]+1, true)
+	}
 	switch st.Action {
 	case retrytopic.ActionRetry:
 		rel.wait = st.Delay

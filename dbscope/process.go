@@ -342,18 +342,6 @@ func (s *scope) account(work []*consumer.Record, res []result, done func(*consum
 		case parkedOutcome:
 			s.parked.Add(1)
 		}
-		switch res[i].gap {
-		case gapDetected:
-			s.gapsDetected.Add(1)
-		case gapHealed:
-			s.gapsHealed.Add(1)
-		case gapAccepted:
-			s.gapsDetected.Add(1)
-			s.gapsAccepted.Add(1)
-		case gapTimedOut:
-			s.gapsTimedOut.Add(1)
-		case gapDead:
-			s.gapsDetected.Add(1)
-		}
+		s.countGap(res[i].gap)
 	}
 }

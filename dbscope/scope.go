@@ -17,6 +17,7 @@ import (
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/guard"
+	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -402,6 +403,52 @@ func (s *scope) transient(err error) bool {
 // call runs the handler and turns a panic into an error.
 func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 	return guard.Call(func() error { return s.h.Handle(ctx, tx, r) })
+}
+
+// gapRoute decides where record r goes, whose version is ahead of its
+// key's next one under the Wait or DeadLetter policy (m is its metadata,
+// attempt the attempt it is on): to the DLT when the policy says so, when
+// it waited past GapTimeout since its first failure, or when the pipeline
+// has no retry topics; else to the next retry topic, whatever the retry
+// budget: a gap waits for its missing versions, not for attempts of a
+// handler. The same decision holds for a record consumed and for one
+// released from the waiting table. note says what is counted.
+func (s *scope) gapRoute(ctx context.Context, r *consumer.Record, m retrytopic.Metadata, gap *retrytopic.VersionGapError, attempt int) (step retrytopic.Step, note gapNote, herr error) {
+	timedOut := !m.FirstFailure.IsZero() && time.Since(m.FirstFailure) > s.o.Versions.GapTimeout
+	pol := s.f.Policy()
+	if s.o.Versions.Gaps == sequence.DeadLetter || timedOut || pol.DisableRetryTopics || len(pol.Ladder) == 0 {
+		herr = consumer.Terminal(gap)
+		note = gapDead
+		if timedOut {
+			note = gapTimedOut
+		}
+		return s.f.Decide(ctx, r, herr, attempt, false), note, herr
+	}
+	stage := min(m.Stage+1, len(pol.Ladder)-1)
+	step = retrytopic.Step{Action: retrytopic.ActionRetryTopic, Class: consumer.ClassRetryable,
+		Delay: pol.Ladder[stage], Stage: stage, Topic: retrytopic.RetryTopic(s.group, pol.Ladder[stage])}
+	note = gapWaiting
+	if m.ExpectedVersion == 0 {
+		note = gapDetected
+	}
+	return step, note, consumer.Retryable(gap)
+}
+
+// countGap counts what a record's transaction did about a version gap.
+func (s *scope) countGap(note gapNote) {
+	switch note {
+	case gapDetected:
+		s.gapsDetected.Add(1)
+	case gapHealed:
+		s.gapsHealed.Add(1)
+	case gapAccepted:
+		s.gapsDetected.Add(1)
+		s.gapsAccepted.Add(1)
+	case gapTimedOut:
+		s.gapsTimedOut.Add(1)
+	case gapDead:
+		s.gapsDetected.Add(1)
+	}
 }
 
 // checkVersion reads, with a row lock, the last applied version of key and

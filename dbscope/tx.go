@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -273,36 +272,19 @@ func (b *batchTx) checkVersion(i int) (check sequence.Result, done bool, err err
 	return check, false, nil
 }
 
-// gap routes record i, found ahead of its key's next version: to the DLT
-// when the policy says so or it waited past GapTimeout, else to the next
-// retry topic with its key parked behind it (the missing versions still
-// pass).
+// gap routes record i, found ahead of its key's next version, as
+// scope.gapRoute decides: to the DLT, or to the next retry topic with its
+// key parked behind it (the missing versions still pass).
 func (b *batchTx) gap(i int, check sequence.Result) error {
 	r, m := b.work[i], b.metas[i]
 	gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: b.versions[i]}
-	timedOut := !m.FirstFailure.IsZero() && time.Since(m.FirstFailure) > b.vers.GapTimeout
-	pol := b.s.f.Policy()
-	if b.vers.Gaps == sequence.DeadLetter || timedOut || pol.DisableRetryTopics || len(pol.Ladder) == 0 {
-		herr := consumer.Terminal(gap)
-		b.fail(i, herr, b.s.f.Decide(b.ctx, r, herr, b.attemptOf(r), false))
-		b.res[i].gap, b.res[i].gapDetail = gapDead, gap.Error()
-		if timedOut {
-			b.res[i].gap = gapTimedOut
-		}
-		return nil // its head row goes once the DLT has it
+	step, note, herr := b.s.gapRoute(b.ctx, r, m, gap, b.attemptOf(r))
+	b.fail(i, herr, step)
+	b.res[i].gap, b.res[i].gapDetail = note, gap.Error()
+	if step.Action == retrytopic.ActionRetryTopic && b.ordered && r.Key != nil {
+		return b.setPark(i, step.Stage)
 	}
-	stage := min(m.Stage+1, len(pol.Ladder)-1)
-	step := retrytopic.Step{Action: retrytopic.ActionRetryTopic, Class: consumer.ClassRetryable,
-		Delay: pol.Ladder[stage], Stage: stage, Topic: retrytopic.RetryTopic(b.s.group, pol.Ladder[stage])}
-	b.fail(i, consumer.Retryable(gap), step)
-	b.res[i].gap, b.res[i].gapDetail = gapWaiting, gap.Error()
-	if m.ExpectedVersion == 0 {
-		b.res[i].gap = gapDetected
-	}
-	if b.ordered && r.Key != nil {
-		return b.setPark(i, stage)
-	}
-	return nil
+	return nil // to the DLT: its head row goes once the DLT has it
 }
 
 // runQueued runs record i's QueueHandler once per delivery (its result is

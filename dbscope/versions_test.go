@@ -361,3 +361,50 @@ func TestSwappedVersionsWaitingBehindAHead(t *testing.T) {
 		t.Fatalf("stats %+v: no gap may time out", st)
 	}
 }
+
+// A record released from behind a head that finds a gap waits in the
+// retry topics for the missing version, as a record that finds a gap when
+// consumed does: until GapTimeout, not for the in-place attempts and
+// retry budget of a failing handler. 1, 3, 5 and 2 arrive: 3 waits for 2
+// in the retry topics, 5 behind 3; 2 fills the gap and 3 follows, which
+// releases 5, still ahead of the 4 that comes later. With a retry budget
+// of three attempts, all spent in place, 5 went to the DLT.
+func TestReleasedGapWaitsForTheMissingVersion(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-released-gap"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := versionConfig(k, group, topic)
+	cfg.Failures.InPlaceAttempts, cfg.Failures.RetryableAttempts = 3, 3
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool, Versions: &sequence.Config{GapTimeout: time.Hour}},
+		dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 3, 0), versioned(topic, "K", 5, 0), versioned(topic, "K", 2, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "3 applied and 5 released", func() bool {
+		_, waiting, _ := parkingRows(t, pool)
+		return appliedVersions(t, pool)["K"] == "1,2,3" && waiting == 0
+	})
+	if err := k.Produce(ctx, versioned(topic, "K", 4, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "4 applied", func() bool {
+		return strings.HasPrefix(appliedVersions(t, pool)["K"], "1,2,3,4")
+	})
+	testenv.WaitFor(t, time.Minute, "5 applied or dead-lettered", func() bool {
+		return appliedVersions(t, pool)["K"] == "1,2,3,4,5" || r.Stats().Failures.DeadLettered > 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, st := appliedVersions(t, pool)["K"], r.Stats(); got != "1,2,3,4,5" || st.Failures.DeadLettered != 0 {
+		t.Fatalf("K applied %q with %d dead-lettered, want 1,2,3,4,5 and none (stats %+v)", got, st.Failures.DeadLettered, st.DB)
+	}
+}

@@ -46,7 +46,8 @@ type GapPolicy int
 
 const (
 	// Wait parks the key and retries the record through the retry topics
-	// until the missing versions are applied or GapTimeout passes.
+	// until the missing versions are applied or GapTimeout passes, however
+	// many attempts the failure policy gives a failing handler.
 	Wait GapPolicy = iota
 	// DeadLetter sends the record to the dead-letter topic at once.
 	DeadLetter
