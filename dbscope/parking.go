@@ -344,7 +344,17 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 	hctx := ctx
 	herr := error(nil)
 	var gapStep *retrytopic.Step // where a gap sends it, decided as for a record consumed
-	if s.o.Versions != nil {
+	if s.o.Versions != nil && w.version == 0 {
+		// Stored by a deployment that did not check versions: its version
+		// is read now, as for a record consumed. One that cannot be read
+		// is poison.
+		v, verr := s.o.Versions.Version(r)
+		if verr != nil {
+			herr = consumer.DecodeError(verr)
+		}
+		w.version = v
+	}
+	if s.o.Versions != nil && herr == nil {
 		check, err := s.checkVersion(ctx, tx, topic, key, w.version)
 		if err != nil {
 			return true, err

@@ -362,6 +362,59 @@ func TestSwappedVersionsWaitingBehindAHead(t *testing.T) {
 	}
 }
 
+// Versions turned on while records wait behind a head: a deployment
+// without Versions leaves K's version 1 in the retry topics and 2 and 3
+// waiting behind it in PostgreSQL, stored without a version. The next
+// deployment checks versions: when 1 is applied, 2 and 3 are released and
+// applied, their versions read from their headers, not taken for stale.
+func TestVersionsTurnedOnWhileRecordsWait(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-versions-on"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool},
+		dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, rec *consumer.Record) error {
+			if string(rec.Value) == "K/1" {
+				return consumer.Retryable(errors.New("gateway 503"))
+			}
+			return insertEffect(ctx, tx, rec)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r1)
+	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 2, 0), versioned(topic, "K", 3, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "2 and 3 waiting behind 1", func() bool {
+		_, waiting, _ := parkingRows(t, pool)
+		return waiting == 2
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	r2, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool, Versions: &sequence.Config{}},
+		dbscope.HandlerFunc(insertEffect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = run(t, r2)
+	testenv.WaitFor(t, time.Minute, "1 applied and no record left waiting", func() bool {
+		parked, waiting, _ := parkingRows(t, pool)
+		return strings.HasPrefix(appliedVersions(t, pool)["K"], "1") && parked == 0 && waiting == 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := appliedVersions(t, pool)["K"]; got != "1,2,3" {
+		t.Fatalf("K applied %q, want 1,2,3 (stats %+v)", got, r2.Stats().DB)
+	}
+}
+
 // A record released from behind a head that finds a gap waits in the
 // retry topics for the missing version, as a record that finds a gap when
 // consumed does: until GapTimeout, not for the in-place attempts and
