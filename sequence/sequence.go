@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -69,7 +70,9 @@ const (
 type Config struct {
 	// Header is the header the version is read from. Default DefaultHeader.
 	Header string
-	// Extract, when not nil, reads the version instead of Header.
+	// Extract, when not nil, reads the version instead of Header. A
+	// record for which it returns an error or a version below 1, or
+	// panics, is poison (see Version).
 	Extract func(*consumer.Record) (int64, error)
 	// Gaps says what happens on a gap. Default Wait.
 	Gaps GapPolicy
@@ -110,10 +113,12 @@ func (c Config) Validate() error {
 // version.
 var ErrNoVersion = errors.New("no readable version")
 
-// Version reads r's version.
+// Version reads r's version. An error wraps ErrNoVersion: the header is
+// missing or not an integer >= 1, or Extract returned an error, a version
+// below 1, or panicked (the panic's value and stack are in the error).
 func (c Config) Version(r *consumer.Record) (int64, error) {
 	if c.Extract != nil {
-		v, err := c.Extract(r)
+		v, err := c.extract(r)
 		if err != nil {
 			return 0, fmt.Errorf("sequence: %w: %w", ErrNoVersion, err)
 		}
@@ -135,6 +140,19 @@ func (c Config) Version(r *consumer.Record) (int64, error) {
 		return 0, fmt.Errorf("sequence: %w: header %q is %q, want an integer >= 1", ErrNoVersion, c.Header, shown)
 	}
 	return v, nil
+}
+
+// extract runs Extract, a panic in it becoming an error: one record an
+// extractor cannot read must not take the process down with every other
+// key-shard's work (the record is redelivered after a restart, and would
+// take it down again).
+func (c Config) extract(r *consumer.Record) (v int64, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			v, err = 0, fmt.Errorf("the extractor panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return c.Extract(r)
 }
 
 // Outcome is the result of a version check.

@@ -3,6 +3,7 @@ package sequence
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -52,5 +53,19 @@ func TestVersionReading(t *testing.T) {
 	ctx := WithResult(context.Background(), Result{Outcome: Applied, Version: 3, First: true})
 	if r, ok := FromContext(ctx); !ok || !r.First || r.Version != 3 {
 		t.Errorf("FromContext %+v %v", r, ok)
+	}
+}
+
+// An extractor that panics (a nil field of a payload it did not expect)
+// makes the record's version unreadable: the record is poison, and the
+// worker that read it goes on.
+func TestPanickingExtractor(t *testing.T) {
+	c := Config{Extract: func(*consumer.Record) (int64, error) {
+		var m map[string]*int64
+		return *m["version"], nil
+	}}.WithDefaults()
+	_, err := c.Version(&consumer.Record{Record: &kgo.Record{}})
+	if !errors.Is(err, ErrNoVersion) || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("Version: %v; want ErrNoVersion saying the extractor panicked", err)
 	}
 }
