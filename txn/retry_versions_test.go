@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -304,5 +305,60 @@ func TestVersionsNeedOrder(t *testing.T) {
 	var ce *consumer.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "Versions" {
 		t.Fatalf("New: %v; want a ConfigError on Versions", err)
+	}
+}
+
+// Versions removed while a record waits in the changelog for a missing
+// version: its input offset is committed, and only a runner with Versions
+// applies it or dead-letters it. A runner without Versions refuses to
+// start, naming the changelog, rather than leave it there unsaid; once no
+// record waits (here: timed out to the DLT), it starts.
+func TestVersionsRemovedWhileRecordsWait(t *testing.T) {
+	k := setup(t)
+	const group = "g-versions-removed"
+	cfg := config(k, group)
+	produceVersion(t, k, "acct", "1")
+	produceVersion(t, k, "acct", "3")
+	r1, err := txn.New(cfg, txn.Options{TransactionalID: "removed-1", Versions: &sequence.Config{GapTimeout: time.Hour}}, versioned(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runFor(t, r1)
+	testenv.WaitFor(t, 20*time.Second, "3 parked", func() bool { return r1.Stats().Kafka.GapsDetected == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	unversioned := func(id string) error {
+		t.Helper()
+		r, err := txn.New(cfg, txn.Options{TransactionalID: id}, enrich)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		errc := make(chan error, 1)
+		go func() { errc <- r.Run(ctx) }()
+		testenv.WaitFor(t, 20*time.Second, "the runner to run or refuse", func() bool { return r.Stats().Assigned > 0 || len(errc) > 0 })
+		cancel()
+		return <-errc
+	}
+	err = unversioned("removed-2")
+	var ce *consumer.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Versions" || !strings.Contains(err.Error(), txn.VersionsTopic(group, "in")) {
+		t.Fatalf("Run without Versions: %v; want a ConfigError on Versions naming the changelog", err)
+	}
+
+	r3, err := txn.New(cfg, txn.Options{TransactionalID: "removed-3", Versions: &sequence.Config{GapTimeout: time.Millisecond}}, versioned(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = runFor(t, r3)
+	testenv.WaitFor(t, 20*time.Second, "3 timed out", func() bool { return r3.Stats().Kafka.GapsTimedOut == 1 && r3.Stats().Commits > 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unversioned("removed-4"); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run without Versions, no record waiting: %v", err)
 	}
 }

@@ -137,10 +137,21 @@ func (s *scope) UseTxn(t any) {
 		"retry_topics", s.UsesRetryTopics(), "versions", s.vs != nil)
 }
 
-// Start creates the version changelogs that are missing.
+// Start creates the version changelogs that are missing. Without
+// Options.Versions it fails with a *consumer.ConfigError on Versions while
+// records that an earlier deployment with Versions parked behind a version
+// gap wait in a changelog (see checkNoParked); a changelog it cannot read
+// is logged, and the runner starts.
 func (s *scope) Start(ctx context.Context) error {
 	if s.vs != nil {
 		return ensureChangelogs(ctx, s.cfg)
+	}
+	ce, err := checkNoParked(ctx, s.cfg)
+	switch {
+	case ce != nil:
+		return ce
+	case err != nil && ctx.Err() == nil:
+		s.log.Warn("kscope: could not look for records parked in a version changelog by a deployment with Versions; starting anyway", "err", err)
 	}
 	return nil
 }

@@ -53,7 +53,10 @@
 // Streams restores a state store. A record ahead of its key's next version
 // is parked in the changelog (Wait) and applied, in the transaction that
 // applies the version before it; one that waits past GapTimeout goes to
-// the dead-letter topic with the expected and actual versions.
+// the dead-letter topic with the expected and actual versions. A parked
+// record's input offset is committed: a runner without Versions, which
+// would leave it in the changelog, refuses to start while one waits there
+// (Run returns a *consumer.ConfigError on Versions).
 //
 // # The transactional id
 //
@@ -148,7 +151,9 @@ type Options struct {
 	// Versions, when not nil, turns on version-gap detection with a
 	// changelog topic per input (see the package documentation). Null-key
 	// records are not versioned. Versions need per-key order, so they do
-	// not combine with an Unordered failure policy.
+	// not combine with an Unordered failure policy. Removing it once set:
+	// Run fails while records parked behind a gap wait in a changelog
+	// (see the package documentation).
 	Versions *sequence.Config
 }
 

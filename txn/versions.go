@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -379,23 +381,41 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	if len(need) == 0 {
 		return nil
 	}
+	state, err := readState(ctx, s.kcfg, s.group, slices.Collect(maps.Keys(need)))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for k, pv := range state {
+		if s.owned[k] == need[k] {
+			s.parts[k] = pv
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// readState reads the version state of the input partitions in parts
+// from their changelogs (group's), read_committed up to the last stable
+// offset: one partVersions per partition.
+func readState(ctx context.Context, kcfg consumer.Config, group string, parts []tp) (map[tp]*partVersions, error) {
 	byTopic := map[string]map[int32]kgo.Offset{}
-	for k := range need {
-		vt := VersionsTopic(s.group, k.topic)
+	for _, k := range parts {
+		vt := VersionsTopic(group, k.topic)
 		if byTopic[vt] == nil {
 			byTopic[vt] = map[int32]kgo.Offset{}
 		}
 		byTopic[vt][k.partition] = kgo.NewOffset().AtStart()
 	}
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, s.kcfg.ClientOptions...),
-		kgo.SeedBrokers(s.kcfg.Brokers...),
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, kcfg.ClientOptions...),
+		kgo.SeedBrokers(kcfg.Brokers...),
 		kgo.ConsumePartitions(byTopic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(100*time.Millisecond),
 	)...)
 	if err != nil {
-		return fmt.Errorf("kscope: creating the changelog reader: %w", err)
+		return nil, fmt.Errorf("kscope: creating the changelog reader: %w", err)
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
@@ -408,42 +428,104 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 		err = starts.Error()
 	}
 	if err != nil {
-		return fmt.Errorf("kscope: listing the changelog start offsets: %w", err)
+		return nil, fmt.Errorf("kscope: listing the changelog start offsets: %w", err)
 	}
 	want := map[tp]bool{}
-	for k := range need {
-		want[tp{VersionsTopic(s.group, k.topic), k.partition}] = true
+	for _, k := range parts {
+		want[tp{VersionsTopic(group, k.topic), k.partition}] = true
 	}
 	ends, err := stableEnds(ctx, adm, topics, want)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	state := map[tp]*partVersions{}
 	left := map[tp]int64{} // changelog partitions still to read, and their end
-	for k := range need {
+	src := map[string]string{}
+	for _, k := range parts {
 		state[k] = newPartVersions()
-		vt := VersionsTopic(s.group, k.topic)
+		vt := VersionsTopic(group, k.topic)
+		src[vt] = k.topic
 		start, _ := starts.Lookup(vt, k.partition)
 		end, _ := ends.Lookup(vt, k.partition)
 		if end.Offset > start.Offset {
 			left[tp{vt, k.partition}] = end.Offset
 		}
 	}
-	src := map[string]string{}
-	for k := range need {
-		src[VersionsTopic(s.group, k.topic)] = k.topic
-	}
 	if err := readChangelog(ctx, cl, left, state, src); err != nil {
-		return err
+		return nil, err
 	}
-	s.mu.Lock()
-	for k, pv := range state {
-		if s.owned[k] == need[k] {
-			s.parts[k] = pv
+	return state, nil
+}
+
+// parkedLookupTimeout bounds checkNoParked's lookup of the changelogs.
+const parkedLookupTimeout = 5 * time.Second
+
+// checkNoParked is Start's check for a runner without Options.Versions:
+// a record that a deployment with Versions parked in a version changelog
+// behind a gap has its input offset committed, and only a runner with
+// Versions applies it (when the gap fills) or dead-letters it (after
+// GapTimeout). While one waits, it returns a *consumer.ConfigError on
+// Versions that says how many wait and what to do. A changelog that
+// cannot be read is reported by the error, which Start logs.
+func checkNoParked(ctx context.Context, cfg consumer.Config) (*consumer.ConfigError, error) {
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	names := make([]string, 0, len(cfg.Topics))
+	for _, t := range cfg.Topics {
+		names = append(names, VersionsTopic(cfg.Group, t))
+	}
+	// Bounded: a broker that refuses the client's setup is reported by
+	// the runner's own first lookup (consumer.ErrBrokerSetup).
+	lctx, cancel := context.WithTimeout(ctx, parkedLookupTimeout)
+	td, err := kadm.NewClient(cl).ListTopics(lctx, names...)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	var parts []tp
+	for _, t := range cfg.Topics {
+		if d, ok := td[VersionsTopic(cfg.Group, t)]; ok && d.Err == nil {
+			for p := range d.Partitions {
+				parts = append(parts, tp{t, p})
+			}
 		}
 	}
-	s.mu.Unlock()
-	return nil
+	if len(parts) == 0 {
+		return nil, nil // no changelog: Versions was never set
+	}
+	state, err := readState(ctx, cfg, cfg.Group, parts)
+	if err != nil {
+		return nil, err
+	}
+	count := map[string]int{}
+	var oldest time.Time
+	for k, pv := range state {
+		for _, m := range pv.parked {
+			for _, p := range m {
+				count[k.topic]++
+				if oldest.IsZero() || p.Since.Before(oldest) {
+					oldest = p.Since
+				}
+			}
+		}
+	}
+	if len(count) == 0 {
+		return nil, nil
+	}
+	var where []string
+	for _, t := range cfg.Topics {
+		if n := count[t]; n > 0 {
+			where = append(where, fmt.Sprintf("%d in %s", n, VersionsTopic(cfg.Group, t)))
+		}
+	}
+	return &consumer.ConfigError{Struct: "txn.Options", Field: "Versions", Reason: fmt.Sprintf(
+		"is nil, but records that a deployment with Versions parked behind a version gap wait in its changelog (%s; the oldest since %s), "+
+			"their input offsets committed: without Versions they are neither applied nor dead-lettered. Run with Versions as before until "+
+			"none waits (a short GapTimeout sends them to the dead-letter topic), or delete the changelog topic to drop them",
+		strings.Join(where, ", "), oldest.Format(time.RFC3339))}, nil
 }
 
 // readChangelog reads the changelog partitions in left up to their end
