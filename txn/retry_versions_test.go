@@ -329,9 +329,12 @@ func TestVersionsRemovedWhileRecordsWait(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	var logs testenv.LogBuffer
 	unversioned := func(id string) error {
 		t.Helper()
-		r, err := txn.New(cfg, txn.Options{TransactionalID: id}, enrich)
+		c := cfg
+		c.Logger = logs.Logger()
+		r, err := txn.New(c, txn.Options{TransactionalID: id}, enrich)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -360,5 +363,10 @@ func TestVersionsRemovedWhileRecordsWait(t *testing.T) {
 	}
 	if err := unversioned("removed-4"); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run without Versions, no record waiting: %v", err)
+	}
+	// The changelog it read through at start, of no use to it now, is
+	// named, with what to do.
+	if l := logs.String(); !strings.Contains(l, "hold no parked record") || !strings.Contains(l, txn.VersionsTopic(group, "in")) {
+		t.Fatalf("the runner that started without Versions did not name the changelog it reads at every start:\n%s", l)
 	}
 }

@@ -146,12 +146,15 @@ func (s *scope) Start(ctx context.Context) error {
 	if s.vs != nil {
 		return ensureChangelogs(ctx, s.cfg)
 	}
-	ce, err := checkNoParked(ctx, s.cfg)
+	ce, changelogs, err := checkNoParked(ctx, s.cfg)
 	switch {
 	case ce != nil:
 		return ce
 	case err != nil && ctx.Err() == nil:
 		s.log.Warn("kscope: could not look for records parked in a version changelog by a deployment with Versions; starting anyway", "err", err)
+	case len(changelogs) > 0:
+		s.log.Info("kscope: the version changelogs of a deployment with Versions hold no parked record; each start without Versions reads them through: delete them once Versions is not coming back (their key versions go with them)",
+			"changelogs", changelogs)
 	}
 	return nil
 }

@@ -465,12 +465,13 @@ const parkedLookupTimeout = 5 * time.Second
 // behind a gap has its input offset committed, and only a runner with
 // Versions applies it (when the gap fills) or dead-letters it (after
 // GapTimeout). While one waits, it returns a *consumer.ConfigError on
-// Versions that says how many wait and what to do. A changelog that
-// cannot be read is reported by the error, which Start logs.
-func checkNoParked(ctx context.Context, cfg consumer.Config) (*consumer.ConfigError, error) {
+// Versions that says how many wait and what to do. Otherwise it returns
+// the changelogs it read (none when Versions was never set). A changelog
+// that cannot be read is reported by the error, which Start logs.
+func checkNoParked(ctx context.Context, cfg consumer.Config) (ce *consumer.ConfigError, changelogs []string, err error) {
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer cl.Close()
 	names := make([]string, 0, len(cfg.Topics))
@@ -483,7 +484,7 @@ func checkNoParked(ctx context.Context, cfg consumer.Config) (*consumer.ConfigEr
 	td, err := kadm.NewClient(cl).ListTopics(lctx, names...)
 	cancel()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var parts []tp
 	for _, t := range cfg.Topics {
@@ -494,11 +495,11 @@ func checkNoParked(ctx context.Context, cfg consumer.Config) (*consumer.ConfigEr
 		}
 	}
 	if len(parts) == 0 {
-		return nil, nil // no changelog: Versions was never set
+		return nil, nil, nil // no changelog: Versions was never set
 	}
 	state, err := readState(ctx, cfg, cfg.Group, parts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	count := map[string]int{}
 	var oldest time.Time
@@ -513,7 +514,14 @@ func checkNoParked(ctx context.Context, cfg consumer.Config) (*consumer.ConfigEr
 		}
 	}
 	if len(count) == 0 {
-		return nil, nil
+		seen := map[string]bool{}
+		for _, k := range parts {
+			if vt := VersionsTopic(cfg.Group, k.topic); !seen[vt] {
+				seen[vt] = true
+				changelogs = append(changelogs, vt)
+			}
+		}
+		return nil, changelogs, nil
 	}
 	var where []string
 	for _, t := range cfg.Topics {
@@ -525,7 +533,7 @@ func checkNoParked(ctx context.Context, cfg consumer.Config) (*consumer.ConfigEr
 		"is nil, but records that a deployment with Versions parked behind a version gap wait in its changelog (%s; the oldest since %s), "+
 			"their input offsets committed: without Versions they are neither applied nor dead-lettered. Run with Versions as before until "+
 			"none waits (a short GapTimeout sends them to the dead-letter topic), or delete the changelog topic to drop them",
-		strings.Join(where, ", "), oldest.Format(time.RFC3339))}, nil
+		strings.Join(where, ", "), oldest.Format(time.RFC3339))}, nil, nil
 }
 
 // readChangelog reads the changelog partitions in left up to their end
