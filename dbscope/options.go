@@ -140,6 +140,9 @@ type Options struct {
 	// sequence. Null-key records are not versioned: leave them out of
 	// versioned topics. Versions need per-key order, so they do not
 	// combine with an Unordered failure policy (consumer.Config.Failures).
+	// A key's last version moves only while Versions is set: turned off
+	// and on again, keys written in between find gaps at their next
+	// record (see sequence.Accept for the first run back).
 	Versions *sequence.Config
 }
 

@@ -52,7 +52,10 @@ const (
 	Wait GapPolicy = iota
 	// DeadLetter sends the record to the dead-letter topic at once.
 	DeadLetter
-	// Accept applies the record and counts the gap.
+	// Accept applies the record and counts the gap; its version becomes
+	// the key's last. It suits the first run after Versions was turned
+	// off for a while: keys written meanwhile have stored versions behind
+	// their records', and would otherwise all wait out GapTimeout.
 	Accept
 )
 

@@ -153,7 +153,11 @@ type Options struct {
 	// records are not versioned. Versions need per-key order, so they do
 	// not combine with an Unordered failure policy. Removing it once set:
 	// Run fails while records parked behind a gap wait in a changelog
-	// (see the package documentation).
+	// (see the package documentation). Versions are kept per input
+	// partition: partitions added to an input topic move keys, and a
+	// moved key's first record in its new partition is checked as a new
+	// key's (sequence.First). Turned off and on again, keys written in
+	// between find gaps; see sequence.Accept for the first run back.
 	Versions *sequence.Config
 }
 
