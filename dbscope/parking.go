@@ -98,6 +98,7 @@ type waitingRow struct {
 	id      string
 	version int64
 	head    bool
+	since   time.Time // when it was stored: it has waited behind its key's head since then
 	rec     *consumer.Record
 }
 
@@ -110,7 +111,7 @@ func scanWaiting(rows pgx.Rows) ([]waitingRow, error) {
 		kr := &kgo.Record{}
 		var keys []string
 		var vals [][]byte
-		if err := rows.Scan(&w.seq, &w.id, &kr.Key, &kr.Topic, &kr.Partition, &kr.Offset, &kr.Timestamp, &kr.Value, &keys, &vals, &w.version, &w.head); err != nil {
+		if err := rows.Scan(&w.seq, &w.id, &kr.Key, &kr.Topic, &kr.Partition, &kr.Offset, &kr.Timestamp, &kr.Value, &keys, &vals, &w.version, &w.head, &w.since); err != nil {
 			return nil, err
 		}
 		for i := range keys {
@@ -233,7 +234,11 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 		limit = maxSavepoints
 		if rel.routed != nil {
 			attempt := tries[rel.routed.id] + 1
-			if err = s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, time.Now()); err != nil {
+			first := rel.first
+			if first.IsZero() {
+				first = time.Now()
+			}
+			if err = s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, first); err != nil {
 				return engine.Round{Stop: true}
 			}
 			if err = s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter); err != nil {
@@ -264,6 +269,7 @@ type released struct {
 	up        statusUpdates   // inbox rows to update
 	done      []int64         // waiting rows to delete
 	wrote     bool            // the last record released kept its handler's writes
+	first     time.Time       // its first failure, when it is not now (a gap it waited for while stored)
 }
 
 // releaseTx is one release transaction: under the key's lock, unless the
@@ -366,11 +372,20 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 			s.stale.Add(1)
 			return false, nil
 		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
+			// It has waited for the missing versions since it was stored
+			// behind its key's head: GapTimeout counts from then, so
+			// records behind a gap that never fills time out together
+			// with the head, not one GapTimeout after another.
 			gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: w.version}
+			m := s.f.Metadata(r)
+			if m.FirstFailure.IsZero() {
+				m.FirstFailure = w.since
+			}
 			var st retrytopic.Step
 			var note gapNote
-			st, note, herr = s.gapRoute(ctx, r, s.f.Metadata(r), gap, tries[w.id]+1)
+			st, note, herr = s.gapRoute(ctx, r, m, gap, tries[w.id]+1)
 			gapStep = &st
+			rel.first = m.FirstFailure
 			s.countGap(note)
 		}
 		hctx = sequence.WithResult(hctx, check)
@@ -698,7 +713,7 @@ func scanWaitingKeyed(rows pgx.Rows) ([]keyedWaiting, error) {
 		kr := &kgo.Record{}
 		var keys []string
 		var vals [][]byte
-		if err := rows.Scan(&w.topic, &w.seq, &w.id, &kr.Key, &kr.Topic, &kr.Partition, &kr.Offset, &kr.Timestamp, &kr.Value, &keys, &vals, &w.version, &w.head); err != nil {
+		if err := rows.Scan(&w.topic, &w.seq, &w.id, &kr.Key, &kr.Topic, &kr.Partition, &kr.Offset, &kr.Timestamp, &kr.Value, &keys, &vals, &w.version, &w.head, &w.since); err != nil {
 			return nil, err
 		}
 		for i := range keys {

@@ -193,7 +193,7 @@ func (s *scope) init(cfg consumer.Config) {
 	s.sqlBusyKeys = `SELECT DISTINCT x.t, x.k FROM unnest($2::text[], $3::bytea[]) AS x(t, k)
 		WHERE EXISTS (SELECT 1 FROM ` + p + `parked WHERE consumer = $1 AND topic = x.t AND key = x.k)
 		   OR EXISTS (SELECT 1 FROM ` + p + `waiting WHERE consumer = $1 AND topic = x.t AND key = x.k)`
-	const waitingCols = `id, message_id, key, src_topic, src_partition, src_offset, ts, value, header_keys, header_values, version, head`
+	const waitingCols = `id, message_id, key, src_topic, src_partition, src_offset, ts, value, header_keys, header_values, version, head, parked_at`
 	s.sqlLoadWaitingRows = `SELECT ` + waitingCols + ` FROM ` + p + `waiting
 		WHERE consumer = $1 AND topic = $2 AND key = $3 ORDER BY version NULLS FIRST, id LIMIT $4 FOR UPDATE`
 	s.sqlWaitingHead = `UPDATE ` + p + `waiting SET head = true WHERE id = $1`

@@ -461,3 +461,56 @@ func TestReleasedGapWaitsForTheMissingVersion(t *testing.T) {
 		t.Fatalf("K applied %q with %d dead-lettered, want 1,2,3,4,5 and none (stats %+v)", got, st.Failures.DeadLettered, st.DB)
 	}
 }
+
+// Records stored behind a head have waited for their key since they were
+// stored: when the head goes to the DLT and they are released into a gap
+// that never fills, their GapTimeout counts from then. K's 2 fails until
+// it is dead-lettered, with 4 and 5 stored behind it (3 never comes); they
+// have waited past GapTimeout (their rows made two hours old) and follow 2
+// to the DLT at once, instead of one GapTimeout after another, each
+// holding K for an hour.
+func TestRecordsBehindAPermanentGapTimeOutTogether(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-events", "g-gap-together"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var give atomic.Bool // 2 fails for good once set
+	r, err := dbscope.New(versionConfig(k, group, topic), dbscope.Options{Pool: pool, Versions: &sequence.Config{GapTimeout: time.Hour}},
+		dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, rec *consumer.Record) error {
+			if string(rec.Value) == "K/2" {
+				if give.Load() {
+					return consumer.Terminal(errors.New("account closed"))
+				}
+				return consumer.Retryable(errors.New("gateway 503"))
+			}
+			return insertEffect(ctx, tx, rec)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, versioned(topic, "K", 1, 0), versioned(topic, "K", 2, 0), versioned(topic, "K", 4, 0), versioned(topic, "K", 5, 0)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "4 and 5 waiting behind 2", func() bool {
+		_, waiting, _ := parkingRows(t, pool)
+		return waiting == 2
+	})
+	if _, err := pool.Exec(ctx, `UPDATE kscope_waiting SET parked_at = now() - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	give.Store(true)
+	testenv.WaitFor(t, 30*time.Second, "2, 4 and 5 dead-lettered, nothing left waiting", func() bool {
+		parked, waiting, _ := parkingRows(t, pool)
+		return r.Stats().Failures.DeadLettered == 3 && parked == 0 && waiting == 0
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, st := appliedVersions(t, pool)["K"], r.Stats().DB; got != "1" || st.GapsTimedOut != 2 {
+		t.Fatalf("K applied %q with %d gaps timed out; want 1, and 4 and 5 timed out (stats %+v)", got, st.GapsTimedOut, st)
+	}
+}
