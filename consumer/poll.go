@@ -353,7 +353,11 @@ func (r *Runner) observeFetches(fs kgo.Fetches) {
 	})
 }
 
-// reportLag reports every assigned partition's lag to the lag hooks.
+// reportLag reports every assigned partition's lag to the lag hooks. A
+// partition revoked (or lost) while its lag was being reported is reported
+// gone again after it: detach reports it gone once, and may do so before
+// this report reached the hooks, which would then keep its series, at
+// their last value, on a member that no longer owns it.
 func (r *Runner) reportLag() {
 	r.mu.Lock()
 	sts := make([]*partState, 0, len(r.parts))
@@ -369,6 +373,9 @@ func (r *Runner) reportLag() {
 	}
 	r.pauseMu.Unlock()
 	for _, st := range sts {
+		if st.Revoked() {
+			continue
+		}
 		next, ts, pending, ok := st.Watermark.Position()
 		hwm := st.hwm.Load()
 		if !ok && hwm == 0 {
@@ -384,6 +391,9 @@ func (r *Runner) reportLag() {
 			l.Age = max(now.Sub(time.UnixMilli(ts)), 0)
 		}
 		r.obs.Lag(l)
+		if st.Revoked() {
+			r.obs.Gone(st.Topic, st.Partition)
+		}
 	}
 }
 

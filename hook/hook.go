@@ -150,7 +150,10 @@ type Lag struct {
 
 // LagHook is called for every assigned partition at every commit interval
 // (OnLag), and when a partition leaves this member (OnPartitionGone, so that
-// its series can be removed).
+// its series can be removed). The last call for a partition that left is
+// OnPartitionGone, which may come more than once for one departure (when
+// the partition left while its lag was being reported); OnLag for it
+// comes again only once it is assigned again.
 type LagHook interface {
 	OnLag(l Lag)
 	OnPartitionGone(group, topic string, partition int32)
