@@ -2,8 +2,9 @@ package kscopeprom
 
 import (
 	"context"
+	"slices"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,12 +37,15 @@ var (
 		"Scrapes that could not count the pending rows (the database did not answer in time).", []string{"outbox"}, nil)
 )
 
-// relayCollector reads a relay's counters and, at each scrape, its pending
-// rows from the database.
+// relayCollector reads the counters of the relays a Metrics watches and,
+// at each scrape, their pending rows from the database. Each metric has
+// one series per outbox (and partition): the relays of one outbox add up.
 type relayCollector struct {
-	r       *outbox.Relay
 	timeout time.Duration
-	errs    atomic.Int64
+
+	mu     sync.Mutex
+	relays []*outbox.Relay
+	errs   map[string]int64 // scrapes that could not count an outbox's pending rows
 }
 
 // WatchRelay exports the metrics of an outbox relay:
@@ -56,11 +60,34 @@ type relayCollector struct {
 //	kscope_outbox_stuck_partitions{outbox}                 partitions waiting for a topic to be fixed (Stats.Stuck)
 //	kscope_outbox_halted_partitions{outbox}                partitions whose position is ahead of the database (Stats.Halted)
 //
-// The pending and dead rows are counted at each scrape, with one query of at most
-// two seconds; only the partitions this instance publishes are reported
-// (each relay instance reports its own).
+// The pending and dead rows are counted at each scrape, with one query per
+// relay, all of them within two seconds; only the partitions this
+// instance publishes are reported (each relay instance reports its own).
+//
+// One Metrics watches any number of relays: of several outboxes, and of
+// one outbox again (a relay built anew after the first one's Run
+// returned). The relays of one outbox add up to its series, so a stopped
+// relay's counts stay in its outbox's counters, and its gauges read 0; a
+// relay stays watched as long as the Metrics. Watching the same relay
+// twice is a no-op.
 func (m *Metrics) WatchRelay(r *outbox.Relay) error {
-	return m.reg.Register(&relayCollector{r: r, timeout: 2 * time.Second})
+	m.relayMu.Lock()
+	defer m.relayMu.Unlock()
+	if m.relays == nil {
+		c := &relayCollector{timeout: 2 * time.Second, errs: map[string]int64{}, relays: []*outbox.Relay{r}}
+		if err := m.reg.Register(c); err != nil {
+			return err
+		}
+		m.relays = c
+		return nil
+	}
+	c := m.relays
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.Contains(c.relays, r) {
+		c.relays = append(c.relays, r)
+	}
+	return nil
 }
 
 func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -70,32 +97,76 @@ func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// outboxSums are the counters of one outbox's relays, added up.
+type outboxSums struct {
+	st    outbox.Stats
+	parts map[int]outbox.PartitionStatus
+}
+
 func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
-	name := c.r.Outbox()
-	st := c.r.Stats()
-	ch <- prometheus.MustNewConstMetric(outboxPublishedDesc, prometheus.CounterValue, float64(st.Published), name)
-	ch <- prometheus.MustNewConstMetric(outboxTxnDesc, prometheus.CounterValue, float64(st.Transactions), name, "committed")
-	ch <- prometheus.MustNewConstMetric(outboxTxnDesc, prometheus.CounterValue, float64(st.Aborts), name, "aborted")
-	ch <- prometheus.MustNewConstMetric(outboxPartitionsDesc, prometheus.GaugeValue, float64(st.Partitions), name)
-	ch <- prometheus.MustNewConstMetric(outboxDeadDesc, prometheus.CounterValue, float64(st.DeadLettered), name)
-	ch <- prometheus.MustNewConstMetric(outboxStuckDesc, prometheus.GaugeValue, float64(st.Stuck), name)
-	ch <- prometheus.MustNewConstMetric(outboxHaltedDesc, prometheus.GaugeValue, float64(st.Halted), name)
+	c.mu.Lock()
+	relays := slices.Clone(c.relays)
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	ps, err := c.r.Pending(ctx)
-	if err != nil {
-		c.errs.Add(1)
-	}
-	ch <- prometheus.MustNewConstMetric(outboxScrapeErrDesc, prometheus.CounterValue, float64(c.errs.Load()), name)
-	now := time.Now()
-	for _, p := range ps {
-		part := strconv.Itoa(p.Partition)
-		age := 0.0
-		if !p.Oldest.IsZero() {
-			age = max(now.Sub(p.Oldest).Seconds(), 0)
+	var names []string
+	sums := map[string]*outboxSums{}
+	failed := map[string]bool{}
+	for _, r := range relays {
+		name := r.Outbox()
+		o := sums[name]
+		if o == nil {
+			o = &outboxSums{parts: map[int]outbox.PartitionStatus{}}
+			sums[name] = o
+			names = append(names, name)
 		}
-		ch <- prometheus.MustNewConstMetric(outboxPendingDesc, prometheus.GaugeValue, float64(p.Pending), name, part)
-		ch <- prometheus.MustNewConstMetric(outboxOldestDesc, prometheus.GaugeValue, age, name, part)
-		ch <- prometheus.MustNewConstMetric(outboxDeadRowsDesc, prometheus.GaugeValue, float64(p.Dead), name, part)
+		st := r.Stats()
+		o.st.Published += st.Published
+		o.st.Transactions += st.Transactions
+		o.st.Aborts += st.Aborts
+		o.st.Partitions += st.Partitions
+		o.st.DeadLettered += st.DeadLettered
+		o.st.Stuck += st.Stuck
+		o.st.Halted += st.Halted
+		ps, err := r.Pending(ctx)
+		if err != nil {
+			failed[name] = true
+		}
+		for _, p := range ps {
+			if _, dup := o.parts[p.Partition]; !dup { // two relays publishing one partition: the first watched reports it
+				o.parts[p.Partition] = p
+			}
+		}
+	}
+	c.mu.Lock()
+	errs := make(map[string]int64, len(names))
+	for _, name := range names {
+		if failed[name] {
+			c.errs[name]++
+		}
+		errs[name] = c.errs[name]
+	}
+	c.mu.Unlock()
+	now := time.Now()
+	for _, name := range names {
+		st := sums[name].st
+		ch <- prometheus.MustNewConstMetric(outboxPublishedDesc, prometheus.CounterValue, float64(st.Published), name)
+		ch <- prometheus.MustNewConstMetric(outboxTxnDesc, prometheus.CounterValue, float64(st.Transactions), name, "committed")
+		ch <- prometheus.MustNewConstMetric(outboxTxnDesc, prometheus.CounterValue, float64(st.Aborts), name, "aborted")
+		ch <- prometheus.MustNewConstMetric(outboxPartitionsDesc, prometheus.GaugeValue, float64(st.Partitions), name)
+		ch <- prometheus.MustNewConstMetric(outboxDeadDesc, prometheus.CounterValue, float64(st.DeadLettered), name)
+		ch <- prometheus.MustNewConstMetric(outboxStuckDesc, prometheus.GaugeValue, float64(st.Stuck), name)
+		ch <- prometheus.MustNewConstMetric(outboxHaltedDesc, prometheus.GaugeValue, float64(st.Halted), name)
+		ch <- prometheus.MustNewConstMetric(outboxScrapeErrDesc, prometheus.CounterValue, float64(errs[name]), name)
+		for _, p := range sums[name].parts {
+			part := strconv.Itoa(p.Partition)
+			age := 0.0
+			if !p.Oldest.IsZero() {
+				age = max(now.Sub(p.Oldest).Seconds(), 0)
+			}
+			ch <- prometheus.MustNewConstMetric(outboxPendingDesc, prometheus.GaugeValue, float64(p.Pending), name, part)
+			ch <- prometheus.MustNewConstMetric(outboxOldestDesc, prometheus.GaugeValue, age, name, part)
+			ch <- prometheus.MustNewConstMetric(outboxDeadRowsDesc, prometheus.GaugeValue, float64(p.Dead), name, part)
+		}
 	}
 }

@@ -88,3 +88,40 @@ func TestWatchRelayExportsDeadLetters(t *testing.T) {
 		}
 	}
 }
+
+// One Metrics watches every relay of a process: two outboxes, and a relay
+// built again for an outbox after its first one stopped (the first one's
+// counts stay in the outbox's counters, so they do not go back).
+func TestWatchRelayOfSeveralRelays(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://kscope@127.0.0.1:1/none") // connects lazily: never, here
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	relay := func(name string) *outbox.Relay {
+		r, err := outbox.New(outbox.Options{Brokers: []string{"127.0.0.1:1"}, Pool: pool, Outbox: name, Partitions: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	m, err := kscopeprom.New(kscopeprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*outbox.Relay{relay("orders"), relay("payments"), relay("orders")} {
+		if err := m.WatchRelay(r); err != nil {
+			t.Fatalf("watching the relay of outbox %s: %v", r.Outbox(), err)
+		}
+	}
+	g := m.Gatherer()
+	if _, err := g.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"kscope_outbox_published_records_total", "kscope_outbox_partitions", "kscope_outbox_stuck_partitions"} {
+		if n := series(t, g, name); n != 2 {
+			t.Errorf("%d series of %s, want 2 (one per outbox)", n, name)
+		}
+	}
+}

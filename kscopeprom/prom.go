@@ -42,6 +42,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,6 +80,9 @@ type Metrics struct {
 	routes    *prometheus.CounterVec
 	lateness  *prometheus.HistogramVec
 	rebal     *prometheus.CounterVec
+
+	relayMu sync.Mutex
+	relays  *relayCollector // registered at the first WatchRelay
 }
 
 // The hooks Metrics implements.
