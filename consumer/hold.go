@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/kscope-dev/kscope/commit"
 )
 
@@ -206,7 +208,18 @@ func (r *Runner) unkeepHeld(rec *Record) {
 // its clamped time: a forged or corrupt far-future time cannot block its
 // partition.
 func dueOf(rec *Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
-	v, ok := rec.Header(HeaderDue)
+	return dueOfKafka(rec.Record, now, maxDelay)
+}
+
+// dueOfKafka is dueOf for a record the poll returned.
+func dueOfKafka(rec *kgo.Record, now time.Time, maxDelay time.Duration) (time.Time, bool) {
+	var v []byte
+	ok := false
+	for i := len(rec.Headers) - 1; i >= 0 && !ok; i-- { // the last one, as Record.Header
+		if rec.Headers[i].Key == HeaderDue {
+			v, ok = rec.Headers[i].Value, true
+		}
+	}
 	if !ok {
 		return time.Time{}, false
 	}

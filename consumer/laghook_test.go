@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
@@ -112,5 +115,66 @@ func TestRevokeDuringLagReportLeavesNoSeries(t *testing.T) {
 	live, _ := lag.state()
 	if len(live) != 1 {
 		t.Fatalf("the first member reports the lag of partitions %v after one was revoked; want only the one it kept", live)
+	}
+}
+
+// lastLag keeps the last lag reported for each topic.
+type lastLag struct {
+	mu   sync.Mutex
+	last map[string]hook.Lag
+}
+
+func (l *lastLag) OnLag(x hook.Lag) {
+	l.mu.Lock()
+	l.last[x.Topic] = x
+	l.mu.Unlock()
+}
+
+func (l *lastLag) OnPartitionGone(string, string, int32) {}
+
+func (l *lastLag) of(topic string) (hook.Lag, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	x, ok := l.last[topic]
+	return x, ok
+}
+
+// A retry-topic record held until its due time is not lag: its partition's
+// lag in seconds counts from its due time, not from when it was written
+// (a record written 9 minutes ago to a retry topic, due in 30, read over
+// 500 seconds, and paged "more than 5 minutes behind" on every record that
+// climbs a 10-minute rung of the ladder).
+func TestHeldRetryRecordIsNotLag(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const src, delay = "src-laghold", "g-laghold.kscope-retry-1h"
+	for _, topic := range []string{src, delay} {
+		if err := k.CreateTopic(ctx, topic, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	if err := k.Produce(ctx, &kgo.Record{Topic: delay, Value: []byte("waits"), Timestamp: now.Add(-9 * time.Minute), Headers: dueHeader(now.Add(30 * time.Minute))}); err != nil {
+		t.Fatal(err)
+	}
+	s := &delayScope{topic: delay, maxDelay: time.Hour, handled: map[string]time.Time{}}
+	lag := &lastLag{last: map[string]hook.Lag{}}
+	cfg := baseConfig(t, k, "g-laghold", src)
+	cfg.Hooks = []hook.Hook{lag}
+	r, err := engine.NewRunner(cfg, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the held record's lag reported", func() bool {
+		l, ok := lag.of(delay)
+		return ok && l.InFlight == 1
+	})
+	l, _ := lag.of(delay)
+	if l.Age > time.Minute || l.Offsets != 1 {
+		t.Fatalf("a retry-topic record not due for 30 minutes reads %d records and %s of lag; want 1 and about 0s", l.Offsets, l.Age)
+	}
+	if s.count() != 0 {
+		t.Fatal("the record was handled before its due time")
 	}
 }

@@ -181,7 +181,18 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	}
 	st.polledTo.Store(recs[len(recs)-1].Offset + 1)
 	var first int
-	if r.obs.WantsLag() {
+	if maxDelay, delayed := r.delays[topic]; delayed && r.obs.WantsLag() {
+		// A delay-topic record is behind only once it is due: its lag in
+		// seconds counts from its due time, not from when it was written.
+		now := time.Now()
+		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+			ts := recs[i].Timestamp
+			if due, ok := dueOfKafka(recs[i], now, maxDelay); ok && due.After(ts) {
+				ts = due
+			}
+			return recs[i].Offset, recs[i].LeaderEpoch, ts.UnixMilli()
+		})
+	} else if r.obs.WantsLag() {
 		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
 			return recs[i].Offset, recs[i].LeaderEpoch, recs[i].Timestamp.UnixMilli()
 		})

@@ -143,7 +143,7 @@ type Lag struct {
 	Topic     string
 	Partition int32
 	Offsets   int64         // records not finished: the high watermark minus the lowest unfinished offset (a transaction marker is finished once fetched)
-	Age       time.Duration // age of the oldest unfinished record (0 when none is in flight)
+	Age       time.Duration // age of the oldest unfinished record (0 when none is in flight); on a retry topic, counted from its due time, so a record waiting for it is not lag
 	InFlight  int           // records polled and not finished
 	Paused    bool          // fetching is paused (backpressure or a held retry record)
 }

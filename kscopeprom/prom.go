@@ -18,7 +18,8 @@
 //	kscope_handling_duration_seconds         from the start of a delivery to its durable outcome
 //	kscope_in_flight_records                 records polled and not finished, per partition
 //	kscope_consumer_lag_records              high watermark minus the lowest unfinished offset
-//	kscope_consumer_lag_seconds              age of the oldest unfinished record
+//	kscope_consumer_lag_seconds              age of the oldest unfinished record (on a retry
+//	                                         topic, from its due time)
 //	kscope_partition_paused                  1 while fetching a partition is paused
 //	kscope_offset_commits_total{result}      offset commit requests: ok or error
 //	kscope_route_produces_total{route,class,result}
@@ -120,7 +121,7 @@ func New(o Options) (*Metrics, error) {
 	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kscope_handling_duration_seconds", Help: "From the start of a delivery to its durable outcome.", Buckets: buckets}, gt)
 	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_in_flight_records", Help: "Records polled and not finished."}, gtp)
 	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_records", Help: "High watermark minus the lowest unfinished offset."}, gtp)
-	m.lagAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_seconds", Help: "Age of the oldest unfinished record."}, gtp)
+	m.lagAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_seconds", Help: "Age of the oldest unfinished record (on a retry topic, from its due time)."}, gtp)
 	m.paused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_partition_paused", Help: "1 while fetching the partition is paused (backpressure or a held retry record)."}, gtp)
 	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_offset_commits_total", Help: "Offset commit requests by result."}, []string{"consumer_group", "result"})
 	m.routes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_route_produces_total", Help: "Retry and dead-letter produces by result."}, append(gt, "route", "class", "result"))
