@@ -85,6 +85,18 @@ type Options struct {
 	// are deduplicated per consumer. Default: the consumer group id. Two
 	// pipelines that must not see each other's records as duplicates need
 	// different names.
+	//
+	// Left to default, renaming the group renames the inbox's namespace
+	// too: the renamed group, with no committed offset, starts from the
+	// reset offset (the earliest by default) and would apply again every
+	// record that its topics still hold. Run refuses that first start with
+	// a *consumer.ConfigError on Consumer when another consumer of the
+	// inbox read the same topics (a group of its name has committed offsets
+	// on them, or its stored offsets, parked or waiting records or key
+	// versions name them), and logs a warning naming the inbox's other
+	// consumers when nothing ties them to these topics. Keep the group id,
+	// or set Consumer to the earlier name; a pipeline of its own sets its
+	// own name.
 	Consumer string
 
 	// TablePrefix prefixes the table names; it must match what [Migrate]

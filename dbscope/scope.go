@@ -69,8 +69,8 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 
 // newRunner builds a DB-scope runner around a Handler or a QueueHandler.
 func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Runner, error) {
-	o = o.withDefaults(cfg)
-	s := &scope{h: h, qh: qh, o: o, useTopics: !cfg.Failures.DisableRetryTopics}
+	s := &scope{h: h, qh: qh, o: o.withDefaults(cfg), useTopics: !cfg.Failures.DisableRetryTopics, defaultConsumer: o.Consumer == ""}
+	o = s.o
 	oerr := o.validate()
 	if o.Versions != nil && cfg.Failures.Unordered {
 		oerr = errors.Join(oerr, &consumer.ConfigError{Struct: "dbscope.Options", Field: "Versions",
@@ -121,6 +121,13 @@ type scope struct {
 	identity  consumer.Identity
 	useTopics bool
 
+	// defaultConsumer says that Options.Consumer was left to default to
+	// the group id (see checkConsumerName); topics, brokers and
+	// clientOpts are the Config's, for that check's lookups.
+	defaultConsumer bool
+	topics, brokers []string
+	clientOpts      []kgo.Opt
+
 	parkRows parkWatch  // whether the consumer may have parked or waiting rows (see honours)
 	inRoute  routeMarks // the waiting records this process's releases are routing now
 }
@@ -144,6 +151,7 @@ func (s *scope) init(cfg consumer.Config) {
 	o := s.o
 	s.identity = cfg.Identity
 	s.group = cfg.Group
+	s.topics, s.brokers, s.clientOpts = cfg.Topics, cfg.Brokers, cfg.ClientOptions
 	s.log = cfg.Logger.With("group", cfg.Group, "scope", "db")
 	s.shards = cfg.Shards
 	s.marks = make(map[shardKey]int64)
@@ -210,7 +218,41 @@ func (s *scope) init(cfg consumer.Config) {
 // kscope's tables or a migration of this version. A transient error (the
 // database not reachable yet) is retried with backoff; any other error of
 // the check is logged and the runner starts, as it did before the check.
+// Then, for a consumer with no row in the tables of its prefix and
+// Options.Consumer left to default to the group id, it fails with a
+// *consumer.ConfigError when the data shows that a deployment before it
+// ran under another group id, whose records it would apply again (see
+// checkConsumerName).
 func (s *scope) Start(ctx context.Context) error {
+	if err := s.checkTables(ctx); err != nil {
+		return err
+	}
+	known, err := s.consumerKnown(ctx)
+	if err != nil || known {
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("kscope: could not check whether kscope's tables hold this consumer's rows; starting anyway", "err", err)
+		}
+		return nil
+	}
+	for _, check := range []struct {
+		what string
+		run  func(context.Context) (*consumer.ConfigError, error)
+	}{
+		{"the inbox holds the records of a group this one was renamed from", s.checkConsumerName},
+	} {
+		ce, err := check.run(ctx)
+		switch {
+		case ce != nil:
+			return ce
+		case err != nil && ctx.Err() == nil:
+			s.log.Warn("kscope: could not check whether "+check.what+"; starting anyway", "err", err)
+		}
+	}
+	return nil
+}
+
+// checkTables is Start's schema check.
+func (s *scope) checkTables(ctx context.Context) error {
 	if max := int(s.o.Pool.Config().MaxConns); max < s.shards {
 		s.log.Warn("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
 			"and the pipeline runs at the pool's width; set pool_max_conns (or pgxpool.Config.MaxConns) to at least Config.Shards",
