@@ -7,12 +7,16 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // syncBuffer is a log sink a test reads while a runner writes to it.
@@ -131,4 +135,73 @@ func TestRenamedGroupRefusedWhileConsumerDefaultsToIt(t *testing.T) {
 	if !strings.Contains(logs.String(), "other_consumers") {
 		t.Fatalf("a new pipeline beside other consumers of the inbox logged no warning naming them:\n%s", logs.String())
 	}
+}
+
+// A deployment with ordered retries leaves A in a retry topic and B
+// waiting behind it in kscope_waiting, its offset committed; the next
+// deployment runs on tables of another prefix (Migrate run with it). On
+// those tables B would never be applied: A comes back from the retry topic
+// unknown to them and is applied, B stays in kscope_waiting. The runner
+// refuses to start with a ConfigError on TablePrefix; back on the earlier
+// prefix A and B are applied once, in order.
+func TestTablePrefixChangedWhileRecordsWaitRefused(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "payments", "g-prefix"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		InPlaceAttempts: 1, Ladder: []time.Duration{time.Second}, RetryableAttempts: 10}
+	var fail atomic.Bool
+	fail.Store(true)
+	h := dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		if string(r.Value) == "k/0" && fail.Load() {
+			return consumer.Retryable(errors.New("ledger 503"))
+		}
+		return insertEffect(ctx, tx, r)
+	})
+	r1, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop1 := run(t, r1)
+	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "A in the retry topic", func() bool { return r1.Stats().Failures.RetryTopic >= 1 })
+	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "B waiting", func() bool { return r1.Stats().DB.Parked >= 1 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop1(); err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(false)
+
+	if err := dbscope.Migrate(ctx, pool, "pay_"); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := dbscope.New(cfg, dbscope.Options{Pool: pool, TablePrefix: "pay_"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = runUntilErrorOrApplied(t, r2)
+	var ce *consumer.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "TablePrefix" || !strings.Contains(ce.Reason, `"kscope_"`) {
+		parked, waiting, _ := parkingRows(t, pool)
+		t.Fatalf("Run on the new prefix returned %v; effects %q, and kscope_ still holds %d parked and %d waiting rows no runner on it reads; "+
+			"want a *consumer.ConfigError on TablePrefix naming \"kscope_\"", err, effectOrder(t, pool), parked, waiting)
+	}
+	t.Log(err)
+
+	r3, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, r3)
+	waitAppliedInOrder(t, pool, 30*time.Second, "k/0", "k/1")
 }

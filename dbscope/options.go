@@ -101,6 +101,15 @@ type Options struct {
 
 	// TablePrefix prefixes the table names; it must match what [Migrate]
 	// was given. Default DefaultTablePrefix.
+	//
+	// A new prefix starts on empty tables. Records an earlier deployment
+	// left waiting behind their key's head in the tables of the old prefix
+	// have their offsets committed, and only a runner on those tables
+	// applies them: Run refuses to start with a *consumer.ConfigError on
+	// TablePrefix while the tables of another prefix (in the search path)
+	// hold this consumer's parked or waiting records and those of this one
+	// nothing of it, and logs a warning when they hold its inbox only (what
+	// it deduplicates would be applied again).
 	TablePrefix string
 
 	// BatchSize is the most records of one key-shard handled together.

@@ -218,11 +218,12 @@ func (s *scope) init(cfg consumer.Config) {
 // kscope's tables or a migration of this version. A transient error (the
 // database not reachable yet) is retried with backoff; any other error of
 // the check is logged and the runner starts, as it did before the check.
-// Then, for a consumer with no row in the tables of its prefix and
-// Options.Consumer left to default to the group id, it fails with a
-// *consumer.ConfigError when the data shows that a deployment before it
-// ran under another group id, whose records it would apply again (see
-// checkConsumerName).
+// Then, for a consumer with no row in the tables of its prefix, it fails
+// with a *consumer.ConfigError when the data shows that a deployment
+// before it ran under another TablePrefix and left records parked or
+// waiting there (see checkTablePrefix), or, with Options.Consumer left to
+// default to the group id, under another group id whose records it would
+// apply again (see checkConsumerName).
 func (s *scope) Start(ctx context.Context) error {
 	if err := s.checkTables(ctx); err != nil {
 		return err
@@ -238,6 +239,7 @@ func (s *scope) Start(ctx context.Context) error {
 		what string
 		run  func(context.Context) (*consumer.ConfigError, error)
 	}{
+		{"the tables of another table prefix hold this consumer's rows", s.checkTablePrefix},
 		{"the inbox holds the records of a group this one was renamed from", s.checkConsumerName},
 	} {
 		ce, err := check.run(ctx)
