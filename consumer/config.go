@@ -46,6 +46,13 @@ type Config struct {
 	Brokers []string
 
 	// Group is the consumer group id. Required. Java: group.id.
+	// Retry topics, the dead-letter topic and committed offsets are named
+	// by it, and the DB scope's inbox by default: a group renamed between
+	// two deployments starts from the reset offset (the earliest by
+	// default), and the records the earlier group left in its retry topics
+	// are consumed by a member of that group only. On a group's first
+	// start the runner warns of each other group that consumed its topics
+	// and still has records in its retry topics.
 	Group string
 
 	// Topics are the topics to consume. Required, without duplicates.

@@ -365,3 +365,67 @@ func TestRetryRungFilledDuringRollingDeployIsDrained(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A group renamed between two deployments: the record the earlier group
+// left in its retry topic is consumed by a member of that group only, so
+// the renamed one never handles it. Its first start warns, naming the
+// earlier group and its retry topic; a later start of the same group, and
+// a group whose topics no other group consumed, do not.
+func TestRenamedGroupWarnsOfEarlierRetryTopics(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, other = "renamed-src", "renamed-other"
+	for _, tp := range []string{topic, other} {
+		if err := k.CreateTopic(ctx, tp, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	rung := time.Hour
+	cfg := baseConfig(t, k, "orders-v1", topic)
+	cfg.Failures = fastFailures(retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, Ladder: []time.Duration{rung}, RetryableAttempts: 10})
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		return consumer.Retryable(errors.New("dependency down"))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the record in the retry topic", func() bool { return r.Stats().Failures.RetryTopic == 1 })
+	testenv.WaitFor(t, time.Minute, "the source's offset committed", func() bool { return k.CaughtUp(ctx, "orders-v1", topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	start := func(group, topic string) string {
+		t.Helper()
+		var logs testenv.LogBuffer
+		cfg := baseConfig(t, k, group, topic)
+		cfg.Failures = fastFailures(retrytopic.Policy{Unordered: true, InPlaceAttempts: 1, Ladder: []time.Duration{rung}, RetryableAttempts: 10})
+		cfg.Logger = logs.Logger()
+		r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runAsync(t, r)
+		testenv.WaitFor(t, time.Minute, group+" caught up", func() bool { return k.CaughtUp(ctx, group, topic) })
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		return logs.String()
+	}
+	const warning = "another group that consumed them has records waiting in its retry topics"
+	logs := start("orders-v2", topic)
+	if !strings.Contains(logs, warning) || !strings.Contains(logs, "earlier_group=orders-v1") ||
+		!strings.Contains(logs, retrytopic.RetryTopic("orders-v1", rung)) {
+		t.Fatalf("the renamed group started without a warning naming orders-v1 and its retry topic, whose record it never handles; its logs:\n%s", logs)
+	}
+	if logs := start("orders-v2", topic); strings.Contains(logs, warning) {
+		t.Fatalf("the group's second start warned again:\n%s", logs)
+	}
+	if logs := start("refunds", other); strings.Contains(logs, warning) {
+		t.Fatalf("a group on a topic no other group consumed warned:\n%s", logs)
+	}
+}

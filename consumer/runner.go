@@ -445,6 +445,7 @@ func (r *Runner) ensureFailureTopics(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	warnEarlierGroups(ctx, r.cfg)
 	for t, d := range left {
 		if r.delays == nil {
 			r.delays = make(map[string]time.Duration)

@@ -1,0 +1,125 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// renamedCheckTimeout bounds warnEarlierGroups's lookups.
+const renamedCheckTimeout = 10 * time.Second
+
+// warnEarlierGroups logs a warning, on a group's first start (no committed
+// offset on its topics), for each other consumer group of the cluster
+// that consumed the same topics (it has committed offsets on them) and
+// whose retry topics still hold records it has not consumed. A group
+// renamed between two deployments is such a first start: the records the
+// earlier group left in its retry topics are consumed by a member of that
+// group only, so the new one never handles them. A lookup that fails is
+// logged at debug level: the check is advisory.
+func warnEarlierGroups(ctx context.Context, cfg Config) {
+	ctx, cancel := context.WithTimeout(ctx, renamedCheckTimeout)
+	defer cancel()
+	err := func() error {
+		cl, err := kgo.NewClient(append(append([]kgo.Opt{}, cfg.ClientOptions...), kgo.SeedBrokers(cfg.Brokers...))...)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		adm := kadm.NewClient(cl)
+		committed := func(group string, topics ...string) (kadm.OffsetResponses, bool, error) {
+			got, err := adm.FetchOffsetsForTopics(ctx, group, topics...)
+			if err == nil {
+				err = got.Error()
+			}
+			if errors.Is(err, kerr.GroupIDNotFound) {
+				return nil, false, nil
+			}
+			if err != nil {
+				return nil, false, err
+			}
+			some := false
+			got.Each(func(o kadm.OffsetResponse) { some = some || o.At >= 0 })
+			return got, some, nil
+		}
+		if _, mine, err := committed(cfg.Group, cfg.Topics...); err != nil || mine {
+			return err
+		}
+		groups, err := adm.ListGroups(ctx)
+		if err != nil {
+			return err
+		}
+		all, err := adm.ListTopics(ctx)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups.Groups() {
+			if g == cfg.Group {
+				continue
+			}
+			var retries []string
+			for t := range all {
+				if _, ok := retrytopic.RetryTopicDelay(g, t); ok {
+					retries = append(retries, t)
+				}
+			}
+			if len(retries) == 0 {
+				continue
+			}
+			if _, read, err := committed(g, cfg.Topics...); err != nil || !read {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			offs, _, err := committed(g, retries...)
+			if err != nil {
+				return err
+			}
+			starts, err := adm.ListStartOffsets(ctx, retries...)
+			if err != nil {
+				return err
+			}
+			ends, err := adm.ListEndOffsets(ctx, retries...)
+			if err != nil {
+				return err
+			}
+			var holding []string
+			var waiting int64
+			ends.Each(func(e kadm.ListedOffset) {
+				from := int64(0)
+				if s, ok := starts.Lookup(e.Topic, e.Partition); ok {
+					from = s.Offset
+				}
+				if c, ok := offs.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
+					from = max(from, c.At)
+				}
+				if e.Err == nil && e.Offset > from {
+					waiting += e.Offset - from
+					if !slices.Contains(holding, e.Topic) {
+						holding = append(holding, e.Topic)
+					}
+				}
+			})
+			if len(holding) == 0 {
+				continue
+			}
+			slices.Sort(holding)
+			cfg.Logger.Warn("kscope: this group has no committed offset on its topics, and another group that consumed them has records waiting in its "+
+				"retry topics, which only a member of that group consumes: if this group replaces it (a renamed group), those records are never "+
+				"handled. Keep the earlier group id, or run a member of the earlier group until its retry topics are consumed",
+				"earlier_group", g, "retry_topics", holding, "records", waiting, "topics", cfg.Topics)
+		}
+		return nil
+	}()
+	if err != nil && ctx.Err() == nil {
+		cfg.Logger.Debug("kscope: could not look for retry topics that an earlier group left records in", "err", err)
+	}
+}
