@@ -1,12 +1,9 @@
 package dbscope_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,24 +15,6 @@ import (
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
-
-// syncBuffer is a log sink a test reads while a runner writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // runUntilErrorOrApplied runs r until Run returns or r applies a record,
 // and returns Run's error (nil when r applied a record first).
@@ -123,10 +102,10 @@ func TestRenamedGroupRefusedWhileConsumerDefaultsToIt(t *testing.T) {
 	// A new pipeline on a topic no other consumer is known to have read
 	// starts, with a warning that names the inbox's other consumers (a
 	// group renamed after its earlier one was deleted looks the same).
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	n := k.ProduceKeyed(t, other, 2, 2)
 	cfg := baseConfig(k, "refunds", other)
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.Logger = logs.Logger()
 	fresh, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(insertEffect))
 	if err != nil {
 		t.Fatal(err)
