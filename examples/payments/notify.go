@@ -117,7 +117,7 @@ func newNotifier(brokers []string, pool *pgxpool.Pool, providerURL string) (*dbs
 		Logger:         quietLogger(),
 		ClientOptions:  []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)},
 		Failures:       retrytopic.Policy{Backoff: 50 * time.Millisecond, MaxBackoff: time.Second, DisableRetryTopics: true},
-	}, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(n.handle))
+	}, dbscope.Options{Pool: pool, Consumer: notifierGroup}, dbscope.HandlerFunc(n.handle))
 }
 
 // runChild runs the child process role names: the ledger consumer, the

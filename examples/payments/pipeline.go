@@ -155,6 +155,8 @@ func options(pool *pgxpool.Pool) dbscope.Options {
 // newPipeline builds the payments pipeline in the DB scope.
 func newPipeline(brokers []string, pool *pgxpool.Pool, group, gatewayURL string, commitEvery time.Duration) (*dbscope.Runner, error) {
 	g := newGateway(gatewayURL)
+	o := options(pool)
+	o.Consumer = group // the inbox's name for this pipeline, set so that it stays if the group is ever renamed
 	return dbscope.New(consumer.Config{
 		Brokers:        brokers,
 		Group:          group,
@@ -166,5 +168,5 @@ func newPipeline(brokers []string, pool *pgxpool.Pool, group, gatewayURL string,
 		// timeout: keep it at the broker's minimum.
 		ClientOptions: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)},
 		Failures:      failures(),
-	}, options(pool), dbscope.HandlerFunc(g.handle))
+	}, o, dbscope.HandlerFunc(g.handle))
 }
