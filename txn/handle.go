@@ -32,7 +32,7 @@ func (s *scope) handle(ctx context.Context, rec *consumer.Record, done func(*con
 	if s.vs != nil && rec.Key != nil {
 		s.handleVersioned(ctx, w, rec, done)
 	} else {
-		hctx := obs.Start(ctx, rec)
+		hctx := w.start(ctx, obs, rec)
 		out, err := s.run(ctx, hctx, w, rec, done)
 		if out == hook.OutcomeAborted {
 			obs.End(rec, out, err)
@@ -47,12 +47,11 @@ func (s *scope) handle(ctx context.Context, rec *consumer.Record, done func(*con
 }
 
 // join adds w to the open transaction, once one is open, and reports the
-// input record (if w has one: done is not nil) done in it.
+// input record (if w has one: done is not nil) done in it. When w cannot
+// join, the deliveries it started end as aborted.
 func (s *scope) join(ctx context.Context, w *work, done func(*consumer.Record)) bool {
 	if w.stopped || w.stale(ctx) || !s.t.Join(w.rec) {
-		if done != nil && !s.obs.Ended(w.rec) {
-			s.obs.End(w.rec, hook.OutcomeAborted, nil)
-		}
+		w.drop(s.obs)
 		return false
 	}
 	tx := s.cur
@@ -172,7 +171,7 @@ func (s *scope) route(ctx context.Context, w *work, rec *consumer.Record, out *k
 func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) {
 	vers := s.vs.cfg
 	f, obs := s.f, s.obs
-	hctx := obs.Start(ctx, rec)
+	hctx := w.start(ctx, obs, rec)
 	now := time.Now()
 	ended := func(out hook.Outcome, err error) {
 		w.do(func(tx *txnState) {
@@ -215,8 +214,10 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 				Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
 			val, err := json.Marshal(p)
 			if err != nil {
+				err = fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 				w.do(func(tx *txnState) {
-					tx.fail(fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err))
+					tx.fail(err)
+					tx.end(obs, rec, hook.OutcomeAborted, err)
 				})
 				return
 			}
@@ -273,7 +274,7 @@ func (s *scope) releaseParked(ctx context.Context, w *work, pv *partVersions, re
 		}
 		pr := p.record()
 		obs := s.obs
-		hctx := obs.Start(ctx, pr)
+		hctx := w.start(ctx, obs, pr)
 		obs.Event(pr, hook.EventVersionHeal, "")
 		check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
 		out, herr := s.run(ctx, sequence.WithResult(hctx, check), w, pr, nil)
@@ -309,7 +310,7 @@ func (s *scope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) 
 	last, _ := pv.lastOf(key)
 	pr := p.record()
 	obs := s.obs
-	obs.Start(ctx, pr)
+	w.start(ctx, obs, pr)
 	herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: last + 1, Actual: p.Version})
 	step := s.f.Decide(ctx, pr, herr, 1, false)
 	s.deadLetter(ctx, w, pr, herr, step, 1, p.Since)

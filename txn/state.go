@@ -153,12 +153,36 @@ func produceError(topic, what string, err error) error {
 // work collects what handling one record adds to the transaction it
 // joins: outputs, routed records, changelog records and state changes.
 type work struct {
-	rec     *consumer.Record // the input record, or the synthetic one of a scheduled expiry
-	fx      []func(tx *txnState)
+	rec *consumer.Record // the input record, or the synthetic one of a scheduled expiry
+	fx  []func(tx *txnState)
+	// started are the deliveries begun for this work (the input's, and
+	// those of the parked records it releases or expires): those its
+	// transaction does not take end as aborted.
+	started []*consumer.Record
 	stopped bool // the runner stops or the record's assignment ended: nothing joins
 }
 
 func (w *work) do(f func(tx *txnState)) { w.fx = append(w.fx, f) }
+
+// start begins a delivery of rec (obs.Start) that ends with this work.
+// Without record hooks nothing starts, and nothing is kept.
+func (w *work) start(ctx context.Context, obs engine.Observer, rec *consumer.Record) context.Context {
+	ctx = obs.Start(ctx, rec)
+	if !obs.Ended(rec) {
+		w.started = append(w.started, rec)
+	}
+	return ctx
+}
+
+// drop ends, as aborted, the deliveries of this work that have not
+// ended: nothing of it joins a transaction.
+func (w *work) drop(obs engine.Observer) {
+	for _, rec := range w.started {
+		if !obs.Ended(rec) {
+			obs.End(rec, hook.OutcomeAborted, nil)
+		}
+	}
+}
 
 // stale reports whether the record is no longer wanted.
 func (w *work) stale(ctx context.Context) bool {
