@@ -209,32 +209,45 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 		return
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.Wait:
 		obs.Event(rec, hook.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
-		if pv.parkedAt(key, v) == nil { // a redelivery of a parked record stays parked as it was
-			p := &parkedRec{Version: v, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
-				Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
-			val, err := json.Marshal(p)
-			if err != nil {
-				err = fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
-				w.do(func(tx *txnState) {
-					tx.fail(err)
-					tx.end(obs, rec, hook.OutcomeAborted, err)
-				})
-				return
-			}
-			if herr := s.unparkable(rec, val); herr != nil {
-				// Its changelog record can never be written: the record
-				// cannot wait for its gap to heal and goes to the DLT, as
-				// with Gaps: sequence.DeadLetter.
-				s.deadLetter(ctx, w, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
-				ended(hook.OutcomeDeadLettered, herr)
-				return
-			}
-			w.do(func(tx *txnState) {
-				pv.setParked(key, v, p)
-				tx.gapsDetected.Add(1)
-			})
-			s.changelog(ctx, w, rec.Topic, rec.Partition, parkedKey(rec.Key, v), val)
+		parked := pv.parkedAt(key, v)
+		if parked != nil && parked.holds(rec, s.cfg.Identity) {
+			ended(hook.OutcomeGap, nil) // a redelivery of a parked record stays parked as it was
+			return
 		}
+		p := &parkedRec{Version: v, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
+			Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
+		stored := p
+		if parked != nil {
+			// Another record with the version of a parked one: it waits
+			// with it, and ends stale, applied in its place, or
+			// dead-lettered with it.
+			stored = parked.with(p)
+			s.log.Warn("kscope: a record has the version of a parked record of its key; it waits with it",
+				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "version", v,
+				"parked", fmt.Sprintf("%s[%d]@%d", parked.Topic, parked.Partition, parked.Offset))
+		}
+		val, err := json.Marshal(stored)
+		if err != nil {
+			err = fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
+			w.do(func(tx *txnState) {
+				tx.fail(err)
+				tx.end(obs, rec, hook.OutcomeAborted, err)
+			})
+			return
+		}
+		if herr := s.unparkable(rec, val); herr != nil {
+			// Its changelog record can never be written: the record
+			// cannot wait for its gap to heal and goes to the DLT, as
+			// with Gaps: sequence.DeadLetter.
+			s.deadLetter(ctx, w, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
+			ended(hook.OutcomeDeadLettered, herr)
+			return
+		}
+		w.do(func(tx *txnState) {
+			pv.setParked(key, v, stored)
+			tx.gapsDetected.Add(1)
+		})
+		s.changelog(ctx, w, rec.Topic, rec.Partition, parkedKey(rec.Key, v), val)
 		ended(hook.OutcomeGap, nil)
 		return
 	case check.Outcome == sequence.Gap:
@@ -264,38 +277,54 @@ func (s *scope) advance(ctx context.Context, w *work, pv *partVersions, rec *con
 }
 
 // releaseParked applies the parked records of rec's key that follow v, in
-// version order, in the transaction rec joins.
+// version order, in the transaction rec joins. Of the records parked with
+// one version, the first that is applied (or skipped) applies it and the
+// rest are stale; a dead-lettered one leaves the version to the next.
 func (s *scope) releaseParked(ctx context.Context, w *work, pv *partVersions, rec *consumer.Record, v int64) {
 	key := string(rec.Key)
+	obs := s.obs
 	for {
 		p := pv.parkedAt(key, v+1)
 		if p == nil {
 			return
 		}
-		pr := p.record()
-		obs := s.obs
-		hctx := w.start(ctx, obs, pr)
-		obs.Event(pr, hook.EventVersionHeal, "")
-		check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
-		out, herr := s.run(ctx, sequence.WithResult(hctx, check), w, pr, nil)
-		if out == hook.OutcomeAborted {
-			obs.End(pr, out, herr)
-			return
+		var applied *parkedRec
+		for _, c := range p.all() {
+			pr := c.record()
+			hctx := w.start(ctx, obs, pr)
+			if applied != nil {
+				w.do(func(tx *txnState) {
+					tx.stale.Add(1)
+					tx.end(obs, pr, hook.OutcomeStale, nil)
+				})
+				continue
+			}
+			obs.Event(pr, hook.EventVersionHeal, "")
+			check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
+			out, herr := s.run(ctx, sequence.WithResult(hctx, check), w, pr, nil)
+			if out == hook.OutcomeAborted {
+				obs.End(pr, out, herr)
+				return
+			}
+			w.do(func(tx *txnState) { tx.end(obs, pr, out, herr) })
+			if out == hook.OutcomeSuccess || out == hook.OutcomeSkipped {
+				applied = c
+				w.do(func(tx *txnState) { tx.gapsHealed.Add(1) })
+			}
 		}
 		s.unpark(ctx, w, pv, p)
-		w.do(func(tx *txnState) { tx.end(obs, pr, out, herr) })
-		if out != hook.OutcomeSuccess && out != hook.OutcomeSkipped {
-			return
+		if applied == nil {
+			return // dead-lettered: the key's version stays
 		}
-		w.do(func(tx *txnState) { tx.gapsHealed.Add(1) })
 		v++
-		s.advance(ctx, w, pv, pr, v)
+		s.advance(ctx, w, pv, applied.record(), v)
 	}
 }
 
-// expire sends a parked record that waited past GapTimeout to the DLT,
-// on its key-shard's worker (rec is the synthetic record its task runs
-// for, of its partition's current assignment).
+// expire sends a parked record that waited past GapTimeout, and the
+// records parked with it, to the DLT, on its key-shard's worker (rec is
+// the synthetic record its task runs for, of its partition's current
+// assignment).
 func (s *scope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) {
 	defer s.vs.expiring(p, false)
 	w := &work{rec: rec}
@@ -304,21 +333,24 @@ func (s *scope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) 
 		return
 	}
 	key := string(p.Key)
-	if pv.parkedAt(key, p.Version) == nil {
+	cur := pv.parkedAt(key, p.Version) // p, or p with the records parked with it since
+	if cur == nil || !cur.Since.Equal(p.Since) {
 		return // released meanwhile
 	}
 	last, _ := pv.lastOf(key)
-	pr := p.record()
 	obs := s.obs
-	w.start(ctx, obs, pr)
-	herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: last + 1, Actual: p.Version})
-	step := s.f.Decide(ctx, pr, herr, 1, false)
-	s.deadLetter(ctx, w, pr, herr, step, 1, p.Since)
-	s.unpark(ctx, w, pv, p)
-	w.do(func(tx *txnState) {
-		tx.timedOut.Add(1)
-		tx.end(obs, pr, hook.OutcomeDeadLettered, herr)
-	})
+	for _, c := range cur.all() {
+		pr := c.record()
+		w.start(ctx, obs, pr)
+		herr := consumer.Terminal(&retrytopic.VersionGapError{Expected: last + 1, Actual: c.Version})
+		step := s.f.Decide(ctx, pr, herr, 1, false)
+		s.deadLetter(ctx, w, pr, herr, step, 1, c.Since)
+		w.do(func(tx *txnState) {
+			tx.timedOut.Add(1)
+			tx.end(obs, pr, hook.OutcomeDeadLettered, herr)
+		})
+	}
+	s.unpark(ctx, w, pv, cur)
 	s.join(ctx, w, nil)
 }
 

@@ -54,6 +54,15 @@
 // is parked in the changelog (Wait) and applied, in the transaction that
 // applies the version before it; one that waits past GapTimeout goes to
 // the dead-letter topic with the expected and actual versions. A parked
+// record delivered again (the same source record, or the same identity:
+// a producer's retry, a replay) stays parked as it was. Another record of
+// the key with the same version (another identity: a producer that sent
+// the version twice) waits with it, in its changelog record, and ends as
+// it would behind a parked head in the DB scope: when the version before
+// them is applied, the first of them that is applied (or skipped) applies
+// the version and the others are stale, one the handler dead-letters
+// leaving the version to the next; past GapTimeout they go to the
+// dead-letter topic together. A parked
 // record's input offset is committed: a runner without Versions, which
 // would leave it in the changelog, refuses to start while one waits there
 // (Run returns a *consumer.ConfigError on Versions).
@@ -157,7 +166,10 @@ type Options struct {
 	// partition: partitions added to an input topic move keys, and a
 	// moved key's first record in its new partition is checked as a new
 	// key's (sequence.First). Turned off and on again, keys written in
-	// between find gaps; see sequence.Accept for the first run back.
+	// between find gaps; see sequence.Accept for the first run back. A
+	// record with the version of a parked record of its key is kept with
+	// it unless it is that record delivered again (see the package
+	// documentation).
 	Versions *sequence.Config
 }
 

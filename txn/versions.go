@@ -52,6 +52,13 @@ type parkedRec struct {
 	Value     []byte             `json:"value"`
 	Headers   []kgo.RecordHeader `json:"headers"`
 	Since     time.Time          `json:"since"` // when it was first parked
+	// Others are the other records of the key with the same version
+	// (another source record, another identity) that arrived while it
+	// waited, in arrival order. They share its changelog record and its
+	// fate: when it is released, the first of them that is applied (or
+	// skipped) applies the version and the rest are stale; when it times
+	// out, they go to the dead-letter topic with it.
+	Others []*parkedRec `json:"others,omitempty"`
 }
 
 func (p *parkedRec) record() *consumer.Record {
@@ -59,6 +66,34 @@ func (p *parkedRec) record() *consumer.Record {
 		Topic: p.Topic, Partition: p.Partition, Offset: p.Offset, Timestamp: p.Timestamp,
 		Key: p.Key, Value: p.Value, Headers: p.Headers,
 	}}
+}
+
+// all returns p and the records parked with it, in arrival order.
+func (p *parkedRec) all() []*parkedRec {
+	return append([]*parkedRec{p}, p.Others...)
+}
+
+// holds reports whether rec is p or one of the records parked with it
+// delivered again: the same source record (topic, partition, offset), or
+// the same identity.
+func (p *parkedRec) holds(rec *consumer.Record, id consumer.Identity) bool {
+	rid := id.Of(rec)
+	for _, c := range p.all() {
+		if c.Topic == rec.Topic && c.Partition == rec.Partition && c.Offset == rec.Offset {
+			return true
+		}
+		if id.Of(c.record()) == rid {
+			return true
+		}
+	}
+	return false
+}
+
+// with returns a copy of p with o parked with it, last.
+func (p *parkedRec) with(o *parkedRec) *parkedRec {
+	q := *p
+	q.Others = append(slices.Clip(p.Others), o)
+	return &q
 }
 
 func parkedKey(key []byte, v int64) []byte {
