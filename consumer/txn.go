@@ -120,6 +120,7 @@ func (r *Runner) txnLoop(ctx context.Context) error {
 			return nil // the client closed
 		}
 		if err := r.fatalErr(); err != nil {
+			r.abortOpen(ctx)
 			return err
 		}
 		at := r.gate.endAt(r.txnInterval)
@@ -189,6 +190,10 @@ func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
 	}
 	committed, err := r.commitOrAbort(ctx, open)
 	if err != nil {
+		// The runner stops (fenced, refused, not ended): nothing of the
+		// transaction is known to this process to have committed, and
+		// the scope ends its deliveries as aborted.
+		r.txs.TxnEnded(false)
 		return err
 	}
 	r.txs.TxnEnded(committed)
@@ -203,6 +208,25 @@ func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
 	}
 	r.gate.open()
 	return nil
+}
+
+// abortOpen aborts the open transaction of a runner that stops on an
+// error outside the transaction's end: left open, it would hold every
+// read_committed consumer of its outputs back until the broker timed it
+// out. Nothing of it commits; the partitions' next owner consumes its
+// records again.
+func (r *Runner) abortOpen(ctx context.Context) {
+	r.gate.shut()
+	r.gate.close()
+	if err := r.txs.TxnFlush(); err != nil {
+		r.log.Debug("kscope: a produce of the transaction aborted at the stop failed", "err", err)
+	}
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.txnTimeout)
+	defer cancel()
+	if _, err := r.sess.End(endCtx, kgo.TryAbort); err != nil {
+		r.log.Warn("kscope: aborting the open transaction at the stop failed; the broker aborts it after the transaction timeout", "err", err, "transaction_timeout", r.txnTimeout)
+	}
+	r.txs.TxnEnded(false)
 }
 
 var errAborted = errors.New("kscope: the transaction aborted; its offsets did not commit")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -294,5 +295,62 @@ func TestVersionsRestoredOnceTheChangelogIsStable(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[acct:1 acct:2 acct:3 acct:4]" {
 		t.Fatalf("outputs %v, want acct:1 to acct:4 once each, in order", got)
+	}
+}
+
+// A runner that stops on an error outside the transaction's end (here the
+// broker refuses to let it read its input) aborts its open transaction
+// before it returns: left open, the transaction would hold every
+// read_committed consumer of its outputs back until the broker timed it
+// out (TransactionTimeout, 2 minutes by default).
+func TestFatalStopAbortsTheOpenTransaction(t *testing.T) {
+	k := setup(t)
+	ctx := context.Background()
+	if err := k.Produce(ctx, &kgo.Record{Topic: "in", Key: []byte("k"), Value: []byte("order-1")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := txn.New(config(k, "g-fatal-open"), txn.Options{TransactionalID: "fatal-open-1", CommitInterval: time.Minute}, enrich)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	adm := k.Admin()
+	written := func() int64 {
+		ends, err := adm.ListEndOffsets(ctx, "out")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+		return n
+	}
+	testenv.WaitFor(t, 30*time.Second, "the output written in the open transaction", func() bool { return written() > 0 })
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: "in", Err: kerr.TopicAuthorizationFailed, Count: -1}); err != nil {
+		t.Skip(err) // refusing a fetch needs the in-process kfake cluster
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, kerr.TopicAuthorizationFailed) {
+			t.Fatalf("Run returned %v, want the refused read", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the runner kept running after the broker refused its input")
+	}
+	stable, err := adm.ListCommittedOffsets(ctx, "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(e kadm.ListedOffset) {
+		if s, ok := stable.Lookup("out", e.Partition); !ok || s.Offset < e.Offset {
+			t.Errorf("out[%d]: last stable offset %d below its end %d after Run returned: the transaction is still open, and read_committed consumers of out wait for the broker to time it out", e.Partition, s.Offset, e.Offset)
+		}
+	})
+	if got := r.Stats().Kafka.Records; got != 0 {
+		t.Fatalf("%d records committed; want none (the transaction aborted)", got)
 	}
 }

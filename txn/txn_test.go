@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/txn"
@@ -240,7 +241,10 @@ func TestFencing(t *testing.T) {
 	good := produceInputs(t, k, 200, 0)
 	block := make(chan struct{})
 	var blocking atomic.Bool
-	first, err := txn.New(config(k, "g-fence"), txn.Options{TransactionalID: "fence-1"},
+	d := newDeliveries()
+	firstCfg := config(k, "g-fence")
+	firstCfg.Hooks = []hook.Hook{d}
+	first, err := txn.New(firstCfg, txn.Options{TransactionalID: "fence-1"},
 		txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
 			if blocking.Load() {
 				<-block // holds its transaction open
@@ -282,6 +286,9 @@ func TestFencing(t *testing.T) {
 		if !errors.Is(err, txn.ErrFenced) {
 			t.Fatalf("the fenced instance's Run returned %v, want txn.ErrFenced", err)
 		}
+		// The deliveries of its last transaction, which never committed,
+		// ended (as aborted): their spans are exported.
+		d.check(t, "")
 	case <-time.After(time.Minute):
 		t.Fatal("the fenced instance kept running")
 	}
