@@ -140,7 +140,11 @@ type Options struct {
 	// routing it was written under: the same consumer.Config.Shards, the
 	// same Config.NullKeys and kscope's same shard hash. After a change of
 	// any of them the positions are ignored until rewritten (the inbox
-	// still deduplicates what they would have skipped).
+	// still deduplicates what they would have skipped). Offsets moved back
+	// by a replay (kscope replay) are therefore passed over where a stored
+	// position is ahead of them, records never applied included: delete
+	// the consumer's rows of <prefix>offsets for the topic, with the group
+	// stopped, to have them consumed.
 	StoreOffsets bool
 
 	// InboxTTL, when positive, deletes inbox rows older than it while the

@@ -37,8 +37,34 @@ It refuses when the group does not exist, when the group still has members
 running group, and a running consumer would overwrite them), or when the
 topic does not exist.
 
-A replayed record is handled again: in the DB scope its inbox row makes it a
-no-op; in the at-least-once scope its handler runs again.
+The counts are of records the group's consumers will be given again, not
+of records handled again; that depends on the group's scope, and a replay
+that moves back prints it under the plan:
+
+  at-least-once  the handler runs again for each record.
+  DB scope       a record whose inbox row is kept is a no-op: its first
+                 outcome stands (applied, skipped, stale, parked or
+                 dead-lettered: 'kscope dlt redrive' runs a dead-lettered
+                 one again, a replay does not). Records whose inbox rows
+                 Options.InboxTTL deleted are applied again (with
+                 Options.Versions, stale when their version is at or below
+                 their key's last). With Options.StoreOffsets the runner
+                 resumes each partition from the position stored in
+                 PostgreSQL when it is ahead of the committed offset: it
+                 consumes none of the replayed records below that position,
+                 not even those it never applied (skipped by an earlier
+                 replay forward). To have them consumed, delete the
+                 consumer's stored positions of the topic while the group
+                 is stopped:
+                   DELETE FROM <prefix>offsets WHERE consumer = '<consumer>'
+                     AND topic = '<topic>'
+                 (<prefix>: Options.TablePrefix, kscope_ by default;
+                 <consumer>: Options.Consumer, the group id by default); the
+                 inbox still deduplicates what they would have skipped.
+  Kafka scope    the outputs are produced again (a read_committed reader
+                 sees them a second time), except for records whose version
+                 (Options.Versions) is at or below their key's last in the
+                 changelog: those are stale and produce nothing.
 
 Targets:
   --to-offset N      offset N on every partition (kept within each partition's
@@ -94,6 +120,9 @@ type replayReport struct {
 	Changes     int                `json:"partitions_changed"`
 	Committed   bool               `json:"committed"`
 	Explanation string             `json:"explanation"`
+	// HandledAgain says, when records are consumed again, what each scope
+	// does with them (replayAgainNote).
+	HandledAgain string `json:"handled_again,omitempty"`
 }
 
 type replayPartReport struct {
@@ -193,9 +222,15 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		}
 		fmt.Fprintln(e.stdout, msg)
 	}
+	if rep.Again > 0 {
+		rep.HandledAgain = replayAgainNote(o.group, o.topic)
+	}
 	if !o.asJSON {
 		fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
 		printPlan(e.stdout, plan)
+		if rep.HandledAgain != "" {
+			fmt.Fprintln(e.stdout, rep.HandledAgain)
+		}
 	}
 	switch {
 	case rep.Changes == 0:
@@ -234,6 +269,20 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 	rep.Committed = true
 	say(fmt.Sprintf("committed: group %s will start topic %s at the target offsets on %s when its consumers start", o.group, o.topic, plural(len(offsets[o.topic]), "partition")))
 	return nil
+}
+
+// replayAgainNote says what each scope does with the records a replay of
+// group on topic gives its consumers again: the plan counts offsets, and a
+// DB-scope runner with StoreOffsets consumes none of those below its stored
+// positions.
+func replayAgainNote(group, topic string) string {
+	return fmt.Sprintf(`"consumed again" counts the records the group's consumers will be given again; what is handled again depends on the group's scope:
+  at-least-once: the handler runs again for each of them.
+  DB scope: a record whose inbox row is kept is a no-op (its first outcome stands; a dead-lettered one runs again only by 'kscope dlt redrive'); records whose inbox rows InboxTTL deleted are applied again (with Versions: stale when at or below their key's last version).
+    With dbscope.Options.StoreOffsets the runner resumes from the positions stored in PostgreSQL where they are ahead of the target and consumes none of them, not even records it never applied (skipped by an earlier replay forward);
+    to have them consumed, delete the stored positions while the group is stopped: DELETE FROM kscope_offsets WHERE consumer = '%s' AND topic = '%s' (the Options.TablePrefix and Options.Consumer of the pipeline, if set).
+  Kafka scope: the outputs are produced again (read_committed readers see them again), except for records at or below their key's last version (Options.Versions): stale, no outputs.`,
+		strings.ReplaceAll(group, "'", "''"), strings.ReplaceAll(topic, "'", "''"))
 }
 
 // groupStopped returns an error unless group exists and has no members.

@@ -221,3 +221,41 @@ func TestReplayJSON(t *testing.T) {
 		t.Fatalf("with --yes: %v, %+v\n%s", err, rep, r.stdout)
 	}
 }
+
+// A replay that moves offsets back says what each scope will and will not
+// handle again: the report's "consumed again" counts offsets, while a
+// DB-scope runner with StoreOffsets resumes from its stored positions and
+// consumes none of them, and the inbox makes the others no-ops.
+func TestReplayReportSaysWhatIsHandledAgain(t *testing.T) {
+	k := testenv.KafkaT(t)
+	setupReplay(t, k)
+	notes := []string{
+		"what is handled again depends on the group's scope",
+		"at-least-once: the handler runs again",
+		"DB scope: a record whose inbox row is kept is a no-op",
+		"rows InboxTTL deleted are applied again",
+		"dbscope.Options.StoreOffsets",
+		"consumes none of them",
+		"offsets WHERE consumer",
+		"Kafka scope: the outputs are produced again",
+	}
+	r := kscope(t, "replay", brokers(k), "--group", "billing", "--topic", testSource, "--to-offset", "2", "--dry-run")
+	r.want(t, exitOK, notes...)
+
+	var rep struct {
+		Again int64  `json:"records_consumed_again"`
+		Note  string `json:"handled_again"`
+	}
+	r = kscope(t, "replay", brokers(k), "--group", "billing", "--topic", testSource, "--to-start", "--json")
+	r.want(t, exitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Again != 14 || !strings.Contains(rep.Note, "StoreOffsets") {
+		t.Fatalf("--json: %+v, %v\n%s", rep, err, r.stdout)
+	}
+
+	// Moving forward only skips: no note.
+	r = kscope(t, "replay", brokers(k), "--group", "billing", "--topic", testSource, "--to-end", "--dry-run")
+	r.want(t, exitOK, "skipped")
+	if strings.Contains(r.stdout, "handled again") {
+		t.Fatalf("a skip-only replay carries the note:\n%s", r.stdout)
+	}
+}
