@@ -82,6 +82,15 @@ kafka_dlt-*) are dropped, so the record gets a fresh retry budget, and a
 kscope-redrive audit header is added: "by=<who> at=<RFC 3339 UTC> from=<dlt
 topic>/<partition>/<offset>".
 
+A redriven record dead-lettered for a version gap (it carries
+kscope-version-expected, class terminal) is checked again against its key's
+last version: applied when the missing versions were applied meanwhile,
+stale (not handled, and in the DB scope recorded as applied) when its key
+moved past it, and otherwise waiting again in the retry topics for a whole
+GapTimeout (its first-failure time is dropped with the other routing
+headers), then dead-lettered again. Redrive it once the versions before it
+are in, or run the pipeline with sequence.Accept to apply it over the gap.
+
 Redrive does NOT remove the records from the dead-letter topic: Kafka cannot
 delete single records. They stay there until retention drops them; use
 --from-offset to skip what an earlier redrive already sent.
