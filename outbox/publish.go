@@ -212,23 +212,28 @@ func (pub *publisher) publish(ctx context.Context) error {
 	log := pub.r.log.With("partition", pub.p)
 	defer pub.setStuck(false) // the partition is no longer this relay's to report
 	for attempt := 1; ; attempt++ {
-		fenced, err := pub.publishWith(ctx, log)
-		if !fenced || err != nil || ctx.Err() != nil {
+		renew, err := pub.publishWith(ctx, log)
+		if renew == nil || err != nil || ctx.Err() != nil {
 			return err
 		}
 		// Another producer of the partition's transactional id fenced
 		// this one, or the broker aborted a transaction that outlived
-		// TransactionTimeout (it fences the producer too). While the
-		// partition is still this relay's (a rebalance that gave it to
-		// another relay cancels ctx first), a new producer takes it over
-		// again: that fences the other producer in turn and reads the
-		// position the committed transactions reached, so nothing is
-		// published twice, and a timed-out transaction does not stop the
-		// partition for good.
-		pub.r.aborts.Add(1)
+		// TransactionTimeout (it fences the producer too), or ended one
+		// with an answer that leaves the producer failed for good. While
+		// the partition is still this relay's (a rebalance that gave it
+		// to another relay cancels ctx first), a new producer takes it
+		// over again: that fences the other producer in turn and reads
+		// the position the committed transactions reached, so nothing is
+		// published twice, and the partition does not stop for good.
 		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-		log.Warn("kscope: outbox relay: this relay's producer was fenced (another relay with the same transactional id, or a transaction that outlived TransactionTimeout); taking the partition over again with a new producer",
-			"retry_in", d)
+		if errors.Is(renew, errFenced) {
+			pub.r.aborts.Add(1)
+			log.Warn("kscope: outbox relay: this relay's producer was fenced (another relay with the same transactional id, or a transaction that outlived TransactionTimeout); taking the partition over again with a new producer",
+				"retry_in", d)
+		} else {
+			log.Warn("kscope: outbox relay: this relay's producer cannot go on after its transaction failed; taking the partition over again with a new producer",
+				"err", renew, "retry_in", d)
+		}
 		if !backoff.Sleep(ctx, d) {
 			return nil
 		}
@@ -236,20 +241,21 @@ func (pub *publisher) publish(ctx context.Context) error {
 }
 
 // publishWith publishes the partition with a producer of its own until ctx
-// ends, an error that retrying cannot heal, or the producer is fenced
-// (fenced is then true).
-func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced bool, err error) {
+// ends, an error that retrying cannot heal, or the producer cannot go on
+// (renew then says why: fenced, or failed for good), when a new producer
+// must take the partition over.
+func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew, err error) {
 	r := pub.r
 	txnID := r.o.TransactionalID + "-" + strconv.Itoa(pub.p)
 	opts := r.o.producerOpts(txnID)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return false, fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)
+		return nil, fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)
 	}
 	defer cl.Close()
 	pos, ok := pub.takeOver(ctx, cl, log)
 	if !ok {
-		return false, nil
+		return nil, nil
 	}
 	pub.pos.Store(pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
@@ -260,19 +266,19 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 		rows, err := pub.read(ctx, pos)
 		if err != nil {
 			if ctx.Err() != nil {
-				return false, nil
+				return nil, nil
 			}
 			attempt++
 			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
 			log.Warn("kscope: outbox relay: reading the outbox failed; retrying", "err", err, "retry_in", d)
 			if !backoff.Sleep(ctx, d) {
-				return false, nil
+				return nil, nil
 			}
 			continue
 		}
 		if len(rows) == 0 {
 			if !pub.idle(ctx, pos, poll) {
-				return false, nil
+				return nil, nil
 			}
 			continue
 		}
@@ -293,17 +299,17 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 		if dead != nil {
 			if err := pub.deadLetter(ctx, rows[0], dead.err); err != nil {
 				if errors.As(err, new(*dbscope.SchemaError)) {
-					return false, fmt.Errorf("kscope: outbox relay: Kafka refuses the row %s for good, and it cannot be moved to the dead-letter table (it stays in the outbox, unpublished, and the partition waits): %w",
+					return nil, fmt.Errorf("kscope: outbox relay: Kafka refuses the row %s for good, and it cannot be moved to the dead-letter table (it stays in the outbox, unpublished, and the partition waits): %w",
 						pub.ident(rows[0]), err)
 				}
 				if ctx.Err() != nil {
-					return false, nil
+					return nil, nil
 				}
 				attempt++
 				d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
 				log.Warn("kscope: outbox relay: writing a refused row to the dead-letter table failed; retrying", "id", pub.ident(rows[0]), "err", err, "retry_in", d)
 				if !backoff.Sleep(ctx, d) {
-					return false, nil
+					return nil, nil
 				}
 				continue
 			}
@@ -317,28 +323,40 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 		rowErrs, err := pub.send(ctx, cl, batch, last)
 		switch {
 		case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
-			return false, fmt.Errorf("kscope: outbox relay: the broker refused this relay its transactional id %s "+
+			return nil, fmt.Errorf("kscope: outbox relay: the broker refused this relay its transactional id %s "+
 				"(grant this client Write and Describe on it, then start the relay again): %w", txnID, err)
 		case errors.Is(err, errFenced):
 			log.Warn("kscope: outbox relay: the producer was fenced", "err", err)
-			return true, nil
+			return err, nil
 		case err != nil:
 			if ctx.Err() != nil {
-				return false, nil
+				return nil, nil
 			}
 			r.aborts.Add(1)
 			if pub.failed(log, batch, rowErrs, err) {
 				attempt++
 				d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
 				if !backoff.Sleep(ctx, d) {
-					return false, nil
+					return nil, nil
 				}
+			}
+			// A transaction that ended in a definite answer other than a
+			// fence (INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING: the
+			// coordinator expired the transactional id) leaves franz-go's
+			// producer failed for good, every later call answering that
+			// error: a new producer takes the partition over instead of
+			// this one being retried forever.
+			if _, _, perr := cl.ProducerID(ctx); perr != nil {
+				if ctx.Err() != nil {
+					return nil, nil
+				}
+				return fmt.Errorf("initialising the producer again: %w", perr), nil
 			}
 			// A commit the broker applied without the relay hearing it
 			// (the answer lost, or later than the relay waited) moved the
 			// position: read it again rather than publish its rows twice.
 			if pos, ok = pub.takeOver(ctx, cl, log); !ok {
-				return false, nil
+				return nil, nil
 			}
 			pub.pos.Store(pos)
 			continue
@@ -351,7 +369,7 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (fenced
 		pub.committed(log, dead, rows[0], last)
 		pub.prune(ctx, pos)
 	}
-	return false, nil
+	return nil, nil
 }
 
 // failed takes in a transaction of batch that did not commit (err; the

@@ -82,3 +82,41 @@ func TestFencedRelayTakesItsPartitionOverAgain(t *testing.T) {
 	}
 	checkExactlyOnce(t, k, want)
 }
+
+// A broker that ends a relay's commit with a definite error that is not
+// a fence (INVALID_TXN_STATE; INVALID_PRODUCER_ID_MAPPING, as when the
+// coordinator expired the transactional id) leaves franz-go's producer
+// failed for good: the relay takes the partition over again with a new
+// producer, and every row is published once, instead of retrying the
+// failed one forever while the partition waits.
+func TestRelayReplacesAProducerFailedByItsCommit(t *testing.T) {
+	for _, ferr := range []*kerr.Error{kerr.InvalidTxnState, kerr.InvalidProducerIDMapping} {
+		t.Run(ferr.Message, func(t *testing.T) {
+			k, pool, _ := setup(t)
+			w := outbox.Writer{Partitions: 1}
+			want := writeStream(t, pool, w, "a", 2, 4)
+			h, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: ferr, Count: 1})
+			if err != nil {
+				t.Skip(err) // broker faults need the in-process kfake cluster
+			}
+			o := outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 1, OwnPartitions: []int{0}, Logger: logger(),
+				PollInterval: 20 * time.Millisecond, BatchSize: 2}
+			r, stop := runRelay(t, o)
+			ctx := context.Background()
+			if err := h.Wait(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			for key, vs := range writeStream(t, pool, w, "b", 2, 4) {
+				want[key] = append(want[key], vs...)
+			}
+			testenv.WaitFor(t, 30*time.Second, "every row published after the failed commit", func() bool {
+				st, err := r.Pending(ctx)
+				return err == nil && len(st) == 1 && st[0].Position == 8 && st[0].Pending == 0
+			})
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			checkExactlyOnce(t, k, want)
+		})
+	}
+}
