@@ -442,6 +442,48 @@ func TestRelayStopsWhenItsGroupIsRefused(t *testing.T) {
 	}
 }
 
+// A relay the broker refuses a partition's transactional id
+// (InitProducerId, the first request of each partition's producer, is
+// where the broker checks it) or its position topic stops and says what
+// to grant, rather than retrying in silence while the rows wait; they
+// stay in the table.
+func TestRelayStopsWhenItsTransactionalIDIsRefused(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		fault kfake.Fault
+		want  string
+	}{
+		{"transactional id", kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, Err: kerr.TransactionalIDAuthorizationFailed, Count: -1}, "kscope-outbox-default-0"},
+		{"position topic", kfake.Fault{Keys: []kmsg.Key{kmsg.ListOffsets, kmsg.Fetch}, Topic: "kscope-outbox-default.positions", Err: kerr.TopicAuthorizationFailed, Count: -1}, "kscope-outbox-default.positions"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k, pool, _ := setup(t)
+			if _, err := k.Fault(c.fault); err != nil {
+				t.Skip(err) // refusing a request needs the in-process kfake cluster
+			}
+			const rows = 3
+			writeStream(t, pool, outbox.Writer{Partitions: 1}, "", 2, rows)
+			r, err := outbox.New(outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 1, OwnPartitions: []int{0}, Logger: logger(), PollInterval: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = r.Run(ctx)
+			if ctx.Err() != nil {
+				t.Fatalf("the relay was still running 30 s after its %s was refused", c.name)
+			}
+			if !errors.Is(err, c.fault.Err) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Run returned %v, want the refusal (%v) naming %s", err, c.fault.Err, c.want)
+			}
+			var left int
+			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM kscope_outbox`).Scan(&left); err != nil || left != rows {
+				t.Fatalf("%d rows left in the outbox (%v), want all %d", left, err, rows)
+			}
+		})
+	}
+}
+
 // Bad options fail at construction with what to change.
 func TestBadOptions(t *testing.T) {
 	_, err := outbox.New(outbox.Options{Partitions: -1, OwnPartitions: []int{3}})

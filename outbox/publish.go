@@ -17,6 +17,7 @@ import (
 
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -253,9 +254,9 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 		return nil, fmt.Errorf("kscope: outbox relay: creating the producer of partition %d: %w", pub.p, err)
 	}
 	defer cl.Close()
-	pos, ok := pub.takeOver(ctx, cl, log)
+	pos, ok, err := pub.takeOver(ctx, cl, log)
 	if !ok {
-		return nil, nil
+		return nil, err
 	}
 	pub.pos.Store(pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
@@ -355,8 +356,8 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 			// A commit the broker applied without the relay hearing it
 			// (the answer lost, or later than the relay waited) moved the
 			// position: read it again rather than publish its rows twice.
-			if pos, ok = pub.takeOver(ctx, cl, log); !ok {
-				return nil, nil
+			if pos, ok, err = pub.takeOver(ctx, cl, log); !ok {
+				return nil, err
 			}
 			pub.pos.Store(pos)
 			continue
@@ -551,20 +552,27 @@ func topicProblem(err error) (advice string, ok bool) {
 }
 
 // takeOver starts publishing the partition (start), retrying with backoff
-// until it succeeds or ctx ends (then ok is false).
-func (pub *publisher) takeOver(ctx context.Context, cl *kgo.Client, log *slog.Logger) (pos int64, ok bool) {
+// until it succeeds or ctx ends (then ok is false), or the broker refuses
+// the relay its transactional id or the position topic (an authorization
+// error, which retrying cannot heal: it returns it, saying what to grant).
+func (pub *publisher) takeOver(ctx context.Context, cl *kgo.Client, log *slog.Logger) (pos int64, ok bool, err error) {
 	for attempt := 1; ; attempt++ {
 		pos, err := pub.start(ctx, cl)
 		if err == nil {
-			return pos, true
+			return pos, true, nil
 		}
 		if ctx.Err() != nil {
-			return 0, false
+			return 0, false, nil
+		}
+		if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || kafkaerr.Fatal(err) {
+			o := pub.r.o
+			return 0, false, fmt.Errorf("kscope: outbox relay: taking partition %d over: %w; grant this client Write and Describe on the transactional id %s-%d and Read and Describe on the position topic %s, then start the relay again",
+				pub.p, err, o.TransactionalID, pub.p, o.PositionTopic)
 		}
 		d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
 		log.Warn("kscope: outbox relay: taking the partition over failed; retrying", "err", err, "retry_in", d)
 		if !backoff.Sleep(ctx, d) {
-			return 0, false
+			return 0, false, nil
 		}
 	}
 }

@@ -252,11 +252,12 @@ func (r *Relay) Pending(ctx context.Context) ([]PartitionStatus, error) {
 // Run publishes until ctx is canceled or Close is called (then it returns
 // nil once every partition's open transaction ended), or until an error
 // that retrying cannot heal, which it returns: a partition's producer that
-// cannot be created, the broker refusing this client the relay's group
-// or its position topic (an authorization error; grant the ACLs and start
-// the relay again), or the database lacking an outbox table or column,
-// the dead-letter table and the identity column of requeued rows included
-// (a [*dbscope.SchemaError]: run [Migrate], then start the relay again).
+// cannot be created, the broker refusing this client the relay's group,
+// its position topic or a partition's transactional id (an authorization
+// error; grant the ACLs and start the relay again), or the database
+// lacking an outbox table or column, the dead-letter table and the
+// identity column of requeued rows included (a [*dbscope.SchemaError]:
+// run [Migrate], then start the relay again).
 // The rows stay in the outbox.
 func (r *Relay) Run(ctx context.Context) error {
 	ctx, end, err := r.life.Begin(ctx)
