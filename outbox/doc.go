@@ -71,8 +71,11 @@
 //     was refused alone 3 times in a row; a row to a topic name Kafka does
 //     not allow, at once. The row is written to the table before the
 //     Kafka transaction that carries the position past it commits, so the
-//     position passes only rows published or dead-lettered; a crash
-//     between the two writes it again, as a no-op. Each is logged at
+//     position passes only rows published or dead-lettered; after a
+//     crash between the two, the relay that takes the partition over
+//     finds the row in the table and moves the position past it without
+//     sending it again (Kafka may take it by then: it would be published
+//     while the table holds it as never published). Each is logged at
 //     ERROR (at most one line every 30 seconds) and counted in
 //     Stats.DeadLettered. The relay never prunes the table: an operator
 //     lists its rows (kscope outbox dead list, or [DeadLetters.List]),

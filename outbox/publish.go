@@ -286,8 +286,11 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 		// A row Kafka refused for good goes to the dead-letter table
 		// first; then a transaction that carries nothing but the position
 		// moves the partition past it. A crash between the two leaves the
-		// row in both tables, and the relay that goes on dead-letters it
-		// again, as a no-op.
+		// row in both tables: the relay that goes on finds it in the
+		// dead-letter table as it takes the partition over (start) and
+		// moves the position past it without sending it again (Kafka may
+		// take it by then, and it would be published and dead, for an
+		// operator to requeue).
 		var batch []row
 		if pub.doomed != nil && pub.doomed.seq != rows[0].seq {
 			pub.doomed = nil // the position passed it meanwhile
@@ -554,7 +557,9 @@ func topicProblem(err error) (advice string, ok bool) {
 // takeOver starts publishing the partition (start), retrying with backoff
 // until it succeeds or ctx ends (then ok is false), or the broker refuses
 // the relay its transactional id or the position topic (an authorization
-// error, which retrying cannot heal: it returns it, saying what to grant).
+// error, which retrying cannot heal: it returns it, saying what to grant),
+// or the database lacks the dead-letter table (a *dbscope.SchemaError,
+// which says to run Migrate).
 func (pub *publisher) takeOver(ctx context.Context, cl *kgo.Client, log *slog.Logger) (pos int64, ok bool, err error) {
 	for attempt := 1; ; attempt++ {
 		pos, err := pub.start(ctx, cl)
@@ -563,6 +568,9 @@ func (pub *publisher) takeOver(ctx context.Context, cl *kgo.Client, log *slog.Lo
 		}
 		if ctx.Err() != nil {
 			return 0, false, nil
+		}
+		if errors.As(err, new(*dbscope.SchemaError)) {
+			return 0, false, fmt.Errorf("kscope: outbox relay: taking partition %d over: %w", pub.p, err)
 		}
 		if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || kafkaerr.Fatal(err) {
 			o := pub.r.o
@@ -579,16 +587,34 @@ func (pub *publisher) takeOver(ctx context.Context, cl *kgo.Client, log *slog.Lo
 
 // start fences every earlier producer of the partition (aborting its open
 // transaction) and reads the partition's position: the last sequence
-// number a committed transaction published.
+// number a committed transaction published. A row after the position
+// that the dead-letter table holds already (a relay moved it there and
+// stopped before the transaction carrying the position past it
+// committed) is doomed: it is not sent again.
 func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) {
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return 0, fmt.Errorf("initialising the producer: %w", err)
 	}
-	pos, err := readPositions(ctx, pub.r.o, []int{pub.p})
+	ps, err := readPositions(ctx, pub.r.o, []int{pub.p})
 	if err != nil {
 		return 0, err
 	}
-	return pos[pub.p], nil
+	pos := ps[pub.p]
+	if pub.doomed != nil && pub.doomed.seq == pos+1 {
+		return pos, nil
+	}
+	r := pub.r
+	var why string
+	err = r.o.Pool.QueryRow(ctx, `SELECT error FROM `+r.o.TablePrefix+`outbox_dead WHERE outbox = $1 AND partition = $2 AND seq = $3`,
+		r.o.Outbox, int32(pub.p), pos+1).Scan(&why)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return 0, fmt.Errorf("looking the partition's next row up in the dead-letter table: %w", schemaErr(ctx, r.o.Pool, r.o.TablePrefix, err))
+	default:
+		pub.doomed = &refusal{seq: pos + 1, err: errors.New(why)}
+	}
+	return pos, nil
 }
 
 // read returns the partition's rows after pos, in sequence order, at most
