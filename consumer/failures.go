@@ -230,15 +230,31 @@ func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (lef
 	if err != nil {
 		return nil, nil, fmt.Errorf("kscope: reading the group's offsets of retry topics left by an earlier failure policy: %w", err)
 	}
-	starts, err := adm.ListStartOffsets(ctx, names...)
+	waiting, err := unconsumed(ctx, adm, committed, names)
 	if err != nil {
-		return nil, nil, fmt.Errorf("kscope: reading the start of retry topics left by an earlier failure policy: %w", err)
-	}
-	ends, err := adm.ListEndOffsets(ctx, names...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kscope: reading the end of retry topics left by an earlier failure policy: %w", err)
+		return nil, nil, fmt.Errorf("kscope: reading the offsets of retry topics left by an earlier failure policy: %w", err)
 	}
 	holding = map[string]bool{}
+	for t := range waiting {
+		holding[t] = true
+	}
+	return left, holding, nil
+}
+
+// unconsumed returns, per topic of topics that holds any, how many records
+// a group whose committed offsets are committed has not consumed: those
+// past its committed offset (or the partition's start, when that is later
+// or nothing is committed) up to the partition's end.
+func unconsumed(ctx context.Context, adm *kadm.Client, committed kadm.OffsetResponses, topics []string) (map[string]int64, error) {
+	starts, err := adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return nil, err
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, err
+	}
+	waiting := map[string]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
 		from := int64(0)
 		if s, ok := starts.Lookup(e.Topic, e.Partition); ok {
@@ -248,10 +264,10 @@ func leftoverRetryTopics(ctx context.Context, cfg Config, retryTopics bool) (lef
 			from = max(from, c.At)
 		}
 		if e.Err == nil && e.Offset > from {
-			holding[e.Topic] = true
+			waiting[e.Topic] += e.Offset - from
 		}
 	})
-	return left, holding, nil
+	return waiting, nil
 }
 
 // retryTopicsShared returns an error naming another consumer group of the

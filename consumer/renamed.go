@@ -83,31 +83,16 @@ func warnEarlierGroups(ctx context.Context, cfg Config) {
 			if err != nil {
 				return err
 			}
-			starts, err := adm.ListStartOffsets(ctx, retries...)
-			if err != nil {
-				return err
-			}
-			ends, err := adm.ListEndOffsets(ctx, retries...)
+			left, err := unconsumed(ctx, adm, offs, retries)
 			if err != nil {
 				return err
 			}
 			var holding []string
 			var waiting int64
-			ends.Each(func(e kadm.ListedOffset) {
-				from := int64(0)
-				if s, ok := starts.Lookup(e.Topic, e.Partition); ok {
-					from = s.Offset
-				}
-				if c, ok := offs.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
-					from = max(from, c.At)
-				}
-				if e.Err == nil && e.Offset > from {
-					waiting += e.Offset - from
-					if !slices.Contains(holding, e.Topic) {
-						holding = append(holding, e.Topic)
-					}
-				}
-			})
+			for t, n := range left {
+				holding = append(holding, t)
+				waiting += n
+			}
 			if len(holding) == 0 {
 				continue
 			}
