@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
-	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // runUntilErrorOrApplied runs r until Run returns or r applies a record,
@@ -128,37 +124,7 @@ func TestTablePrefixChangedWhileRecordsWaitRefused(t *testing.T) {
 	k := testenv.KafkaT(t)
 	pool := newPool(t)
 	const topic, group = "payments", "g-prefix"
-	if err := k.CreateTopic(ctx, topic, 1); err != nil {
-		t.Fatal(err)
-	}
-	cfg := baseConfig(k, group, topic)
-	cfg.Failures = retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
-		InPlaceAttempts: 1, Ladder: []time.Duration{time.Second}, RetryableAttempts: 10}
-	var fail atomic.Bool
-	fail.Store(true)
-	h := dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-		if string(r.Value) == "k/0" && fail.Load() {
-			return consumer.Retryable(errors.New("ledger 503"))
-		}
-		return insertEffect(ctx, tx, r)
-	})
-	r1, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop1 := run(t, r1)
-	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "A in the retry topic", func() bool { return r1.Stats().Failures.RetryTopic >= 1 })
-	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "B waiting", func() bool { return r1.Stats().DB.Parked >= 1 })
-	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-	if err := stop1(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, h, fail := parkBehindRetry(t, k, pool, group, topic, time.Second)
 	fail.Store(false)
 
 	if err := dbscope.Migrate(ctx, pool, "pay_"); err != nil {

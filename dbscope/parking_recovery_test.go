@@ -35,6 +35,49 @@ func parkingRows(t testing.TB, pool *pgxpool.Pool) (parked, waiting, heads int) 
 	return parked, waiting, heads
 }
 
+// parkBehindRetry runs a first deployment of the DB scope on topic: its
+// handler fails k/0 (A), which goes to the retry topic of ladder's one
+// rung, and k/1 (B) of the same key waits behind it in kscope_waiting; it
+// returns once their offsets are committed and the runner stopped, with
+// the deployment's config, its handler, and the switch that makes A fail
+// (on until the test turns it off).
+func parkBehindRetry(t *testing.T, k *testenv.Kafka, pool *pgxpool.Pool, group, topic string, rung time.Duration) (consumer.Config, dbscope.Handler, *atomic.Bool) {
+	t.Helper()
+	ctx := context.Background()
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		InPlaceAttempts: 1, Ladder: []time.Duration{rung}, RetryableAttempts: 10}
+	fail := new(atomic.Bool)
+	fail.Store(true)
+	h := dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		if string(r.Value) == "k/0" && fail.Load() {
+			return consumer.Retryable(errors.New("ledger 503"))
+		}
+		return insertEffect(ctx, tx, r)
+	})
+	r1, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop1 := run(t, r1)
+	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "A in the retry topic", func() bool { return r1.Stats().Failures.RetryTopic >= 1 })
+	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "B waiting", func() bool { return r1.Stats().DB.Parked >= 1 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop1(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, h, fail
+}
+
 // waitAppliedInOrder waits until the effects are want, in that order, each
 // applied once, and no parked or waiting row is left. On a timeout it
 // reports what it last saw.
@@ -77,37 +120,7 @@ func TestDBOrderingTurnedOffKeepsParkedRecords(t *testing.T) {
 			pool := newPool(t)
 			const topic = "payments"
 			group := "g-ordering-off-" + tc.name
-			if err := k.CreateTopic(ctx, topic, 1); err != nil {
-				t.Fatal(err)
-			}
-			cfg := baseConfig(k, group, topic)
-			cfg.Failures = retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
-				InPlaceAttempts: 1, Ladder: []time.Duration{3 * time.Second}, RetryableAttempts: 10}
-			var fail atomic.Bool
-			fail.Store(true)
-			h := dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-				if string(r.Value) == "k/0" && fail.Load() {
-					return consumer.Retryable(errors.New("ledger 503"))
-				}
-				return insertEffect(ctx, tx, r)
-			})
-			r1, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop1 := run(t, r1)
-			if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
-				t.Fatal(err)
-			}
-			testenv.WaitFor(t, time.Minute, "A in the retry topic", func() bool { return r1.Stats().Failures.RetryTopic >= 1 })
-			if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B")); err != nil {
-				t.Fatal(err)
-			}
-			testenv.WaitFor(t, time.Minute, "B waiting", func() bool { return r1.Stats().DB.Parked >= 1 })
-			testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
-			if err := stop1(); err != nil {
-				t.Fatal(err)
-			}
+			cfg, h, fail := parkBehindRetry(t, k, pool, group, topic, 3*time.Second)
 			if parked, waiting, _ := parkingRows(t, pool); parked != 1 || waiting != 1 {
 				t.Fatalf("after the first deployment: %d parked and %d waiting rows, want A parked and B waiting", parked, waiting)
 			}
