@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -272,27 +271,7 @@ func TestRelayKillLoopExactlyOnce(t *testing.T) {
 	k, pool, url := setup(t)
 	const parts = 4
 	w := outbox.Writer{Partitions: parts}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := func() *exec.Cmd {
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(parts), "KAFKA_BROKERS="+strings.Join(k.Brokers, ","), "DATABASE_URL="+url)
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "READY\n" {
-			t.Fatalf("child relay: %q %v", line, err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck
-		return cmd
-	}
+	start := func() *exec.Cmd { return startChild(t, k, url, parts) }
 	want := map[string][]string{}
 	write := func(round int) {
 		for key, vs := range writeStream(t, pool, w, fmt.Sprint("r", round, "-"), 20, 60) {
