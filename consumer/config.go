@@ -121,6 +121,21 @@ type Config struct {
 	// Java: auto.commit.interval.ms (for a manual-commit consumer).
 	CommitInterval time.Duration
 
+	// StallWarning is how long a key-shard may hold a record without
+	// finishing it before the runner logs a WARN naming the record
+	// (topic, partition, offset, key), counts the key-shard in
+	// Stats.StalledShards and tells the hook.StallHook hooks
+	// (kscope_stalled_key_shards in kscopeprom). A handler that never
+	// returns (a call with no timeout that ignores its context) holds
+	// every key of its key-shard, keeps its partition's offsets where they
+	// are, and, once the in-flight bound fills behind it, stops the
+	// consumer; nothing else names it. The runner does not cancel the
+	// handler: give its calls timeouts, or honor its context. A record
+	// retried in place for longer (a long backoff), or a DB-scope batch
+	// whose transaction runs longer, is reported too. Default 1 minute;
+	// a negative value turns the watch off.
+	StallWarning time.Duration
+
 	// NullKeys says how records without a key are routed. Default
 	// NullKeyOrdered.
 	NullKeys NullKeyPolicy
@@ -165,6 +180,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.StallWarning == 0 {
+		c.StallWarning = DefaultStallWarning
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -244,6 +262,9 @@ func (c Config) validate() error {
 	}
 	if c.CommitInterval < 0 {
 		bad("CommitInterval", "is %s; set it to a positive duration (0 selects %s)", c.CommitInterval, DefaultCommitInterval)
+	}
+	if c.StallWarning > 0 && c.StallWarning < 100*time.Millisecond {
+		bad("StallWarning", "is %s, shorter than ordinary work on a key-shard, which would be reported as stalled; set it to 100ms or more (0 selects %s, a negative value turns the watch off)", c.StallWarning, DefaultStallWarning)
 	}
 	if c.NullKeys != NullKeyOrdered && c.NullKeys != NullKeySpread {
 		bad("NullKeys", "is %s; use NullKeyOrdered or NullKeySpread", c.NullKeys)

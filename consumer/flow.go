@@ -20,6 +20,44 @@ type doneBuf struct {
 	mu      sync.Mutex    // the worker and the commit loop; rarely both
 	recs    []*Record
 	offsets []int64
+
+	// What the stall watch reads (watchStalls): the batch the worker
+	// runs (nil when idle), a count of the batches begun, the records
+	// done since the batch began, and the record whose handler runs now
+	// when the scope says so (engine.Handling).
+	batch    []*Record
+	batches  uint64
+	finished int
+	handling *Record
+	handled  uint64 // handler calls begun, ever
+}
+
+// begin marks batch as the worker's, for the stall watch.
+func (d *doneBuf) begin(batch []*Record) {
+	d.mu.Lock()
+	d.batch = batch
+	d.batches++
+	d.finished = 0
+	d.mu.Unlock()
+}
+
+// end hands over the batch's done reports and marks the worker idle.
+func (d *doneBuf) end() {
+	d.mu.Lock()
+	d.flushLocked()
+	d.batch, d.handling = nil, nil
+	d.mu.Unlock()
+}
+
+// handlerCall marks rec's handler as running (rec not nil) or returned
+// (nil), for the stall watch.
+func (d *doneBuf) handlerCall(rec *Record) {
+	d.mu.Lock()
+	d.handling = rec
+	if rec != nil {
+		d.handled++
+	}
+	d.mu.Unlock()
 }
 
 // done is the callback scopes call once a record's effect is durable.
@@ -35,6 +73,7 @@ func (d *doneBuf) done(rec *Record) {
 		return
 	}
 	rec.state = recFinished
+	d.finished++
 	d.recs = append(d.recs, rec)
 	if len(d.recs) >= atLeastOnceBatch {
 		d.flushLocked()
@@ -101,8 +140,9 @@ func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*
 
 func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 	d := r.doneBufs[batch[0].shard]
+	d.begin(batch)
 	r.scope.Process(ctx, batch, d.fn)
-	d.flush()
+	d.end()
 	var bytes int64
 	stopping := r.runCtx != nil && r.runCtx.Err() != nil
 	for _, rec := range batch {

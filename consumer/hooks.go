@@ -23,6 +23,7 @@ type observer struct {
 	lag       []hook.LagHook
 	rebalance []hook.RebalanceHook
 	lateness  []hook.RetryLatenessHook
+	stall     []hook.StallHook
 }
 
 // NewObserver returns the Observer of group's hooks.
@@ -55,6 +56,9 @@ func newObserver(group string, hooks []hook.Hook) *observer {
 		}
 		if x, ok := h.(hook.RetryLatenessHook); ok {
 			o.lateness = append(o.lateness, x)
+		}
+		if x, ok := h.(hook.StallHook); ok {
+			o.stall = append(o.stall, x)
 		}
 	}
 	return o
@@ -197,6 +201,17 @@ func (o *observer) Lateness(topic string, late time.Duration) {
 	}
 	for _, h := range o.lateness {
 		h.OnRetryLateness(o.group, topic, late)
+	}
+}
+
+// Stall reports a key-shard's stall, or its end.
+func (o *observer) Stall(s hook.Stall) {
+	if o == nil {
+		return
+	}
+	s.Group = o.group
+	for _, h := range o.stall {
+		h.OnStall(s)
 	}
 }
 

@@ -19,4 +19,6 @@ func init() {
 	link.OutcomeOf = outcomeOf
 	link.ShardOf = shardOf
 	link.RevokedCh = revokedCh
+	link.Handling = handling
+	link.Handled = handled
 }

@@ -53,7 +53,7 @@ func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 		for _, p := range ps {
 			k := tp{topic, p}
 			wm := r.tracker.Assign(topic, p)
-			st := &partState{Assignment: partition.NewAssignment(r.hardCtx, wm)}
+			st := &partState{Assignment: partition.NewAssignment(r.hardCtx, wm), bufs: r.doneBufs}
 			if r.txs != nil {
 				st.txc = &txnPart{}
 			}

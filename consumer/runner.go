@@ -48,6 +48,8 @@ type partState struct {
 	// most commit.MaxUndone), and what the last transaction committed.
 	active atomic.Int64
 	txc    *txnPart
+
+	bufs []*doneBuf // the runner's, per key-shard (engine.Handling)
 }
 
 // Runner consumes a group's partitions and hands each record to the
@@ -93,6 +95,7 @@ type Runner struct {
 	polled, done, pauses            atomic.Int64
 	rebalances, commits, commitErrs atomic.Int64
 	lost, held                      atomic.Int64
+	stalled                         atomic.Int64 // key-shards reported stalled now (watchStalls)
 	lateness                        latenessHist
 	paused                          atomic.Int64
 
@@ -211,6 +214,7 @@ func (r *Runner) Stats() Stats {
 		RetryLateness:    r.lateness.snapshot(),
 		Commits:          r.commits.Load(),
 		CommitErrors:     r.commitErrs.Load(),
+		StalledShards:    int(r.stalled.Load()),
 		Failures:         r.failureStats(),
 	}
 	if r.txs != nil {
@@ -304,6 +308,11 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.commitLoop(runCtx)
 		}()
 	}
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		r.watchStalls(runCtx)
+	}()
 	if b, ok := r.scope.(background); ok {
 		bg.Add(1)
 		go func() {

@@ -18,6 +18,7 @@ type Stats struct {
 	LostPartitions   int64    // partitions lost (taken without a revoke)
 	Commits          int64    // offset commit requests that succeeded
 	CommitErrors     int64    // offset commit requests that failed
+	StalledShards    int      // key-shards that have finished none of their records for Config.StallWarning, now
 	Failures         FailureStats
 	DB               DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
 	Kafka            KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes

@@ -480,7 +480,7 @@ func (r *Runner) rewindAll() {
 	r.mu.Lock()
 	for k, st := range r.parts {
 		st.Revoke()
-		cur := &partState{Assignment: partition.NewAssignment(r.hardCtx, r.tracker.Assign(k.topic, k.partition)), txc: st.txc}
+		cur := &partState{Assignment: partition.NewAssignment(r.hardCtx, r.tracker.Assign(k.topic, k.partition)), txc: st.txc, bufs: r.doneBufs}
 		r.parts[k] = cur
 		swaps = append(swaps, swap{st, cur})
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -573,4 +574,79 @@ func TestLargeBatchOfWritingRecords(t *testing.T) {
 		t.Fatalf("effects %+v, want 199", c)
 	}
 	wantKeyOrder(t, pool)
+}
+
+// stallHook records what a hook.StallHook receives.
+type stallHook struct {
+	mu  sync.Mutex
+	got []hook.Stall
+}
+
+func (s *stallHook) OnStall(st hook.Stall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, st)
+}
+
+func (s *stallHook) all() []hook.Stall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]hook.Stall(nil), s.got...)
+}
+
+// A handler that hangs inside its batch's transaction (a call with no
+// timeout) is named by the stall watch: the record whose handler has not
+// returned, not the first record of the batch, whose handler returned long
+// ago but whose done waits for the transaction. Once it returns, the batch
+// commits, every record once.
+func TestHungHandlerInATransactionIsNamed(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "stall", "g-stall"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	produceValues(t, k, topic, "a/0", "b/0", "hangs/0", "c/0")
+	release := make(chan struct{})
+	defer close(release)
+	var logs testenv.LogBuffer
+	stalls := &stallHook{}
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	cfg.StallWarning = 300 * time.Millisecond
+	cfg.Logger = logs.Logger()
+	cfg.Hooks = []hook.Hook{stalls}
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+		if string(r.Key) == "hangs" {
+			<-release // ignores its context
+		}
+		return insertEffect(ctx, tx, r)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "the stall reported", func() bool { return len(stalls.all()) > 0 })
+	if got := stalls.all()[0]; got.Ended || got.Offset != 2 || got.Topic != topic {
+		t.Fatalf("stall reported as %+v; want %s[0]@2, the record whose handler hangs", got, topic)
+	}
+	if !strings.Contains(logs.String(), "its handler has not returned;") || !strings.Contains(logs.String(), "key=hangs") {
+		t.Fatalf("no WARN says the handler of key hangs has not returned:\n%s", logs.String())
+	}
+	if n := r.Stats().StalledShards; n != 1 {
+		t.Fatalf("Stats().StalledShards = %d; want 1", n)
+	}
+	release <- struct{}{}
+	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == 4 })
+	testenv.WaitFor(t, time.Minute, "the stall's end reported", func() bool { return len(stalls.all()) == 2 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(effectKeys(t, pool), ","); got != "a,b,hangs,c" {
+		t.Fatalf("effects %s; want a,b,hangs,c", got)
+	}
+	if n := r.Stats().StalledShards; n != 0 {
+		t.Fatalf("Stats().StalledShards = %d after the stall ended; want 0", n)
+	}
 }

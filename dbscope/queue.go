@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/guard"
 )
 
@@ -127,6 +128,8 @@ type queuedCall struct {
 // queue runs the queued handler for r, its statements going to q. It turns
 // a panic into an error.
 func (s *scope) queue(ctx context.Context, q *Queue, r *consumer.Record) error {
+	engine.Handling(r)
+	defer engine.Handled(r)
 	return guard.Call(func() error { return s.qh.Queue(ctx, q, r) })
 }
 

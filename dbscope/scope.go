@@ -446,6 +446,8 @@ func (s *scope) transient(err error) bool {
 
 // call runs the handler and turns a panic into an error.
 func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+	engine.Handling(r)
+	defer engine.Handled(r)
 	return guard.Call(func() error { return s.h.Handle(ctx, tx, r) })
 }
 

@@ -176,3 +176,26 @@ type RebalanceHook interface {
 type RetryLatenessHook interface {
 	OnRetryLateness(group, topic string, late time.Duration)
 }
+
+// Stall is what StallHook receives when a key-shard has finished none of
+// its records for longer than consumer.Config.StallWarning, and again when
+// it moves on.
+type Stall struct {
+	Group string
+	Shard int // the key-shard (0 to consumer.Config.Shards-1)
+	// The record the key-shard holds: its handler has not returned, or its
+	// retries in place or its scope's transaction still run. Every other
+	// key of the key-shard waits behind it.
+	Topic     string
+	Partition int32
+	Offset    int64
+	For       time.Duration // how long the key-shard has finished nothing
+	Ended     bool          // the key-shard moved on (or the runner stopped); For is then the whole stall
+}
+
+// StallHook is called when a key-shard stalls (Ended false) and when the
+// stall ends (Ended true): every stall reported is ended once, at the
+// latest when Run returns.
+type StallHook interface {
+	OnStall(s Stall)
+}

@@ -31,6 +31,10 @@
 //	                                         record whose retries ran out
 //	kscope_retry_lateness_seconds            how late held retry records were released
 //	kscope_rebalances_total{kind}            assigned, revoked, lost
+//	kscope_stalled_key_shards                key-shards that have finished none of their
+//	                                         records for consumer.Config.StallWarning: a
+//	                                         handler that does not return (the runner's
+//	                                         WARN names the record)
 //
 // [Metrics.WatchRelay] adds an outbox relay's metrics (kscope_outbox_*).
 //
@@ -81,6 +85,7 @@ type Metrics struct {
 	routes    *prometheus.CounterVec
 	lateness  *prometheus.HistogramVec
 	rebal     *prometheus.CounterVec
+	stalled   *prometheus.GaugeVec
 
 	relayMu sync.Mutex
 	relays  *relayCollector // registered at the first WatchRelay
@@ -96,6 +101,7 @@ var (
 	_ hook.LagHook           = (*Metrics)(nil)
 	_ hook.RebalanceHook     = (*Metrics)(nil)
 	_ hook.RetryLatenessHook = (*Metrics)(nil)
+	_ hook.StallHook         = (*Metrics)(nil)
 )
 
 // New creates the metrics and registers them.
@@ -128,7 +134,8 @@ func New(o Options) (*Metrics, error) {
 	m.lateness = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kscope_retry_lateness_seconds", Help: "How late after their due time held retry records were released.",
 		Buckets: []float64{.01, .05, .1, .5, 1, 5, 30}}, gt)
 	m.rebal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_rebalances_total", Help: "Partition assignments, revocations and losses."}, []string{"consumer_group", "kind"})
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal} {
+	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_stalled_key_shards", Help: "Key-shards that have finished none of their records for consumer.Config.StallWarning (a handler that does not return)."}, []string{"consumer_group", "topic"})
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -211,6 +218,16 @@ func (m *Metrics) OnRebalance(r hook.Rebalance) {
 // OnRetryLateness implements hook.RetryLatenessHook.
 func (m *Metrics) OnRetryLateness(group, topic string, late time.Duration) {
 	m.lateness.WithLabelValues(group, topic).Observe(late.Seconds())
+}
+
+// OnStall implements hook.StallHook.
+func (m *Metrics) OnStall(s hook.Stall) {
+	g := m.stalled.WithLabelValues(s.Group, s.Topic)
+	if s.Ended {
+		g.Dec()
+	} else {
+		g.Inc()
+	}
 }
 
 func result(err error) string {

@@ -345,3 +345,42 @@ func TestKafkaScopeCounts(t *testing.T) {
 		t.Errorf("dlt produces = %v, want %d", got, p)
 	}
 }
+
+// A handler that does not return shows as a stalled key-shard while it
+// hangs, and no longer once it returned.
+func TestStalledKeyShardGauge(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "prom-stall", "g-prom-stall"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := kscopeprom.New(kscopeprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	r, err := consumer.New(consumer.Config{Brokers: k.Brokers, Group: group, Topics: []string{topic}, CommitInterval: 50 * time.Millisecond,
+		StallWarning: 200 * time.Millisecond, Hooks: []hook.Hook{m}, Logger: slog.New(slog.DiscardHandler)},
+		consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+			<-release // ignores its context
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(runCtx) }()
+	labels := map[string]string{"consumer_group": group, "topic": topic}
+	testenv.WaitFor(t, time.Minute, "the stalled key-shard exported", func() bool { return value(t, m.Gatherer(), "kscope_stalled_key_shards", labels) == 1 })
+	close(release)
+	testenv.WaitFor(t, time.Minute, "the stall's end exported", func() bool { return value(t, m.Gatherer(), "kscope_stalled_key_shards", labels) == 0 })
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -73,6 +78,9 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 		fams[n] = true
 	}
 	fams["kscope_retry_lateness_seconds"] = true
+	// Nor did a handler stall: kscope_stalled_key_shards has a series only
+	// once one has (TestStalledKeyShardGauge in kscopeprom).
+	fams["kscope_stalled_key_shards"] = true
 
 	raw, err := os.ReadFile("alerts.yml")
 	if err != nil {
@@ -106,7 +114,7 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 			}
 		}
 	}
-	for _, a := range []string{"KscopeConsumerLagHigh", "KscopeDeadLetterOnCriticalPipeline", "KscopeRetryExhaustion", "KscopeOffsetCommitsFailing",
+	for _, a := range []string{"KscopeConsumerLagHigh", "KscopeHandlerStalled", "KscopeDeadLetterOnCriticalPipeline", "KscopeRetryExhaustion", "KscopeOffsetCommitsFailing",
 		"KscopeOutboxPendingGrowing", "KscopeOutboxStalled", "KscopeOutboxDeadLettered", "KscopeOutboxBlocked"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alerts.yml lacks %s", a)
@@ -139,6 +147,42 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 					t.Errorf("panel %q uses %s, which kscopeprom does not export", p.Title, n)
 				}
 			}
+		}
+	}
+}
+
+// promtool, Prometheus's own checker, takes what kscope exports and ships:
+// the scrape passes its metric lint, the rule file loads, and the rule
+// unit tests of alerts_test.yml pass (each alert fires on the series it is
+// for, and not before its for: has passed).
+func TestPromtoolChecksTheScrapeAndTheRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool is not installed (Debian: apt-get install prometheus); .ci/run installs it")
+	}
+	res, err := Run(context.Background(), "127.0.0.1:0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(res.Metrics.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !bytes.Contains(scrape, []byte("kscope_records_processed_total")) {
+		t.Fatalf("scrape of the metrics handler: %v\n%s", err, scrape)
+	}
+	lint := exec.Command(promtool, "check", "metrics")
+	lint.Stdin = bytes.NewReader(scrape)
+	if out, err := lint.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics on the scrape: %v\n%s", err, out)
+	}
+	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+		if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 }

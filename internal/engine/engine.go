@@ -312,3 +312,14 @@ func ShardOf(r *consumer.Record) int { return link.ShardOf.(func(*consumer.Recor
 func RevokedCh(r *consumer.Record) <-chan struct{} {
 	return link.RevokedCh.(func(*consumer.Record) <-chan struct{})(r)
 }
+
+// Handling tells the runner's stall watch (consumer.Config.StallWarning)
+// that r's handler runs now, and Handled that it returned. A scope that
+// reports its records done only once their batch's transaction commits
+// calls them around each handler call, so that a stall names the record
+// whose handler has not returned; a scope that reports each record done
+// as it handles it needs neither.
+func Handling(r *consumer.Record) { link.Handling.(func(*consumer.Record))(r) }
+
+// Handled tells the stall watch that the handler Handling named returned.
+func Handled(r *consumer.Record) { link.Handled.(func(*consumer.Record))(r) }

@@ -29,6 +29,8 @@ var (
 	OutcomeOf   any // func(retrytopic.Action) hook.Outcome
 	ShardOf     any // func(*consumer.Record) int
 	RevokedCh   any // func(*consumer.Record) <-chan struct{}
+	Handling    any // func(*consumer.Record)
+	Handled     any // func(*consumer.Record)
 )
 
 // Round is what one round of a scope's work did (engine.Round); R is
