@@ -79,6 +79,29 @@ func TestMeterWindow(t *testing.T) {
 	}
 }
 
+// A ratio pairs the runs of one round: a machine twice as fast in the
+// second round moves both contenders, not their ratio.
+func TestPairOf(t *testing.T) {
+	fig := func(rates ...float64) figure {
+		f := figure{}
+		for _, r := range rates {
+			f.runs = append(f.runs, result{records: int(r), elapsed: time.Second})
+		}
+		f.median = median(f.rates())
+		return f
+	}
+	p := pairOf(fig(80, 160, 90), fig(100, 200, 120))
+	if p.ratio != 0.8 || len(p.rounds) != 3 || p.rounds[2] != 0.75 {
+		t.Fatalf("pairOf = %+v; want the median of 0.8, 0.8, 0.75", p)
+	}
+	if p.byMedians != 0.75 {
+		t.Fatalf("byMedians = %v; want 90/120", p.byMedians)
+	}
+	if q := pairOf(fig(80, 160), fig(100, 200, 120)); q.ratio != q.byMedians || q.rounds != nil {
+		t.Fatalf("pairOf of unequal run counts = %+v; want the ratio of the medians", q)
+	}
+}
+
 func TestMedian(t *testing.T) {
 	for _, c := range []struct {
 		in   []float64

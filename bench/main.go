@@ -244,7 +244,7 @@ func (b *bench) r1(ctx context.Context, p plan, rep *report) error {
 		return err
 	}
 	rep.add(scenario{key: "r1_noop", title: "r1: AtLeastOnce overhead (no-op handler)", figs: figs,
-		ratio: figs[0].median / figs[1].median, target: 0.9, atLeast: true, cpu: true, profile: contender{figs[0].name, p.noop, b.kscopeNoop, nil}})
+		pair: pairOf(figs[0], figs[1]), target: 0.9, atLeast: true, cpu: true, profile: contender{figs[0].name, p.noop, b.kscopeNoop, nil}})
 	return nil
 }
 
@@ -263,11 +263,11 @@ func (b *bench) r3(ctx context.Context, p plan, rep *report) error {
 	// then the baselines.
 	q, x, naive, ceiling, wm := figs[0], figs[1], figs[2], figs[3], figs[4]
 	rep.add(scenario{key: "r3_db_vs_naive", title: "r3: DB scope against the naive loop", figs: []figure{q, x, naive},
-		ratio: q.median / naive.median, target: 10, atLeast: true, profile: dbq, cpu: true})
+		pair: pairOf(q, naive), target: 10, atLeast: true, profile: dbq, cpu: true})
 	rep.add(scenario{key: "r3_db_vs_ceiling", title: "r3: DB scope against PostgreSQL's ceiling", figs: []figure{q, x, ceiling},
-		ratio: q.median / ceiling.median, target: 0.8, atLeast: true, profile: dbq, cpu: true})
+		pair: pairOf(q, ceiling), target: 0.8, atLeast: true, profile: dbq, cpu: true})
 	rep.add(scenario{key: "peer_watermill", title: "Peer: DB scope against Watermill", figs: []figure{q, x, wm, ceiling},
-		ratio: q.median / wm.median, target: 10, atLeast: true, profile: dbq, cpu: true})
+		pair: pairOf(q, wm), target: 10, atLeast: true, profile: dbq, cpu: true})
 	return nil
 }
 
@@ -285,7 +285,7 @@ func (b *bench) r4(ctx context.Context, rep *report, n int, ideal float64) error
 	// machine (timer slack makes it a little below the nominal ideal):
 	// that is the runner's real bound.
 	rep.add(scenario{key: "r4_vs_timer", title: "r4: I/O-bound handler against the timer's ceiling", figs: figs,
-		ratio: figs[0].median / figs[1].median, target: 0.97, atLeast: true})
+		pair: pairOf(figs[0], figs[1]), target: 0.97, atLeast: true})
 	return nil
 }
 
@@ -298,7 +298,7 @@ func (b *bench) r5(ctx context.Context, p plan, rep *report) error {
 		return err
 	}
 	rep.add(scenario{key: "r5_txn_vs_alo", title: "r5: Kafka scope against AtLeastOnce producing", figs: figs,
-		ratio: figs[0].median / figs[1].median, target: 0.7, atLeast: true, cpu: true, profile: tx})
+		pair: pairOf(figs[0], figs[1]), target: 0.7, atLeast: true, cpu: true, profile: tx})
 	return nil
 }
 

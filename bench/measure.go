@@ -368,3 +368,30 @@ func (b *bench) pgCPU() time.Duration {
 	}
 	return time.Duration(ticks) * (time.Second / 100) // USER_HZ is 100 on Linux
 }
+
+// pairing is a ratio of two contenders' rates (scenario.pair).
+type pairing struct {
+	ratio     float64   // the median of the rounds' ratios
+	rounds    []float64 // each round's ratio
+	byMedians float64   // the ratio of the contenders' median rates
+}
+
+// pairOf returns the ratio of a's rate to b's as the median of their
+// rounds' ratios: the contenders of a scenario run interleaved, one round
+// each after the other, so the i-th runs of a and b share the machine's
+// state of that moment (the host's other load, PostgreSQL's checkpoints
+// and WAL), which the ratio of their medians mixes across rounds.
+// Figures with different run counts (none here) fall back to the ratio of
+// their medians.
+func pairOf(a, b figure) *pairing {
+	p := &pairing{byMedians: a.median / b.median}
+	if len(a.runs) != len(b.runs) || len(a.runs) == 0 {
+		p.ratio = p.byMedians
+		return p
+	}
+	for i := range a.runs {
+		p.rounds = append(p.rounds, a.runs[i].rate()/b.runs[i].rate())
+	}
+	p.ratio = median(p.rounds)
+	return p
+}

@@ -109,7 +109,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 		return err
 	}
 	rep.add(scenario{key: "peer_parallel_consumer", title: "Peer: kscope against Confluent Parallel Consumer (r4 workload, Apache Kafka)", figs: figs,
-		ratio: figs[0].median / figs[1].median, target: 1.2, atLeast: true})
+		pair: pairOf(figs[0], figs[1]), target: 1.2, atLeast: true})
 	if ab == b {
 		return nil // the run's own figures are Apache Kafka's
 	}
@@ -119,20 +119,20 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 		return err
 	}
 	rep.add(scenario{key: "r1_noop_apache", title: "r1 on Apache Kafka", figs: figs,
-		ratio: figs[0].median / figs[1].median, target: 0.9, atLeast: true, cpu: true})
+		pair: pairOf(figs[0], figs[1]), target: 0.9, atLeast: true, cpu: true})
 	if figs, err = ab.measure(ctx, "r3 DB scope (Apache Kafka)",
 		contender{"kscope DB scope, queued handler (Apache Kafka)", p.db, ab.kscopeDBQueued(0), ab.resetDB},
 		contender{"naive loop: a transaction and a sync offset commit per record (Apache Kafka)", p.naive, ab.naiveDB, ab.resetDB}); err != nil {
 		return err
 	}
 	rep.add(scenario{key: "r3_db_vs_naive_apache", title: "r3 against the naive loop on Apache Kafka", figs: figs,
-		ratio: figs[0].median / figs[1].median, target: 10, atLeast: true})
+		pair: pairOf(figs[0], figs[1]), target: 10, atLeast: true})
 	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2, ab.runs,
 		contender{"kscope Kafka scope (txn), one output per input (Apache Kafka)", p.apacheTxn, ab.txnEmit, nil},
 		contender{"kscope AtLeastOnce, handler producing synchronously (Apache Kafka)", p.apacheAlo, ab.aloProduce, nil}); err != nil {
 		return err
 	}
 	rep.add(scenario{key: "r5_txn_vs_alo_apache", title: "r5 on Apache Kafka", figs: figs,
-		ratio: figs[0].median / figs[1].median, target: 0.7, atLeast: true})
+		pair: pairOf(figs[0], figs[1]), target: 0.7, atLeast: true})
 	return nil
 }

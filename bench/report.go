@@ -20,6 +20,7 @@ type scenario struct {
 	figs    []figure
 	ideal   float64 // the denominator when it is computed, not measured
 	ratio   float64
+	pair    *pairing // when the ratio is of two measured contenders: how it was formed (ratio is set from it)
 	target  float64
 	atLeast bool // the target is a floor (else a ceiling)
 	cpu     bool // show CPU per record
@@ -68,7 +69,12 @@ func newReport(p plan, runs int, kafkaKind string, pg *testenv.Postgres) *report
 	return &report{plan: p, runs: runs, kafkaKind: kafkaKind, pgKind: pg.Kind, started: time.Now().UTC(), load0: loadavg()}
 }
 
-func (r *report) add(s scenario) { r.scenarios = append(r.scenarios, s) }
+func (r *report) add(s scenario) {
+	if s.pair != nil {
+		s.ratio = s.pair.ratio
+	}
+	r.scenarios = append(r.scenarios, s)
+}
 
 // summary is the JSON line the program prints last.
 func (r *report) summary() map[string]any {
@@ -192,7 +198,7 @@ func (r *report) write(path, svgPath string) error {
   measured runs; r1's contenders, on both brokers, on all of them (r1's first
   full read of the backlog ran a third slower, on kfake and on the JVM broker
   alike), and r5's on Apache Kafka on half. Then the
-  contenders of a scenario run interleaved (A B A B ...), %d times each (r1 on kfake, whose runs are the shortest and noisiest, %d times); the **median** is reported, with every run listed.
+  contenders of a scenario run interleaved (A B A B ...), %d times each (r1 on kfake, whose runs are the shortest and noisiest, %d times); the **median** is reported, with every run listed. A ratio is the median of the rounds' ratios: in each round the contenders run one after the other, on the machine as it is at that moment, so a round's ratio is not moved by what changes between rounds (the host's other load, PostgreSQL's checkpoints); each ratio's line gives the rounds' ratios and the ratio of the median rates beside it.
 - DB scenarios empty the inbox and effect tables and checkpoint before each
   run, outside its timing. CPU per record is the CPU the bench process (broker
   included) and the PostgreSQL server used over the whole run (group join and
@@ -240,7 +246,15 @@ func (r *report) write(path, svgPath string) error {
 		if !s.atLeast {
 			op = "<="
 		}
-		fmt.Fprintf(&b, "\nRatio `%s` = %.3f (target %s %g): %s.\n", s.key, s.ratio, op, s.target, map[bool]string{true: "met", false: "**missed**"}[s.met()])
+		fmt.Fprintf(&b, "\nRatio `%s` = %.3f (target %s %g): %s.", s.key, s.ratio, op, s.target, map[bool]string{true: "met", false: "**missed**"}[s.met()])
+		if s.pair != nil && len(s.pair.rounds) > 0 {
+			rs := make([]string, len(s.pair.rounds))
+			for i, x := range s.pair.rounds {
+				rs[i] = fmt.Sprintf("%.3f", x)
+			}
+			fmt.Fprintf(&b, " It is the median of the rounds' ratios (%s); the ratio of the median rates is %.3f.", strings.Join(rs, ", "), s.pair.byMedians)
+		}
+		b.WriteString("\n")
 		if note := notes[s.key]; note != "" {
 			b.WriteString("\n" + note + "\n")
 		}
