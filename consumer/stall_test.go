@@ -14,24 +14,6 @@ import (
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
-// stalls records what a hook.StallHook receives.
-type stalls struct {
-	mu  sync.Mutex
-	got []hook.Stall
-}
-
-func (s *stalls) OnStall(st hook.Stall) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.got = append(s.got, st)
-}
-
-func (s *stalls) all() []hook.Stall {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]hook.Stall(nil), s.got...)
-}
-
 // A handler that never returns (a call with no timeout) holds every key of
 // its key-shard and the partition's offsets, and, once the in-flight bound
 // fills, the consumer; without the stall watch, only the partition's lag
@@ -67,7 +49,7 @@ func TestHungHandlerIsNamed(t *testing.T) {
 		return nil
 	})
 	var logs testenv.LogBuffer
-	st := &stalls{}
+	st := &testenv.Stalls{}
 	cfg := baseConfig(t, k, "g-stall", topic)
 	cfg.Shards = 1 // "after" waits behind the hung record
 	cfg.StallWarning = 300 * time.Millisecond
@@ -80,8 +62,8 @@ func TestHungHandlerIsNamed(t *testing.T) {
 	stop := runAsync(t, r)
 	defer close(release)
 
-	testenv.WaitFor(t, time.Minute, "the stall reported", func() bool { return len(st.all()) > 0 })
-	got := st.all()[0]
+	testenv.WaitFor(t, time.Minute, "the stall reported", func() bool { return len(st.All()) > 0 })
+	got := st.All()[0]
 	if got.Ended || got.Topic != topic || got.Partition != 0 || got.Offset != 1 || got.Shard != 0 || got.Group != "g-stall" {
 		t.Fatalf("stall reported as %+v; want the hung record %s[0]@1 on key-shard 0 of g-stall, not ended", got, topic)
 	}
@@ -102,13 +84,13 @@ func TestHungHandlerIsNamed(t *testing.T) {
 			t.Fatalf("the stall's WARN %q does not say %q", line, want)
 		}
 	}
-	if len(st.all()) != 1 {
-		t.Fatalf("one stall reported %d times: %+v", len(st.all()), st.all())
+	if len(st.All()) != 1 {
+		t.Fatalf("one stall reported %d times: %+v", len(st.All()), st.All())
 	}
 
 	release <- struct{}{}
-	testenv.WaitFor(t, time.Minute, "the stall's end reported", func() bool { return len(st.all()) == 2 })
-	end := st.all()[1]
+	testenv.WaitFor(t, time.Minute, "the stall's end reported", func() bool { return len(st.All()) == 2 })
+	end := st.All()[1]
 	if !end.Ended || end.Offset != 1 || end.For < got.For {
 		t.Fatalf("end of the stall reported as %+v; want ended, for the same record, lasting at least %s", end, got.For)
 	}
@@ -145,7 +127,7 @@ func TestStallEndsWhenTheRunnerStops(t *testing.T) {
 		<-ctx.Done() // holds until the runner stops
 		return ctx.Err()
 	})
-	st := &stalls{}
+	st := &testenv.Stalls{}
 	cfg := baseConfig(t, k, "g-stall-stop", topic)
 	cfg.StallWarning = 200 * time.Millisecond
 	cfg.DrainTimeout = 200 * time.Millisecond // the handler returns once its context is canceled
@@ -159,7 +141,7 @@ func TestStallEndsWhenTheRunnerStops(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	got := st.all()
+	got := st.All()
 	if len(got) != 2 || got[0].Ended || !got[1].Ended {
 		t.Fatalf("stall reports %+v; want the stall and its end", got)
 	}
@@ -192,7 +174,7 @@ func TestSlowHandlerThatMovesIsNotAStall(t *testing.T) {
 			<-tick.C // each record takes one tick: the batch of 20, most of a second
 			return nil
 		})
-		st := &stalls{}
+		st := &testenv.Stalls{}
 		cfg := baseConfig(t, k, "g-stall-slow-"+warn.String(), topic)
 		cfg.StallWarning = warn
 		cfg.Hooks = []hook.Hook{st}
@@ -206,7 +188,7 @@ func TestSlowHandlerThatMovesIsNotAStall(t *testing.T) {
 			t.Fatal(err)
 		}
 		tick.Stop()
-		if got := st.all(); len(got) != 0 {
+		if got := st.All(); len(got) != 0 {
 			t.Fatalf("StallWarning %s: a key-shard finishing a record every 40ms reported stalled: %+v", warn, got)
 		}
 	}

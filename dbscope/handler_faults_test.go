@@ -576,24 +576,6 @@ func TestLargeBatchOfWritingRecords(t *testing.T) {
 	wantKeyOrder(t, pool)
 }
 
-// stallHook records what a hook.StallHook receives.
-type stallHook struct {
-	mu  sync.Mutex
-	got []hook.Stall
-}
-
-func (s *stallHook) OnStall(st hook.Stall) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.got = append(s.got, st)
-}
-
-func (s *stallHook) all() []hook.Stall {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]hook.Stall(nil), s.got...)
-}
-
 // A handler that hangs inside its batch's transaction (a call with no
 // timeout) is named by the stall watch: the record whose handler has not
 // returned, not the first record of the batch, whose handler returned long
@@ -611,7 +593,7 @@ func TestHungHandlerInATransactionIsNamed(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	var logs testenv.LogBuffer
-	stalls := &stallHook{}
+	stalls := &testenv.Stalls{}
 	cfg := baseConfig(k, group, topic)
 	cfg.Shards = 1
 	cfg.StallWarning = 300 * time.Millisecond
@@ -627,8 +609,8 @@ func TestHungHandlerInATransactionIsNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, r)
-	testenv.WaitFor(t, time.Minute, "the stall reported", func() bool { return len(stalls.all()) > 0 })
-	if got := stalls.all()[0]; got.Ended || got.Offset != 2 || got.Topic != topic {
+	testenv.WaitFor(t, time.Minute, "the stall reported", func() bool { return len(stalls.All()) > 0 })
+	if got := stalls.All()[0]; got.Ended || got.Offset != 2 || got.Topic != topic {
 		t.Fatalf("stall reported as %+v; want %s[0]@2, the record whose handler hangs", got, topic)
 	}
 	if !strings.Contains(logs.String(), "its handler has not returned;") || !strings.Contains(logs.String(), "key=hangs") {
@@ -639,7 +621,7 @@ func TestHungHandlerInATransactionIsNamed(t *testing.T) {
 	}
 	release <- struct{}{}
 	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == 4 })
-	testenv.WaitFor(t, time.Minute, "the stall's end reported", func() bool { return len(stalls.all()) == 2 })
+	testenv.WaitFor(t, time.Minute, "the stall's end reported", func() bool { return len(stalls.All()) == 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package txn_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,23 +12,6 @@ import (
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/txn"
 )
-
-type stallHook struct {
-	mu  sync.Mutex
-	got []hook.Stall
-}
-
-func (s *stallHook) OnStall(st hook.Stall) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.got = append(s.got, st)
-}
-
-func (s *stallHook) all() []hook.Stall {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]hook.Stall(nil), s.got...)
-}
 
 // A Kafka-scope handler that hangs is named by the stall watch, as in the
 // other scopes; once it returns, its input and everything else commit,
@@ -43,7 +25,7 @@ func TestHungKafkaScopeHandlerIsNamed(t *testing.T) {
 	inputs = append(inputs, "order-hangs")
 	release := make(chan struct{})
 	defer close(release)
-	stalls := &stallHook{}
+	stalls := &testenv.Stalls{}
 	cfg := config(k, "stall")
 	cfg.StallWarning = 300 * time.Millisecond
 	cfg.Hooks = []hook.Hook{stalls}
@@ -58,8 +40,8 @@ func TestHungKafkaScopeHandlerIsNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runFor(t, r)
-	testenv.WaitFor(t, time.Minute, "the stall reported", func() bool { return len(stalls.all()) > 0 })
-	got := stalls.all()[0]
+	testenv.WaitFor(t, time.Minute, "the stall reported", func() bool { return len(stalls.All()) > 0 })
+	got := stalls.All()[0]
 	held := k.ReadAll(t, "in")
 	var want *kgo.Record
 	for _, rec := range held {
@@ -72,7 +54,7 @@ func TestHungKafkaScopeHandlerIsNamed(t *testing.T) {
 	}
 	release <- struct{}{}
 	testenv.WaitFor(t, time.Minute, "every input committed", func() bool { return r.Stats().Kafka.Records == int64(len(inputs)) })
-	testenv.WaitFor(t, time.Minute, "the stall's end reported", func() bool { return len(stalls.all()) == 2 })
+	testenv.WaitFor(t, time.Minute, "the stall's end reported", func() bool { return len(stalls.All()) == 2 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

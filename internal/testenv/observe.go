@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/hook"
 )
 
 // WaitFor polls cond until it holds or d passes. It waits on a condition
@@ -218,4 +220,24 @@ func (k *Kafka) CommittedAll(t testing.TB, group, topic string) bool {
 		t.Fatal(err)
 	}
 	return k.CaughtUp(ctx, group, topic)
+}
+
+// Stalls is a hook.StallHook that records the stalls a runner reports.
+type Stalls struct {
+	mu  sync.Mutex
+	got []hook.Stall
+}
+
+// OnStall implements hook.StallHook.
+func (s *Stalls) OnStall(st hook.Stall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, st)
+}
+
+// All returns the stalls and ends reported so far, in order.
+func (s *Stalls) All() []hook.Stall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]hook.Stall(nil), s.got...)
 }
