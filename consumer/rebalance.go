@@ -2,7 +2,7 @@ package consumer
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -237,7 +237,8 @@ func (r *Runner) drain(sts []*partState) {
 	for _, st := range sts {
 		if err := st.WaitIdle(ctx); err != nil {
 			r.log.Warn("kscope: drain timeout passed with records still running; canceling them",
-				"topic", st.Topic, "partition", st.Partition, "running", st.Running(), "drain_timeout", r.cfg.DrainTimeout)
+				"topic", st.Topic, "partition", st.Partition, "running", st.Running(), "drain_timeout", r.cfg.DrainTimeout,
+				"held_by_handlers", r.running(sts))
 			break
 		}
 	}
@@ -291,8 +292,9 @@ func (r *Runner) shutdown(cl *kgo.Client) error {
 	select {
 	case <-stopped:
 	case <-time.After(r.cfg.DrainTimeout):
+		held := r.running(nil)
 		r.hardCancel()
-		err = errors.New("kscope: a handler ignored its canceled context for DrainTimeout; Run returns with its goroutine still running")
+		err = fmt.Errorf("kscope: a handler ignored its canceled context for DrainTimeout (holding %s); Run returns with its goroutine still running", held)
 	}
 
 	if r.txs == nil {

@@ -3,12 +3,15 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
@@ -110,6 +113,50 @@ func TestCloseCancelsStuckHandlerAfterDrainTimeout(t *testing.T) {
 	}
 	if com[0] > 0 {
 		t.Fatalf("committed offset %d past a record that never succeeded", com[0])
+	}
+}
+
+// A handler that ignores its canceled context outlasts the drain: Run
+// returns, with an error that names the record the handler holds, and the
+// drain's WARN names it too.
+func TestHandlerIgnoringItsContextIsNamedAtShutdown(t *testing.T) {
+	k := testenv.KafkaT(t)
+	ctx := context.Background()
+	const topic = "ignores"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("fine"), Value: []byte("0")},
+		&kgo.Record{Topic: topic, Key: []byte("never-returns"), Value: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	defer close(release)
+	var logs testenv.LogBuffer
+	cfg := baseConfig(t, k, "g-ignores", topic)
+	cfg.DrainTimeout = 300 * time.Millisecond
+	cfg.Logger = logs.Logger()
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(_ context.Context, rec *consumer.Record) error {
+		if string(rec.Key) == "never-returns" {
+			close(entered)
+			<-release // a call with no timeout that ignores its context
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-entered
+	r.Close()
+	err = <-done
+	if err == nil || !strings.Contains(err.Error(), `ignores[0]@1 key "never-returns"`) {
+		t.Fatalf("Run returned %v; want an error naming ignores[0]@1, the record whose handler did not return", err)
+	}
+	if !strings.Contains(logs.String(), `held_by_handlers="ignores[0]@1 key \"never-returns\""`) {
+		t.Fatalf("the drain's WARN does not name the record:\n%s", logs.String())
 	}
 }
 

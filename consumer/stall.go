@@ -2,6 +2,9 @@ package consumer
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kscope-dev/kscope/hook"
@@ -30,7 +33,7 @@ type stallRec struct {
 	topic     string
 	partition int32
 	offset    int64
-	key       []byte
+	key       []byte // cut to maxLoggedKey bytes
 	inHandler bool // the scope said its handler runs (engine.Handling)
 	batch     int  // records in the worker's batch
 }
@@ -78,15 +81,7 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 	batches, finished, handled := d.batches, d.finished, d.handled
 	var rec stallRec
 	if busy && !w.stalled && batches == w.batches && finished == w.finished && handled == w.handled && now.Sub(w.since) >= r.cfg.StallWarning {
-		// The record held: the one whose handler runs, when the scope
-		// says; else the first of the batch not done (the scopes that
-		// do not say report records done in order as they handle them).
-		held := d.batch[min(finished, len(d.batch)-1)]
-		if d.handling != nil {
-			held = d.handling
-		}
-		rec = stallRec{topic: held.Topic, partition: held.Partition, offset: held.offset,
-			key: append([]byte(nil), held.Key...), inHandler: d.handling != nil, batch: len(d.batch)}
+		rec = d.heldLocked()
 	}
 	d.mu.Unlock()
 
@@ -109,6 +104,50 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 			"stalled_for", now.Sub(w.since).Round(time.Millisecond), "batch_records", rec.batch)
 		r.obs.Stall(hook.Stall{Shard: i, Topic: rec.topic, Partition: rec.partition, Offset: rec.offset, For: now.Sub(w.since)})
 	}
+}
+
+// heldLocked returns the record the worker's batch holds: the one whose
+// handler runs, when the scope says (engine.Handling); else the first of
+// the batch not done (the scopes that do not say report records done in
+// order as they handle them). d.mu is held and d.batch is not nil.
+func (d *doneBuf) heldLocked() stallRec {
+	held := d.batch[min(d.finished, len(d.batch)-1)]
+	if d.handling != nil {
+		held = d.handling
+	}
+	key := held.Key
+	if len(key) > maxLoggedKey {
+		key = key[:maxLoggedKey]
+	}
+	return stallRec{topic: held.Topic, partition: held.Partition, offset: held.offset,
+		key: append([]byte(nil), key...), inHandler: d.handling != nil, batch: len(d.batch)}
+}
+
+// running describes the records the key-shards' workers hold now, those
+// of the partitions in sts only when sts is not nil, at most five: for a
+// drain that a handler outlasts, so that the log names what it waits for.
+func (r *Runner) running(sts []*partState) string {
+	var out []string
+	more := 0
+	for _, d := range r.doneBufs {
+		d.mu.Lock()
+		if d.batch == nil || (sts != nil && !slices.Contains(sts, d.batch[0].part)) {
+			d.mu.Unlock()
+			continue
+		}
+		h := d.heldLocked()
+		d.mu.Unlock()
+		if len(out) == 5 {
+			more++
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s[%d]@%d key %q", h.topic, h.partition, h.offset, h.key))
+	}
+	s := strings.Join(out, ", ")
+	if more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
 }
 
 // endStall reports the end of key-shard i's stall.
