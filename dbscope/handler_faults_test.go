@@ -632,3 +632,97 @@ func TestHungHandlerInATransactionIsNamed(t *testing.T) {
 		t.Fatalf("Stats().StalledShards = %d after the stall ended; want 0", n)
 	}
 }
+
+// A handler whose SQL would end the batch's transaction itself (a script
+// with its own COMMIT or ROLLBACK, run through tx.Exec, a nested
+// transaction, or queued) does not take the other records of its batch
+// with it: a ROLLBACK undid their effects and inbox rows while their
+// offsets committed, and a COMMIT made the inbox rows of the records after
+// it durable before their handlers ran (a crash then, and they counted as
+// done). The statement is not sent; the record fails as terminal (to the
+// DLT, with an error that says why), and the other records of its batch
+// apply, each once.
+func TestHandlerEndingTheTransactionFailsAlone(t *testing.T) {
+	type way struct {
+		name string
+		h    dbscope.Handler
+		qh   dbscope.QueueHandler
+	}
+	write := func(sql string) dbscope.Handler {
+		return dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			if err := insertEffect(ctx, tx, r); err != nil {
+				return err
+			}
+			if string(r.Key) == "ends" {
+				_, err := tx.Exec(ctx, sql)
+				return err
+			}
+			return nil
+		})
+	}
+	ways := []way{
+		{name: "rollback", h: write("ROLLBACK")},
+		{name: "commit", h: write("commit")},
+		{name: "script", h: write("UPDATE effects SET seq = seq WHERE key = 'none'; /* done */ END;")},
+		{name: "nested", h: dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			if err := insertEffect(ctx, tx, r); err != nil {
+				return err
+			}
+			if string(r.Key) != "ends" {
+				return nil
+			}
+			n, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = n.Exec(ctx, "ROLLBACK")
+			return err
+		})},
+		{name: "queued", qh: dbscope.QueueFunc(func(_ context.Context, q *dbscope.Queue, r *consumer.Record) error {
+			key, seq, _ := testenv.ParseKeyed(r.Value)
+			q.Exec(`INSERT INTO effects (message_id, key, seq) VALUES ($1, $2, $3)`, consumer.Identity{}.Of(r), key, seq)
+			if key == "ends" {
+				q.Exec("COMMIT")
+			}
+			return nil
+		})},
+	}
+	for _, w := range ways {
+		t.Run(w.name, func(t *testing.T) {
+			ctx := context.Background()
+			k := testenv.KafkaT(t)
+			pool := newPool(t)
+			topic, group := "ends-"+w.name, "g-ends-"+w.name
+			if err := k.CreateTopic(ctx, topic, 1); err != nil {
+				t.Fatal(err)
+			}
+			produceValues(t, k, topic, "a/0", "b/0", "ends/0", "c/0", "d/0")
+			cfg := baseConfig(k, group, topic)
+			cfg.Shards = 1
+			var r *dbscope.Runner
+			var err error
+			if w.qh != nil {
+				r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, w.qh)
+			} else {
+				r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, w.h)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, r)
+			testenv.WaitFor(t, 30*time.Second, "every record done", func() bool { return r.Stats().Done == 5 })
+			testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(effectKeys(t, pool), ","); got != "a,b,c,d" {
+				t.Fatalf("effects %s; want a,b,c,d", got)
+			}
+			dlt := k.ReadAll(t, retrytopic.DLTopic(group))
+			if len(dlt) != 1 || string(dlt[0].Value) != "ends/0" || !strings.Contains(testenv.Header(dlt[0], retrytopic.HeaderError), "would end the transaction") ||
+				testenv.Header(dlt[0], retrytopic.HeaderErrorClass) != "terminal" {
+				t.Fatalf("DLT %v: want ends/0, terminal, with an error saying its SQL would end the transaction", dlt)
+			}
+		})
+	}
+}

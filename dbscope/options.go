@@ -16,7 +16,11 @@ import (
 // Handler applies one record's effect inside tx, the transaction that also
 // holds the record's inbox row. A nil error means the effect may commit.
 // The handler must do its database work through tx only, and must not
-// commit or roll it back (tx refuses). tx takes a savepoint before the
+// commit or roll it back: tx refuses Commit and Rollback, and a statement
+// that would end the transaction (COMMIT, END, ABORT, ROLLBACK but for
+// ROLLBACK TO a savepoint of its own, PREPARE TRANSACTION; in a script
+// such as "BEGIN; ...; COMMIT" too) is not sent, and fails the record as
+// terminal: the transaction holds the other records of the batch. tx takes a savepoint before the
 // record's first statement (in the same round trip when that statement is
 // an Exec with arguments), so a failing record's writes roll back alone.
 //

@@ -24,7 +24,9 @@ import (
 // records costs four round trips in all (BEGIN; the inbox rows; the queued
 // statements; COMMIT).
 //
-// A nil error means the queued statements may run. A statement that fails
+// A nil error means the queued statements may run. A queued statement
+// that would end the transaction (as for a [Handler]) fails the record as
+// terminal, and none of its statements is sent. A statement that fails
 // fails its record exactly as a [Handler] error would: the transaction is
 // run again without that record's statements (the statements the other
 // records queued are sent again; their handlers are not called again), it
@@ -130,7 +132,19 @@ type queuedCall struct {
 func (s *scope) queue(ctx context.Context, q *Queue, r *consumer.Record) error {
 	engine.Handling(r)
 	defer engine.Handled(r)
-	return guard.Call(func() error { return s.qh.Queue(ctx, q, r) })
+	err := guard.Call(func() error { return s.qh.Queue(ctx, q, r) })
+	if err != nil && s.f.Class(err) != consumer.ClassSkip {
+		return err
+	}
+	for _, st := range q.stmts {
+		if cmd := endsTx(st.sql); cmd != "" {
+			// Its statements would end the batch's transaction: none of
+			// them is sent, and the record fails.
+			q.stmts = nil
+			return errEndsTx(cmd)
+		}
+	}
+	return err
 }
 
 // stmtError is a queued statement that failed, with the record it belongs

@@ -83,6 +83,9 @@ func (t *recordTx) rollback(ctx context.Context) error {
 // the transaction before the savepoint (batchTx.runHandler then fails the
 // record in a new transaction).
 func (t *recordTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.refuse(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	if t.touched {
 		if t.err != nil {
 			return pgconn.CommandTag{}, t.err
@@ -130,6 +133,9 @@ func firstArg(args []any) any {
 
 // Query runs sql in the transaction, after the record's savepoint.
 func (t *recordTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.refuse(sql); err != nil {
+		return nil, err
+	}
 	if err := t.take(ctx); err != nil {
 		return nil, err
 	}
@@ -138,6 +144,9 @@ func (t *recordTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows
 
 // QueryRow runs sql in the transaction, after the record's savepoint.
 func (t *recordTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.refuse(sql); err != nil {
+		return errRow{err}
+	}
 	if err := t.take(ctx); err != nil {
 		return errRow{err}
 	}
@@ -146,6 +155,9 @@ func (t *recordTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 
 // SendBatch sends b in the transaction, after the record's savepoint.
 func (t *recordTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.refuseBatch(b); err != nil {
+		return errBatch{err}
+	}
 	if err := t.take(ctx); err != nil {
 		return errBatch{err}
 	}
@@ -163,6 +175,9 @@ func (t *recordTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns [
 // Prepare prepares a statement on the transaction's connection, after the
 // record's savepoint.
 func (t *recordTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.refuse(sql); err != nil {
+		return nil, err
+	}
 	if err := t.take(ctx); err != nil {
 		return nil, err
 	}
@@ -175,7 +190,92 @@ func (t *recordTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := t.take(ctx); err != nil {
 		return nil, err
 	}
-	return t.tx.Begin(ctx)
+	n, err := t.tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &nestedTx{Tx: n, owner: t}, nil
+}
+
+// refuse fails the record when sql would end the batch's transaction
+// (endsTx): the statement is not sent, and the handler's later statements
+// get the same error.
+func (t *recordTx) refuse(sql string) error {
+	cmd := endsTx(sql)
+	if cmd == "" {
+		return nil
+	}
+	if t.err == nil {
+		t.err = errEndsTx(cmd)
+	}
+	t.touched = true
+	return t.err
+}
+
+// refuseBatch is refuse for every statement of b.
+func (t *recordTx) refuseBatch(b *pgx.Batch) error {
+	for _, q := range b.QueuedQueries {
+		if err := t.refuse(q.SQL); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nestedTx is a handler's nested transaction (recordTx.Begin, a savepoint
+// of its own): its SQL may not end the batch's transaction either.
+type nestedTx struct {
+	pgx.Tx
+	owner *recordTx
+}
+
+// Exec runs sql in the nested transaction.
+func (n *nestedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := n.owner.refuse(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return n.Tx.Exec(ctx, sql, args...)
+}
+
+// Query runs sql in the nested transaction.
+func (n *nestedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := n.owner.refuse(sql); err != nil {
+		return nil, err
+	}
+	return n.Tx.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql in the nested transaction.
+func (n *nestedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := n.owner.refuse(sql); err != nil {
+		return errRow{err}
+	}
+	return n.Tx.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch sends b in the nested transaction.
+func (n *nestedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := n.owner.refuseBatch(b); err != nil {
+		return errBatch{err}
+	}
+	return n.Tx.SendBatch(ctx, b)
+}
+
+// Prepare prepares sql on the nested transaction's connection.
+func (n *nestedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := n.owner.refuse(sql); err != nil {
+		return nil, err
+	}
+	return n.Tx.Prepare(ctx, name, sql)
+}
+
+// Begin starts a transaction nested in this one.
+func (n *nestedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	in, err := n.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &nestedTx{Tx: in, owner: n.owner}, nil
 }
 
 // LargeObjects returns the transaction's large objects, after the
