@@ -34,8 +34,8 @@ type stallRec struct {
 	partition int32
 	offset    int64
 	key       []byte // cut to maxLoggedKey bytes
-	inHandler bool // the scope said its handler runs (engine.Handling)
-	batch     int  // records in the worker's batch
+	inHandler bool   // the scope said its handler runs (engine.Handling)
+	batch     int    // records in the worker's batch
 }
 
 // watchStalls looks at every key-shard at least every stallTick until ctx
