@@ -130,10 +130,11 @@ type Config struct {
 	// every key of its key-shard, keeps its partition's offsets where they
 	// are, and, once the in-flight bound fills behind it, stops the
 	// consumer; nothing else names it. The runner does not cancel the
-	// handler: give its calls timeouts, or honor its context. A record
-	// retried in place for longer (a long backoff), or a DB-scope batch
-	// whose transaction runs longer, is reported too. Default 1 minute;
-	// a negative value turns the watch off.
+	// handler: give its calls timeouts, or honor its context. The waits
+	// between retries in place (the failure policy's backoff) do not
+	// count; a DB-scope transaction, or the routing of a failure to a
+	// retry or dead-letter topic, that runs longer is reported too.
+	// Default 1 minute; a negative value turns the watch off.
 	StallWarning time.Duration
 
 	// NullKeys says how records without a key are routed. Default

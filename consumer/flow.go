@@ -30,6 +30,7 @@ type doneBuf struct {
 	finished int
 	handling *Record
 	handled  uint64 // handler calls begun, ever
+	waiting  bool   // the scope waits between two rounds of retries (Rounds): not a stall
 }
 
 // begin marks batch as the worker's, for the stall watch.
@@ -45,7 +46,15 @@ func (d *doneBuf) begin(batch []*Record) {
 func (d *doneBuf) end() {
 	d.mu.Lock()
 	d.flushLocked()
-	d.batch, d.handling = nil, nil
+	d.batch, d.handling, d.waiting = nil, nil, false
+	d.mu.Unlock()
+}
+
+// wait marks the worker as waiting between two rounds of retries (on),
+// or done waiting, for the stall watch.
+func (d *doneBuf) wait(on bool) {
+	d.mu.Lock()
+	d.waiting = on
 	d.mu.Unlock()
 }
 

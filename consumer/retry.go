@@ -66,7 +66,15 @@ func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() 
 			if r.Of != nil {
 				revoked = revokedCh(r.Of)
 			}
-			if !backoff.SleepOr(ctx, wait, revoked) {
+			d := waitingBuf(r.Of)
+			if d != nil {
+				d.wait(true) // a wait the policy chose is not a stall
+			}
+			slept := backoff.SleepOr(ctx, wait, revoked)
+			if d != nil {
+				d.wait(false)
+			}
+			if !slept {
 				return false // stopped, or revoked: the next owner handles it
 			}
 		}

@@ -77,7 +77,7 @@ func (r *Runner) watchStalls(ctx context.Context) {
 // reports a stall when it has lasted Config.StallWarning, or its end.
 func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 	d.mu.Lock()
-	busy := d.batch != nil
+	busy := d.batch != nil && !d.waiting
 	batches, finished, handled := d.batches, d.finished, d.handled
 	var rec stallRec
 	if busy && !w.stalled && batches == w.batches && finished == w.finished && handled == w.handled && now.Sub(w.since) >= r.cfg.StallWarning {
@@ -95,7 +95,7 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 	case rec.batch > 0:
 		w.stalled, w.rec = true, rec
 		r.stalled.Add(1)
-		what := "its handler has not returned, or its retries in place or its scope's transaction still run"
+		what := "its handler has not returned, or the scope's work for it (its transaction, the routing of its failure) has not ended"
 		if rec.inHandler {
 			what = "its handler has not returned"
 		}
@@ -178,4 +178,13 @@ func handled(rec *Record) {
 	if rec.part != nil && rec.part.bufs != nil {
 		rec.part.bufs[rec.shard].handlerCall(nil)
 	}
+}
+
+// waitingBuf returns the doneBuf of rec's key-shard, for a wait between
+// two rounds of retries (Rounds), or nil.
+func waitingBuf(rec *Record) *doneBuf {
+	if rec == nil || rec.part == nil || rec.part.bufs == nil {
+		return nil
+	}
+	return rec.part.bufs[rec.shard]
 }

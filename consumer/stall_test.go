@@ -2,8 +2,10 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // A handler that never returns (a call with no timeout) holds every key of
@@ -191,6 +194,45 @@ func TestSlowHandlerThatMovesIsNotAStall(t *testing.T) {
 		if got := st.All(); len(got) != 0 {
 			t.Fatalf("StallWarning %s: a key-shard finishing a record every 40ms reported stalled: %+v", warn, got)
 		}
+	}
+}
+
+// The waits between retries in place are the failure policy's choice, not
+// a stall: a record retried with a backoff longer than StallWarning is
+// not reported (its retries are logged already).
+func TestRetryWaitIsNotAStall(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic = "src-stall-retry"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		if calls.Add(1) < 3 {
+			return consumer.Retryable(errors.New("gateway 503"))
+		}
+		return nil
+	})
+	st := &testenv.Stalls{}
+	cfg := baseConfig(t, k, "g-stall-retry", topic)
+	cfg.StallWarning = 200 * time.Millisecond
+	cfg.Failures = retrytopic.Policy{Backoff: 2 * time.Second, MaxBackoff: 2 * time.Second} // waits of 1 to 2s, each longer than StallWarning
+	cfg.Hooks = []hook.Hook{st}
+	r, err := consumer.New(cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the record done after two retries", func() bool { return r.Stats().Done == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.All(); len(got) != 0 {
+		t.Fatalf("the waits between retries in place were reported as stalls: %+v", got)
 	}
 }
 

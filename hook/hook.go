@@ -183,9 +183,9 @@ type RetryLatenessHook interface {
 type Stall struct {
 	Group string
 	Shard int // the key-shard (0 to consumer.Config.Shards-1)
-	// The record the key-shard holds: its handler has not returned, or its
-	// retries in place or its scope's transaction still run. Every other
-	// key of the key-shard waits behind it.
+	// The record the key-shard holds: its handler has not returned, or the
+	// scope's work for it (a transaction, the routing of its failure) has
+	// not ended. Every other key of the key-shard waits behind it.
 	Topic     string
 	Partition int32
 	Offset    int64
