@@ -182,6 +182,12 @@ type Stats struct {
 	// the broker rejects, or to a topic name Kafka does not allow. Each is
 	// logged at ERROR (at most one line every 30 seconds).
 	DeadLettered int64
+	// Stranded counts the rows of the outbox in partitions outside 0 to
+	// Partitions-1, seen at the relay's last look (when it started, then
+	// every minute): a Writer with another Partitions wrote them, and no
+	// relay of the outbox publishes them. They are logged at ERROR, with
+	// what to do, when their count changes.
+	Stranded int64
 }
 
 // Relay publishes an outbox's committed rows to Kafka, exactly once to a
@@ -201,6 +207,7 @@ type Relay struct {
 	published, transactions, aborts atomic.Int64
 	owned, halted, stuck            atomic.Int64
 	deadLettered                    atomic.Int64
+	strandedRows                    atomic.Int64
 
 	wakeMu sync.Mutex
 	wake   map[int]chan struct{} // per partition being published
@@ -220,7 +227,7 @@ func New(o Options) (*Relay, error) {
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
 	return Stats{Published: r.published.Load(), Transactions: r.transactions.Load(), Aborts: r.aborts.Load(), Partitions: int(r.owned.Load()),
-		Halted: int(r.halted.Load()), Stuck: int(r.stuck.Load()), DeadLettered: r.deadLettered.Load()}
+		Halted: int(r.halted.Load()), Stuck: int(r.stuck.Load()), DeadLettered: r.deadLettered.Load(), Stranded: r.strandedRows.Load()}
 }
 
 // Close stops a running Run and waits for it; idempotent.
@@ -286,6 +293,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		r.listen(lctx)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.watchStranded(lctx)
 	}()
 
 	workers := newWorkers(r)

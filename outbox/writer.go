@@ -37,7 +37,10 @@ type Writer struct {
 	// Partitions splits the outbox by key hash: the records of one key are
 	// in one partition, published in the order their transactions
 	// committed, and relay instances share the partitions. It must be the
-	// Relay's and must not change while rows are unpublished. Default 16.
+	// Relay's and must not change while rows are unpublished: rows in a
+	// partition the relay does not have are never published (the relay
+	// reports them, Stats.Stranded), and with fewer partitions a key's
+	// rows may be published out of order. Default 16.
 	Partitions int
 	// TablePrefix is the prefix dbscope.Migrate was given. Default
 	// dbscope.DefaultTablePrefix.
