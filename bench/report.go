@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -552,19 +553,25 @@ func (r *report) writeQuick(b *strings.Builder) {
 	b.WriteString("\n### The quick run beside it\n\n")
 	fmt.Fprintf(b, "`make bench-quick` (%v) ran just before this run, on the same machine; `make bench` runs both. ", r.quick["started"])
 	b.WriteString("Its runs are shorter, timed over the same steady-state window (see Method).\n\n")
-	b.WriteString("| ratio | full | quick | quick / full |\n| --- | ---: | ---: | ---: |\n")
+	b.WriteString("The last column is the spread of the full run's own rounds (their lowest and highest ratio, against the full run's ratio): " +
+		"how far one round of the full run strays from the run's median on this machine.\n\n")
+	b.WriteString("| ratio | full | quick | quick / full | full run's rounds / full |\n| --- | ---: | ---: | ---: | ---: |\n")
 	worst, worstKey := 0.0, ""
 	for _, s := range r.scenarios {
+		spread := "—"
+		if s.pair != nil && len(s.pair.rounds) > 1 && s.ratio > 0 {
+			spread = fmt.Sprintf("%.3f to %.3f", slices.Min(s.pair.rounds)/s.ratio, slices.Max(s.pair.rounds)/s.ratio)
+		}
 		q, ok := r.quick[s.key].(float64)
 		if !ok {
-			fmt.Fprintf(b, "| `%s` | %.3g | — | — |\n", s.key, s.ratio)
+			fmt.Fprintf(b, "| `%s` | %.3g | — | — | %s |\n", s.key, s.ratio, spread)
 			continue
 		}
 		rel := q / s.ratio
 		if d := math.Abs(rel - 1); d > worst {
 			worst, worstKey = d, s.key
 		}
-		fmt.Fprintf(b, "| `%s` | %.3g | %.3g | %.3f |\n", s.key, s.ratio, q, rel)
+		fmt.Fprintf(b, "| `%s` | %.3g | %.3g | %.3f | %s |\n", s.key, s.ratio, q, rel, spread)
 	}
 	verdict := "within 10%: the quick run agrees with the full one"
 	if worst > 0.10 {
