@@ -35,6 +35,8 @@ var (
 		"Rows in the outbox's dead-letter table now, per partition this relay publishes: waiting for an operator to requeue or discard them (kscope outbox dead).", []string{"outbox", "partition"}, nil)
 	outboxStrandedDesc = prometheus.NewDesc("kscope_outbox_stranded_rows",
 		"Rows of the outbox in partitions no relay of it publishes (a Writer with another Partitions wrote them).", []string{"outbox"}, nil)
+	outboxMisplacedDesc = prometheus.NewDesc("kscope_outbox_misplaced_rows_total",
+		"Rows read whose key hashes to another partition of the outbox (a Writer with fewer Partitions wrote them): published, but a key's order is not kept.", []string{"outbox"}, nil)
 	outboxScrapeErrDesc = prometheus.NewDesc("kscope_outbox_pending_scrape_errors_total",
 		"Scrapes that could not count the pending rows (the database did not answer in time).", []string{"outbox"}, nil)
 )
@@ -62,6 +64,7 @@ type relayCollector struct {
 //	kscope_outbox_stuck_partitions{outbox}                 partitions waiting for a topic to be fixed (Stats.Stuck)
 //	kscope_outbox_halted_partitions{outbox}                partitions whose position is ahead of the database (Stats.Halted)
 //	kscope_outbox_stranded_rows{outbox}                    rows in partitions no relay of the outbox publishes (Stats.Stranded)
+//	kscope_outbox_misplaced_rows_total{outbox}             rows whose key hashes to another partition (Stats.Misplaced)
 //
 // The pending and dead rows are counted at each scrape, with one query per
 // relay, all of them within two seconds; only the partitions this
@@ -95,7 +98,7 @@ func (m *Metrics) WatchRelay(r *outbox.Relay) error {
 
 func (c *relayCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{outboxPendingDesc, outboxOldestDesc, outboxPublishedDesc, outboxTxnDesc, outboxPartitionsDesc,
-		outboxDeadDesc, outboxStuckDesc, outboxHaltedDesc, outboxDeadRowsDesc, outboxScrapeErrDesc, outboxStrandedDesc} {
+		outboxDeadDesc, outboxStuckDesc, outboxHaltedDesc, outboxDeadRowsDesc, outboxScrapeErrDesc, outboxStrandedDesc, outboxMisplacedDesc} {
 		ch <- d
 	}
 }
@@ -161,6 +164,7 @@ func (c *relayCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(outboxStuckDesc, prometheus.GaugeValue, float64(st.Stuck), name)
 		ch <- prometheus.MustNewConstMetric(outboxHaltedDesc, prometheus.GaugeValue, float64(st.Halted), name)
 		ch <- prometheus.MustNewConstMetric(outboxStrandedDesc, prometheus.GaugeValue, float64(st.Stranded), name)
+		ch <- prometheus.MustNewConstMetric(outboxMisplacedDesc, prometheus.CounterValue, float64(st.Misplaced), name)
 		ch <- prometheus.MustNewConstMetric(outboxScrapeErrDesc, prometheus.CounterValue, float64(errs[name]), name)
 		for _, p := range sums[name].parts {
 			part := strconv.Itoa(p.Partition)

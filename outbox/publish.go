@@ -141,7 +141,9 @@ type publisher struct {
 	// that commits it ends the stuck state.
 	stuckAt int64
 	// Rate limits of the ERROR lines.
-	deadLog, stuckLog throttle
+	deadLog, stuckLog, misplacedLog throttle
+	// checkedTo is the last row checked for its partition (misplaced).
+	checkedTo int64
 }
 
 // refusal is a row Kafka refused for good, and its answer.
@@ -265,6 +267,9 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 	defer poll.Stop()
 	for attempt := 0; ctx.Err() == nil; {
 		rows, err := pub.read(ctx, pos)
+		if err == nil {
+			pub.misplaced(log, rows)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil
@@ -631,6 +636,41 @@ func (pub *publisher) read(ctx context.Context, pos int64) ([]row, error) {
 		err := rs.Scan(&w.seq, &w.id, &w.topic, &w.key, &w.value, &w.headers, &w.created)
 		return w, err
 	})
+}
+
+// misplaced counts and reports the rows whose key does not hash to this
+// partition under the relay's Partitions: a Writer with fewer partitions
+// than the relay wrote them (one with more writes rows the relay does not
+// publish at all: watchStranded). They are published, but a key whose rows
+// sit in two partitions is published side by side, not in order. Each row
+// is counted once, however often it is read.
+func (pub *publisher) misplaced(log *slog.Logger, rows []row) {
+	n := 0
+	var first row
+	for _, w := range rows {
+		if w.seq <= pub.checkedTo {
+			continue
+		}
+		pub.checkedTo = w.seq
+		if partitionOf(w.key, pub.r.o.Partitions) != pub.p {
+			if n == 0 {
+				first = w
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	pub.r.misplacedRows.Add(int64(n))
+	if held, ok := pub.misplacedLog.allow(); ok {
+		log.Error("kscope: outbox relay: rows whose key hashes to another partition of the outbox: a Writer with another Partitions than the relay's wrote them "+
+			"(Writer.Partitions must be the relay's). They are published, but a key whose rows sit in two partitions is published out of order; give every Writer the relay's Partitions. "+
+			"At most one such line is logged every 30 seconds",
+			"rows", n+held, "seq", first.seq, "relay_partitions", pub.r.o.Partitions)
+	} else {
+		pub.misplacedLog.held += n - 1
+	}
 }
 
 // deadLetter writes w, with why Kafka refuses it, to the dead-letter

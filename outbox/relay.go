@@ -188,6 +188,12 @@ type Stats struct {
 	// relay of the outbox publishes them. They are logged at ERROR, with
 	// what to do, when their count changes.
 	Stranded int64
+	// Misplaced counts the rows this relay read whose key hashes to
+	// another partition under its Partitions: a Writer with fewer
+	// partitions wrote them. They are published, but a key whose rows sit
+	// in two partitions is published out of order. Logged at ERROR, at
+	// most one line every 30 seconds.
+	Misplaced int64
 }
 
 // Relay publishes an outbox's committed rows to Kafka, exactly once to a
@@ -207,7 +213,7 @@ type Relay struct {
 	published, transactions, aborts atomic.Int64
 	owned, halted, stuck            atomic.Int64
 	deadLettered                    atomic.Int64
-	strandedRows                    atomic.Int64
+	strandedRows, misplacedRows     atomic.Int64
 
 	wakeMu sync.Mutex
 	wake   map[int]chan struct{} // per partition being published
@@ -227,7 +233,8 @@ func New(o Options) (*Relay, error) {
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
 	return Stats{Published: r.published.Load(), Transactions: r.transactions.Load(), Aborts: r.aborts.Load(), Partitions: int(r.owned.Load()),
-		Halted: int(r.halted.Load()), Stuck: int(r.stuck.Load()), DeadLettered: r.deadLettered.Load(), Stranded: r.strandedRows.Load()}
+		Halted: int(r.halted.Load()), Stuck: int(r.stuck.Load()), DeadLettered: r.deadLettered.Load(), Stranded: r.strandedRows.Load(),
+		Misplaced: r.misplacedRows.Load()}
 }
 
 // Close stops a running Run and waits for it; idempotent.

@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,3 +54,45 @@ func TestRowsOutsideTheRelaysPartitionsAreReported(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// A Writer with fewer partitions than the relay writes rows the relay
+// publishes, but some keys' rows to a partition their key does not hash to
+// under the relay's Partitions: a key whose rows sit in two partitions is
+// published side by side, out of order. The relay counts those rows in
+// Stats().Misplaced, once each, and logs an ERROR.
+func TestRowsOfAWriterWithFewerPartitionsAreReported(t *testing.T) {
+	k, pool, _ := setup(t)
+	writeStream(t, pool, outbox.Writer{Partitions: 2}, "", 40, 40)
+	var logs testenv.LogBuffer
+	r, stop := runRelay(t, outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 4, Logger: logs.Logger(), PollInterval: 20 * time.Millisecond})
+	testenv.WaitFor(t, time.Minute, "every row published", func() bool { return r.Stats().Published == 40 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	var misplaced int64
+	for i := range 40 {
+		key := fmt.Sprintf("k%02d", i)
+		if outboxPartition(key, 2) != outboxPartition(key, 4) {
+			misplaced++
+		}
+	}
+	if misplaced == 0 {
+		t.Fatal("no key changes partition between 2 and 4 partitions: the test proves nothing")
+	}
+	if got := r.Stats().Misplaced; got != misplaced {
+		t.Fatalf("Stats().Misplaced = %d; want %d, the rows whose key hashes to another of the relay's 4 partitions", got, misplaced)
+	}
+	if r.Stats().Stranded != 0 {
+		t.Fatalf("Stats().Stranded = %d: a Writer with fewer partitions strands nothing", r.Stats().Stranded)
+	}
+	if !strings.Contains(logs.String(), "hashes to another partition") {
+		t.Fatalf("no ERROR about the misplaced rows:\n%s", logs.String())
+	}
+}
+
+// outboxPartition is the Writer's partition of key among n (FNV-1a).
+func outboxPartition(key string, n uint32) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return h.Sum32() % n
+}
