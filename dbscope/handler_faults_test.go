@@ -468,16 +468,11 @@ func TestFailingRecordDoesNotRerunEarlierRecords(t *testing.T) {
 			cfg := baseConfig(k, group, topic)
 			cfg.Shards = 1 // the records share batches
 			cfg.Failures.UnknownAttempts = 2
-			var r *dbscope.Runner
-			var err error
+			var qh dbscope.QueueHandler
 			if hs.qh != nil {
-				r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, hs.qh)
-			} else {
-				r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, hs.h)
+				qh = hs.qh
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := newEither(t, cfg, dbscope.Options{Pool: pool}, hs.h, qh)
 			runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
 			if rep := calls.repeats(failing); len(rep) > 0 {
 				t.Fatalf("records before or after the failing one handled again: %v", rep)
@@ -699,16 +694,7 @@ func TestHandlerEndingTheTransactionFailsAlone(t *testing.T) {
 			produceValues(t, k, topic, "a/0", "b/0", "ends/0", "c/0", "d/0")
 			cfg := baseConfig(k, group, topic)
 			cfg.Shards = 1
-			var r *dbscope.Runner
-			var err error
-			if w.qh != nil {
-				r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, w.qh)
-			} else {
-				r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, w.h)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := newEither(t, cfg, dbscope.Options{Pool: pool}, w.h, w.qh)
 			stop := run(t, r)
 			testenv.WaitFor(t, 30*time.Second, "every record done", func() bool { return r.Stats().Done == 5 })
 			testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })

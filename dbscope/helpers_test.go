@@ -177,3 +177,19 @@ func effectColumn(t testing.TB, pool *pgxpool.Pool, expr string) []string {
 	}
 	return out
 }
+
+// newEither returns a DB-scope runner of qh when it is not nil, else of h.
+func newEither(t testing.TB, cfg consumer.Config, o dbscope.Options, h dbscope.Handler, qh dbscope.QueueHandler) *dbscope.Runner {
+	t.Helper()
+	var r *dbscope.Runner
+	var err error
+	if qh != nil {
+		r, err = dbscope.NewQueued(cfg, o, qh)
+	} else {
+		r, err = dbscope.New(cfg, o, h)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}

@@ -273,16 +273,7 @@ func TestDeferredConstraintViolationFailsOnlyItsRecord(t *testing.T) {
 				cfg := baseConfig(k, group, topic)
 				cfg.Shards = 1 // the records share batches
 				cfg.Failures.UnknownAttempts = 2
-				var r *dbscope.Runner
-				var err error
-				if tc.qh != nil {
-					r, err = dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, tc.qh)
-				} else {
-					r, err = dbscope.New(cfg, dbscope.Options{Pool: pool}, tc.h)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				r := newEither(t, cfg, dbscope.Options{Pool: pool}, tc.h, tc.qh)
 				runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(vals)) })
 				wantOutcomes(t, r, 5, 0, 1)
 				wantEffectsOnce(t, effectKeys(t, pool), "a,b,c,d,e")
