@@ -161,7 +161,12 @@ func TestOutboxDeadRequeue(t *testing.T) {
 	r, stop = startRelay(t, k, pool)
 	kscope(t, "outbox", "dead", "requeue", db, "default/0/2", "--yes").want(t, exitOK,
 		"requeued default/0/2 (events, key a", "outbox default partition 0, sequence number 4", "requeued 1 of 1 row")
-	testenv.WaitFor(t, time.Minute, "the requeued row published", func() bool { return r.Stats().Published == 1 })
+	// The relay deletes a published row after the transaction that
+	// published it commits: wait for both before stopping it.
+	testenv.WaitFor(t, time.Minute, "the requeued row published and deleted", func() bool {
+		rows, _ := outboxCounts(t, pool)
+		return r.Stats().Published == 1 && rows == 0
+	})
 	stop()
 	recs := k.ReadAll(t, "events")
 	ids := map[string]int{}
