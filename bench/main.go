@@ -45,8 +45,13 @@ type plan struct {
 	// Kafka scope's, then AtLeastOnce's).
 	apacheNoop, apacheTxn, apacheAlo int
 	rssFor                           time.Duration
-	sweeps                           bool // shard-count and batch-size sweeps
-	only                             map[string]bool
+	// Measured runs of the two scenarios whose rounds agree within a few
+	// percent and last longest, Parallel Consumer's (about 20 seconds a
+	// round) and the peak RSS (15 seconds a run); 0 means -runs. The quick
+	// run spends the time on more rounds of the short, noisy ones.
+	pcRuns, rssRuns int
+	sweeps          bool // shard-count and batch-size sweeps
+	only            map[string]bool
 }
 
 // runs reports whether the plan includes the scenario.
@@ -65,7 +70,7 @@ func (p plan) has(name string) bool { return p.only == nil || p.only[name] }
 // rate moved by a third from run to run.
 var plans = map[string]plan{
 	"quick": {mode: "quick", backlog: 2_000_000, noop: 1_000_000, db: 100_000, naive: 2_000, ceiling: 100_000,
-		watermill: 5_000, ioSeconds: 3, pcSeconds: 8, txn: 500_000, alo: 150_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, rssFor: 15 * time.Second},
+		watermill: 5_000, ioSeconds: 3, pcSeconds: 8, txn: 500_000, alo: 150_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, rssFor: 15 * time.Second, pcRuns: 2, rssRuns: 2},
 	"full": {mode: "full", backlog: 2_000_000, noop: 2_000_000, db: 300_000, naive: 5_000, ceiling: 300_000,
 		watermill: 10_000, ioSeconds: 8, pcSeconds: 8, txn: 500_000, alo: 500_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, rssFor: 15 * time.Second, sweeps: true},
 }
@@ -232,8 +237,19 @@ func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
 // other scenarios. Its runs are the shortest (a quarter to half a second)
 // and the noisiest: back to back, one build's single-run ratios spread from
 // 0.69 to 1.18, and a median of three still by about 0.09 (standard
-// deviation over eight repetitions).
-const r1ExtraRuns = 4
+// deviation over eight repetitions); with seven rounds, one round of a
+// full run strayed from its median by up to 13%, and a quick run's median
+// from the full run's by 11%. A round costs under a second.
+const r1ExtraRuns = 14
+
+// r1ApacheExtraRuns is the same for r1 on Apache Kafka, whose rounds last
+// under a second and strayed from their median by up to 11% (three rounds).
+const r1ApacheExtraRuns = 8
+
+// r5ApacheExtraRuns is the same for r5 on Apache Kafka: AtLeastOnce's
+// synchronous produce waits on the JVM broker for each record, and one of
+// three rounds now and then ran 15% to 20% slower than the other two.
+const r5ApacheExtraRuns = 1
 
 // r1: the runner's own overhead. Its warm-up runs are full-size: each
 // contender's first run reads the whole backlog, and the in-process broker
@@ -308,7 +324,11 @@ func (b *bench) r5(ctx context.Context, p plan, rep *report) error {
 // rss: the peak RSS of a separate consumer process on the backlog.
 func (b *bench) rss(ctx context.Context, p plan, rep *report) error {
 	var peaks []float64
-	for i := range b.runs {
+	runs := b.runs
+	if p.rssRuns > 0 {
+		runs = min(runs, p.rssRuns)
+	}
+	for i := range runs {
 		r, err := b.measureRSS(ctx, p.rssFor)
 		if err != nil {
 			return fmt.Errorf("peak RSS run %d: %w", i+1, err)

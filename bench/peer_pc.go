@@ -102,7 +102,11 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 			return err
 		}
 	}
-	figs, err := ab.measure(ctx, "peer Parallel Consumer (Apache Kafka)",
+	pcRuns := ab.runs
+	if p.pcRuns > 0 {
+		pcRuns = min(pcRuns, p.pcRuns)
+	}
+	figs, err := ab.measureWarm(ctx, "peer Parallel Consumer (Apache Kafka)", 5, pcRuns,
 		contender{"kscope AtLeastOnce, 5 ms handler, 64 key-shards (Apache Kafka)", n, ab.kscopeIO(64), nil},
 		contender{"Confluent Parallel Consumer 0.5.3.3, KEY order, concurrency 64, 5 ms handler (Apache Kafka)", n, ab.parallelConsumer(cp), nil})
 	if err != nil {
@@ -113,7 +117,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	if ab == b {
 		return nil // the run's own figures are Apache Kafka's
 	}
-	if figs, err = ab.measureWarm(ctx, "r1 no-op (Apache Kafka)", 1, ab.runs,
+	if figs, err = ab.measureWarm(ctx, "r1 no-op (Apache Kafka)", 1, ab.runs+r1ApacheExtraRuns,
 		contender{"kscope AtLeastOnce, no-op handler (Apache Kafka)", p.apacheNoop, ab.kscopeNoop, nil},
 		contender{"raw franz-go PollFetches loop (Apache Kafka)", p.apacheNoop, ab.rawLoop, nil}); err != nil {
 		return err
@@ -127,7 +131,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	}
 	rep.add(scenario{key: "r3_db_vs_naive_apache", title: "r3 against the naive loop on Apache Kafka", figs: figs,
 		pair: pairOf(figs[0], figs[1]), target: 10, atLeast: true})
-	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2, ab.runs,
+	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2, ab.runs+r5ApacheExtraRuns,
 		contender{"kscope Kafka scope (txn), one output per input (Apache Kafka)", p.apacheTxn, ab.txnEmit, nil},
 		contender{"kscope AtLeastOnce, handler producing synchronously (Apache Kafka)", p.apacheAlo, ab.aloProduce, nil}); err != nil {
 		return err
