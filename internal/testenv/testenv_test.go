@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,7 @@ func TestApacheKafkaCluster(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	tmpBefore := jvmTempFiles(t)
 	k := ApacheKafkaT(t, ApacheOptions{Nodes: 3})
 	c := k.Apache
 	if k.Kind != "apache" || len(k.Brokers) != 3 {
@@ -149,6 +151,38 @@ func TestApacheKafkaCluster(t *testing.T) {
 	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
 		t.Errorf("the cluster's directory %s is still there after Close (%v)", c.Dir, err)
 	}
+	// The nodes' JVMs (the storage formats, the starts, a restart after a
+	// kill) leave no file in the system's temporary directory.
+	for f := range jvmTempFiles(t) {
+		if !tmpBefore[f] {
+			t.Errorf("%s is left in the system's temporary directory after Close", f)
+		}
+	}
+}
+
+// jvmTempFiles lists what a JVM leaves in the system's temporary
+// directory: the native libraries snappy-java unpacks there, and the
+// performance-data files under hsperfdata_<user>.
+func jvmTempFiles(t *testing.T) map[string]bool {
+	t.Helper()
+	files := map[string]bool{}
+	tmp := os.TempDir()
+	entries, err := os.ReadDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		switch name := e.Name(); {
+		case strings.HasPrefix(name, "snappy-"):
+			files[filepath.Join(tmp, name)] = true
+		case strings.HasPrefix(name, "hsperfdata_"):
+			sub, _ := os.ReadDir(filepath.Join(tmp, name))
+			for _, f := range sub {
+				files[filepath.Join(tmp, name, f.Name())] = true
+			}
+		}
+	}
+	return files
 }
 
 func TestKafkaKindFollowsTheEnvironment(t *testing.T) {
