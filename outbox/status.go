@@ -28,11 +28,18 @@ type PartitionStatus struct {
 	// Kafka refuses for good, not published until an operator requeues
 	// them (see DeadLetters).
 	Dead int64
+	// Stranded is set for a partition outside 0 to Partitions-1 that
+	// holds rows: a Writer with another Partitions wrote them, and no
+	// relay of this outbox publishes them (Position is 0, Pending counts
+	// them all). Status lists such partitions after the relay's.
+	Stranded bool
 }
 
 // Status reads where every partition of the outbox o names stands: the
 // relay's position from the position topic (read_committed), and the rows
 // not published yet and those in the dead-letter table from the database.
+// Partitions outside 0 to o.Partitions-1 that hold rows follow, marked
+// Stranded: rows a Writer with another Partitions wrote.
 // o needs Brokers, Pool and the names (Outbox, Partitions, TablePrefix,
 // PositionTopic) the relay uses.
 func Status(ctx context.Context, o Options) ([]PartitionStatus, error) {
@@ -59,7 +66,33 @@ func pending(ctx context.Context, pool *pgxpool.Pool, o Options, pos map[int]int
 		all[p] = pos[p]
 	}
 	o.Pool = pool
-	return pendingOf(ctx, o, all)
+	stranded, err := strandedCounts(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: outbox status: looking for rows outside the outbox's partitions: %w", err)
+	}
+	for _, c := range stranded {
+		all[int(c.partition)] = 0
+	}
+	st, err := pendingOf(ctx, o, all)
+	if err != nil {
+		return nil, err
+	}
+	// pendingOf lists partitions in order: the stranded negative ones
+	// come first, the others last. The relay's partitions go first.
+	slices.SortStableFunc(st, func(a, b PartitionStatus) int {
+		sa, sb := a.Partition < 0 || a.Partition >= o.Partitions, b.Partition < 0 || b.Partition >= o.Partitions
+		switch {
+		case sa == sb:
+			return 0
+		case sb:
+			return -1
+		}
+		return 1
+	})
+	for i := range st {
+		st[i].Stranded = st[i].Partition < 0 || st[i].Partition >= o.Partitions
+	}
+	return st, nil
 }
 
 // pendingOf counts, for each partition of pos, the rows after its

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // strandedEvery is how often a relay looks for rows no relay of its
@@ -50,25 +52,40 @@ func (r *Relay) watchStranded(ctx context.Context) {
 // stranded counts the outbox's rows outside partitions 0 to
 // Partitions-1, and lists those partitions.
 func (r *Relay) stranded(ctx context.Context) (int64, string, error) {
-	rows, err := r.o.Pool.Query(ctx, `SELECT partition, count(*) FROM `+r.o.TablePrefix+`outbox
-		WHERE outbox = $1 AND (partition >= $2 OR partition < 0) GROUP BY partition ORDER BY partition`, r.o.Outbox, int32(r.o.Partitions))
+	counts, err := strandedCounts(ctx, r.o)
 	if err != nil {
 		return 0, "", err
 	}
-	defer rows.Close()
 	var total int64
 	var parts string
-	for rows.Next() {
-		var p int32
-		var n int64
-		if err := rows.Scan(&p, &n); err != nil {
-			return 0, "", err
-		}
-		total += n
+	for _, c := range counts {
+		total += c.rows
 		if parts != "" {
 			parts += ", "
 		}
-		parts += fmt.Sprintf("%d (%d rows)", p, n)
+		parts += fmt.Sprintf("%d (%d rows)", c.partition, c.rows)
 	}
-	return total, parts, rows.Err()
+	return total, parts, nil
+}
+
+// partitionRows is a partition of an outbox and how many rows it holds.
+type partitionRows struct {
+	partition int32
+	rows      int64
+}
+
+// strandedCounts counts the rows of outbox o.Outbox in each partition
+// outside 0 to o.Partitions-1, in partition order: what the relay's watch
+// reports and Status lists as stranded.
+func strandedCounts(ctx context.Context, o Options) ([]partitionRows, error) {
+	rows, err := o.Pool.Query(ctx, `SELECT partition, count(*) FROM `+o.TablePrefix+`outbox
+		WHERE outbox = $1 AND (partition >= $2 OR partition < 0) GROUP BY partition ORDER BY partition`, o.Outbox, int32(o.Partitions))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (partitionRows, error) {
+		var c partitionRows
+		err := row.Scan(&c.partition, &c.rows)
+		return c, err
+	})
 }

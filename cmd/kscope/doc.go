@@ -89,7 +89,9 @@
 // after it are published. outbox dead list and show print those rows
 // (identity "<outbox>/<partition>/<seq>", topic, key, size, when, Kafka's
 // answer; show adds the headers and the value), and outbox status counts
-// them per partition. They change nothing.
+// them per partition. They change nothing. outbox status also lists, as
+// "no relay", partitions outside the outbox's that hold rows: a Writer
+// with another Partitions wrote them, and no relay publishes them.
 //
 // outbox dead requeue moves rows back into their outbox, each in one
 // PostgreSQL transaction that deletes it from the dead-letter table and

@@ -27,7 +27,10 @@ sequence number a committed relay transaction published, from the position
 topic, read_committed) and, from the database, how many committed rows are
 not published yet, how old the oldest of them is, and how many rows the
 relay moved to the dead-letter table because Kafka refuses them (see them
-with 'kscope outbox dead list'). It changes nothing.
+with 'kscope outbox dead list'). Partitions outside 0 to --partitions - 1
+that hold rows are listed last, as "no relay": a Writer with another
+Partitions wrote them, and no relay of this outbox publishes them. It
+changes nothing.
 The names must be the relay's: --outbox, --partitions, --table-prefix and
 --position-topic default as outbox.Options does.
 
@@ -97,6 +100,9 @@ type outboxEntry struct {
 	Pending       int64   `json:"pending"`
 	OldestSeconds float64 `json:"oldest_pending_seconds"`
 	Dead          int64   `json:"dead"`
+	// Stranded marks a partition outside the outbox's --partitions that
+	// holds rows: no relay of that many partitions publishes them.
+	Stranded bool `json:"stranded,omitempty"`
 }
 
 func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
@@ -110,7 +116,7 @@ func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)
 		for _, s := range st {
-			if err := enc.Encode(outboxEntry{Partition: s.Partition, Position: s.Position, Pending: s.Pending, OldestSeconds: age(s).Seconds(), Dead: s.Dead}); err != nil {
+			if err := enc.Encode(outboxEntry{Partition: s.Partition, Position: s.Position, Pending: s.Pending, OldestSeconds: age(s).Seconds(), Dead: s.Dead, Stranded: s.Stranded}); err != nil {
 				return err
 			}
 		}
@@ -118,14 +124,21 @@ func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tPOSITION\tPENDING\tOLDEST PENDING\tDEAD")
-	var total, dead int64
+	var total, dead, stranded int64
+	var strandedParts []string
 	var oldest time.Duration
 	for _, s := range st {
 		a := "-"
 		if s.Pending > 0 {
 			a = age(s).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%d\n", s.Partition, s.Position, s.Pending, a, s.Dead)
+		pos := fmt.Sprint(s.Position)
+		if s.Stranded {
+			pos = "no relay"
+			stranded += s.Pending
+			strandedParts = append(strandedParts, fmt.Sprint(s.Partition))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%d\n", s.Partition, pos, s.Pending, a, s.Dead)
 		total += s.Pending
 		dead += s.Dead
 		oldest = max(oldest, age(s))
@@ -136,6 +149,12 @@ func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
 	fmt.Fprintf(e.stdout, "%s pending, the oldest for %s\n", plural(int(total), "row"), oldest.Round(time.Millisecond))
 	if dead > 0 {
 		fmt.Fprintf(e.stdout, "%s in the dead-letter table, not published: Kafka refuses them; see 'kscope outbox dead list'\n", plural(int(dead), "row"))
+	}
+	if stranded > 0 {
+		fmt.Fprintf(e.stdout, "%s in partitions %s, outside the outbox's %d: no relay of %d partitions publishes them. A Writer with another "+
+			"Partitions wrote them (Writer.Partitions must be the relay's): give every Writer the relay's, then write these rows again "+
+			"through a Writer and delete them, or delete them\n",
+			plural(int(stranded), "row"), strings.Join(strandedParts, ", "), len(st)-len(strandedParts), len(st)-len(strandedParts))
 	}
 	return nil
 }

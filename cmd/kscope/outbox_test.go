@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,4 +63,26 @@ func TestOutboxStatus(t *testing.T) {
 	}
 	res = kscope(t, "outbox", "status", brokers(k), "--database-url", url, "--partitions", "2", "--json")
 	res.want(t, exitOK, `"position":5`, `"pending":1`)
+
+	// A Writer with more partitions than the relay writes a row to a
+	// partition no relay publishes: status lists it as such, after the
+	// relay's partitions, and says what to do.
+	wide := outbox.Writer{Partitions: 8}
+	var id string
+	for i := 0; ; i++ {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			id, err = wide.Add(ctx, tx, &kgo.Record{Topic: "events", Key: fmt.Appendf(nil, "key-%d", i), Value: []byte("wide")})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if part := strings.Split(id, "/")[1]; part != "0" && part != "1" {
+			break
+		}
+	}
+	part := strings.Split(id, "/")[1]
+	res = kscope(t, "outbox", "status", brokers(k), "--database-url", url, "--partitions", "2")
+	res.want(t, exitOK, part+"  ", "no relay", "1 row in partitions "+part+", outside the outbox's 2", "Writer.Partitions must be the relay's")
+	res = kscope(t, "outbox", "status", brokers(k), "--database-url", url, "--partitions", "2", "--json")
+	res.want(t, exitOK, `{"partition":`+part+`,"position":0,"pending":1,`, `"stranded":true}`)
 }
