@@ -232,6 +232,7 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 			return engine.Round{More: true}
 		}
 		limit = maxSavepoints
+		s.count(&rel)
 		if rel.routed != nil {
 			attempt := tries[rel.routed.id] + 1
 			first := rel.first
@@ -270,6 +271,23 @@ type released struct {
 	done      []int64         // waiting rows to delete
 	wrote     bool            // the last record released kept its handler's writes
 	first     time.Time       // its first failure, when it is not now (a gap it waited for while stored)
+
+	// What it did, counted into the scope's counters once it commits: a
+	// transaction that fails and runs again counts its records again.
+	applied, skipped, stale, failed int64
+	gaps                            []gapNote
+}
+
+// count adds what a committed release transaction did to the scope's
+// counters.
+func (s *scope) count(rel *released) {
+	s.applied.Add(rel.applied)
+	s.skipped.Add(rel.skipped)
+	s.stale.Add(rel.stale)
+	s.failed.Add(rel.failed)
+	for _, g := range rel.gaps {
+		s.countGap(g)
+	}
 }
 
 // releaseTx is one release transaction: under the key's lock, unless the
@@ -369,7 +387,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		case check.Outcome == sequence.Stale:
 			rel.up.add(w.id, statusApplied, 0, 0, "")
 			rel.done = append(rel.done, w.seq)
-			s.stale.Add(1)
+			rel.stale++
 			return false, nil
 		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
 			// It has waited for the missing versions since it was stored
@@ -386,7 +404,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 			st, note, herr = s.gapRoute(ctx, r, m, gap, tries[w.id]+1)
 			gapStep = &st
 			rel.first = m.FirstFailure
-			s.countGap(note)
+			rel.gaps = append(rel.gaps, note)
 		}
 		hctx = sequence.WithResult(hctx, check)
 	}
@@ -413,7 +431,11 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		rel.up.add(w.id, statusApplied, 0, 0, "")
 		rel.done = append(rel.done, w.seq)
 		rel.wrote = true
-		s.applied.Add(1)
+		if herr != nil {
+			rel.skipped++ // a business skip: its writes commit
+		} else {
+			rel.applied++
+		}
 		return false, nil
 	}
 	var st retrytopic.Step
@@ -430,6 +452,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 	case retrytopic.ActionSkip:
 		rel.up.add(w.id, statusApplied, 0, 0, "")
 		rel.done = append(rel.done, w.seq)
+		rel.skipped++
 		return false, nil
 	}
 	// It becomes the key's head: routed once this commits. Where new
@@ -452,7 +475,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		return true, err
 	}
 	rel.routed, rel.routedErr, rel.step = w, herr, st
-	s.failed.Add(1)
+	rel.failed++
 	return true, nil
 }
 

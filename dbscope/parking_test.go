@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -294,5 +295,69 @@ func TestDBCrashBetweenParkingAndCommit(t *testing.T) {
 	}
 	if c := countEffects(t, pool); c.rows != 4 {
 		t.Fatalf("effects %v: a record applied twice", order)
+	}
+}
+
+// The records released from PostgreSQL behind a key's head are counted
+// once each, and as what they were: a release transaction that a
+// transient error rolls back and runs again does not count the records it
+// applied before the error twice, and a business skip is counted as
+// skipped. A is in the retry topics; B, C, D and E wait behind it. C's
+// handler skips it; D's first release fails with a serialization
+// failure, after B was applied in the same transaction.
+func TestDBReleasedRecordsCountedOnce(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "payments", "g-release-counts"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures = orderedPolicy(2, 10)
+	var aCalls, dCalls atomic.Int32
+	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			switch string(r.Value) {
+			case "k/0":
+				if aCalls.Add(1) == 1 {
+					return consumer.Retryable(errors.New("ledger service 503"))
+				}
+			case "k/2":
+				return consumer.Skip(errors.New("order cancelled"))
+			case "k/3":
+				if dCalls.Add(1) == 1 {
+					return fmt.Errorf("posting: %w", &pgconn.PgError{Code: "40001", Message: "could not serialize access"})
+				}
+			}
+			return insertEffect(ctx, tx, r)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "A in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B"), idRecord(topic, "k", "k/2", "C"),
+		idRecord(topic, "k", "k/3", "D"), idRecord(topic, "k", "k/4", "E")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "A, B, D and E applied", func() bool { return len(effectOrder(t, pool)) == 4 })
+	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CommittedAll(t, group, topic) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(effectOrder(t, pool), ","); got != "k/0,k/1,k/3,k/4" {
+		t.Fatalf("effects %s, want k/0,k/1,k/3,k/4", got)
+	}
+	st := r.Stats().DB
+	if st.Parked != 4 || st.Applied != 4 || st.Skipped != 1 || st.Failed != 1 {
+		t.Fatalf("parked %d, applied %d, skipped %d, failed %d; want 4 parked (B, C, D, E), 4 applied (A, B, D, E), 1 skipped (C), "+
+			"1 failed (A's first delivery)", st.Parked, st.Applied, st.Skipped, st.Failed)
+	}
+	if st.TxRetries < 1 {
+		t.Fatalf("%d transactions retried; D's serialization failure should have retried one", st.TxRetries)
 	}
 }
