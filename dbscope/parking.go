@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
@@ -196,10 +197,17 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 	tries := map[string]int{}   // in-place attempts per identity
 	known := map[string]error{} // failures that aborted an earlier try, per identity
 	limit := maxSavepoints      // waiting records per transaction; fewer while a deferred constraint is traced
+	dl := releaseDeliveries{}
 	var marked []int64
 	defer func() {
 		for _, seq := range marked {
 			s.inRoute.remove(seq)
+		}
+		// A delivery whose outcome no committed transaction decided
+		// (ctx ended, or a transaction that ran again stopped before
+		// it): the record stays waiting, for a later release.
+		for _, r := range dl {
+			s.obs.End(r, hook.OutcomeAborted, nil)
 		}
 	}()
 	var err error
@@ -207,7 +215,7 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 		var rel released
 		if err = s.retryTx(ctx, func(tx pgx.Tx) error {
 			var err error
-			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known, limit)
+			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known, dl, limit)
 			if err == nil && rel.routed != nil {
 				// Marked before the commit that makes it a head row.
 				s.inRoute.add(rel.routed.seq)
@@ -233,6 +241,13 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 		}
 		limit = maxSavepoints
 		s.count(&rel)
+		s.endReleased(&rel)
+		if rt := rel.retry; rt != nil {
+			// A retry in place, logged and counted as in a batch (Route
+			// only reports it); the delivery goes on in the next
+			// transaction.
+			_ = s.f.Route(ctx, rt.rec, rt.err, rt.step, rt.attempt, time.Now())
+		}
 		if rel.routed != nil {
 			attempt := tries[rel.routed.id] + 1
 			first := rel.first
@@ -245,6 +260,11 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 			if err = s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter); err != nil {
 				return engine.Round{Stop: true}
 			}
+			out := engine.OutcomeOf(rel.step.Action)
+			if rel.routedGap && rel.step.Action == retrytopic.ActionRetryTopic {
+				out = hook.OutcomeGap
+			}
+			s.obs.End(rel.routed.rec, out, rel.routedErr)
 			// Past a dead letter, the next waiting record is the key's
 			// head; one in the retry topics holds the key, unless new
 			// failures do not park (it did not become the head).
@@ -272,11 +292,41 @@ type released struct {
 	wrote     bool            // the last record released kept its handler's writes
 	first     time.Time       // its first failure, when it is not now (a gap it waited for while stored)
 
-	// What it did, counted into the scope's counters once it commits: a
-	// transaction that fails and runs again counts its records again.
+	routedGap bool // routed for a version gap
+
+	// What it did, counted into the scope's counters and reported to the
+	// hooks once it commits: a transaction that fails and runs again
+	// counts its records again.
 	applied, skipped, stale, failed int64
-	gaps                            []gapNote
+	gaps                            []releasedGap
+	ends                            []releasedEnd // the deliveries it ended (the routed record's ends once routed)
+	retry                           *releasedEnd  // a failure it retries in place
 }
+
+// releasedGap is a version gap a release transaction found.
+type releasedGap struct {
+	rec    *consumer.Record
+	note   gapNote
+	detail string
+}
+
+// releasedEnd is the outcome of a released record's delivery, or (step,
+// attempt) a failed attempt it retries in place.
+type releasedEnd struct {
+	rec     *consumer.Record
+	out     hook.Outcome
+	err     error
+	step    retrytopic.Step
+	attempt int
+}
+
+// releaseDeliveries are the deliveries (hook.RecordHook) of the records
+// one release runs, by identity. A released record's handler call is a
+// delivery of its own, as in the Kafka scope: it starts the first time the
+// release reaches the record, lasts across the transactions run again and
+// the retries in place, and ends once the transaction that decided its
+// outcome commits (or the record is routed).
+type releaseDeliveries map[string]*consumer.Record
 
 // count adds what a committed release transaction did to the scope's
 // counters.
@@ -286,7 +336,23 @@ func (s *scope) count(rel *released) {
 	s.stale.Add(rel.stale)
 	s.failed.Add(rel.failed)
 	for _, g := range rel.gaps {
-		s.countGap(g)
+		s.countGap(g.note)
+	}
+}
+
+// endReleased reports to the hooks what a committed release transaction
+// did: the version gaps it found and the deliveries it ended.
+func (s *scope) endReleased(rel *released) {
+	for _, g := range rel.gaps {
+		switch g.note {
+		case gapDetected, gapAccepted, gapDead:
+			s.obs.Event(g.rec, hook.EventVersionGap, g.detail)
+		case gapHealed:
+			s.obs.Event(g.rec, hook.EventVersionHeal, "")
+		}
+	}
+	for _, e := range rel.ends {
+		s.obs.End(e.rec, e.out, e.err)
 	}
 }
 
@@ -296,7 +362,7 @@ func (s *scope) count(rel *released) {
 // record whose failure aborted the transaction before its savepoint is
 // put in known, and the transaction fails: in the next one, that record
 // fails with that error without its handler being called.
-func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error, limit int) (rel released, err error) {
+func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error, dl releaseDeliveries, limit int) (rel released, err error) {
 	if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{topic}, [][]byte{key}); err != nil {
 		return rel, err
 	}
@@ -320,7 +386,7 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 			return released{n: rel.n}, nil // being routed by another release: it holds the key
 		}
 		rel.wrote = false
-		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, known, &rel)
+		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, known, dl, &rel)
 		if err != nil {
 			return rel, err
 		}
@@ -363,9 +429,15 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 
 // releaseOne applies the waiting record w in a release transaction. stop
 // reports that it failed: it retries in place, or it became the key's head.
-func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic string, key []byte, w *waitingRow, tries map[string]int, known map[string]error, rel *released) (stop bool, err error) {
+func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic string, key []byte, w *waitingRow, tries map[string]int, known map[string]error, dl releaseDeliveries, rel *released) (stop bool, err error) {
 	r := w.rec
-	hctx := ctx
+	if d, ok := dl[w.id]; ok {
+		r, w.rec = d, d // the delivery started in an earlier transaction
+	} else {
+		s.obs.Start(ctx, r)
+		dl[w.id] = r
+	}
+	hctx := s.obs.Context(ctx, r)
 	herr := error(nil)
 	var gapStep *retrytopic.Step // where a gap sends it, decided as for a record consumed
 	if s.o.Versions != nil && w.version == 0 {
@@ -388,6 +460,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 			rel.up.add(w.id, statusApplied, 0, 0, "")
 			rel.done = append(rel.done, w.seq)
 			rel.stale++
+			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeStale, err: nil})
 			return false, nil
 		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
 			// It has waited for the missing versions since it was stored
@@ -404,7 +477,8 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 			st, note, herr = s.gapRoute(ctx, r, m, gap, tries[w.id]+1)
 			gapStep = &st
 			rel.first = m.FirstFailure
-			rel.gaps = append(rel.gaps, note)
+			rel.gaps = append(rel.gaps, releasedGap{r, note, gap.Error()})
+			rel.routedGap = true
 		}
 		hctx = sequence.WithResult(hctx, check)
 	}
@@ -433,8 +507,10 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 		rel.wrote = true
 		if herr != nil {
 			rel.skipped++ // a business skip: its writes commit
+			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeSkipped, err: herr})
 		} else {
 			rel.applied++
+			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeSuccess, err: nil})
 		}
 		return false, nil
 	}
@@ -448,11 +524,13 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 	case retrytopic.ActionRetry:
 		rel.wait = st.Delay
 		tries[w.id]++
+		rel.retry = &releasedEnd{rec: r, err: herr, step: st, attempt: tries[w.id]}
 		return true, nil
 	case retrytopic.ActionSkip:
 		rel.up.add(w.id, statusApplied, 0, 0, "")
 		rel.done = append(rel.done, w.seq)
 		rel.skipped++
+		rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeSkipped, err: herr})
 		return false, nil
 	}
 	// It becomes the key's head: routed once this commits. Where new

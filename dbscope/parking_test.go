@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -315,6 +318,8 @@ func TestDBReleasedRecordsCountedOnce(t *testing.T) {
 	}
 	cfg := baseConfig(k, group, topic)
 	cfg.Failures = orderedPolicy(2, 10)
+	deliveries := &deliveryRecorder{}
+	cfg.Hooks = []hook.Hook{deliveries}
 	var aCalls, dCalls atomic.Int32
 	r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
 		func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
@@ -360,4 +365,59 @@ func TestDBReleasedRecordsCountedOnce(t *testing.T) {
 	if st.TxRetries < 1 {
 		t.Fatalf("%d transactions retried; D's serialization failure should have retried one", st.TxRetries)
 	}
+	// Every handler call belongs to a delivery reported to the hooks
+	// (one span each in kscopeotel, one count each in kscopeprom): a
+	// released record's, which runs from PostgreSQL, too, once.
+	want := "k/0: retried success; k/1: parked success; k/2: parked skipped; k/3: parked success; k/4: parked success"
+	if got := deliveries.String(); got != want {
+		t.Fatalf("deliveries %s, want %s", got, want)
+	}
+}
+
+// deliveryRecorder records the outcomes of each record value's
+// deliveries, in the order they end, and notes a delivery that ends
+// without a start, or never ends.
+type deliveryRecorder struct {
+	mu    sync.Mutex
+	open  map[string]int
+	ended map[string][]string
+}
+
+type deliveryKey struct{}
+
+func (d *deliveryRecorder) OnRecordStart(ctx context.Context, s hook.RecordStart) context.Context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.open == nil {
+		d.open, d.ended = map[string]int{}, map[string][]string{}
+	}
+	d.open[string(s.Record.Value)]++
+	return context.WithValue(ctx, deliveryKey{}, string(s.Record.Value))
+}
+
+func (d *deliveryRecorder) OnRecordEnd(ctx context.Context, e hook.RecordEnd) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v := string(e.Record.Value)
+	if ctx.Value(deliveryKey{}) != v || d.open[v] == 0 {
+		d.ended[v] = append(d.ended[v], string(e.Outcome)+" (no start)")
+		return
+	}
+	d.open[v]--
+	d.ended[v] = append(d.ended[v], string(e.Outcome))
+}
+
+// String lists each value's outcomes ("v: o1 o2"), by value.
+func (d *deliveryRecorder) String() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, v := range slices.Sorted(maps.Keys(d.ended)) {
+		line := v + ": " + strings.Join(d.ended[v], " ")
+		if n := d.open[v]; n > 0 {
+			line += fmt.Sprintf(" (%d not ended)", n)
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "; ")
 }
