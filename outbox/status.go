@@ -77,21 +77,20 @@ func pending(ctx context.Context, pool *pgxpool.Pool, o Options, pos map[int]int
 	if err != nil {
 		return nil, err
 	}
-	// pendingOf lists partitions in order: the stranded negative ones
-	// come first, the others last. The relay's partitions go first.
+	for i := range st {
+		st[i].Stranded = st[i].Partition < 0 || st[i].Partition >= o.Partitions
+	}
+	// pendingOf lists partitions in order, stranded negative ones first:
+	// the relay's go first.
 	slices.SortStableFunc(st, func(a, b PartitionStatus) int {
-		sa, sb := a.Partition < 0 || a.Partition >= o.Partitions, b.Partition < 0 || b.Partition >= o.Partitions
 		switch {
-		case sa == sb:
+		case a.Stranded == b.Stranded:
 			return 0
-		case sb:
+		case b.Stranded:
 			return -1
 		}
 		return 1
 	})
-	for i := range st {
-		st[i].Stranded = st[i].Partition < 0 || st[i].Partition >= o.Partitions
-	}
 	return st, nil
 }
 
