@@ -271,10 +271,13 @@ func (r *Runner) shutdown(cl *kgo.Client) error {
 	}
 	if r.txs != nil {
 		// The last transaction ended: what still runs is redone by
-		// the partitions' next owner.
+		// the partitions' next owner. The scope forgets the
+		// partitions' state, which a new session (errRenewSession)
+		// restores when it is assigned them again.
 		for _, st := range sts {
 			st.Cancel()
 		}
+		r.txs.TxnGone(all)
 	} else {
 		r.log.Info("kscope: stopping: no new records; finishing the running ones, then committing",
 			"partitions", len(sts), "running", running, "drain_timeout", r.cfg.DrainTimeout)

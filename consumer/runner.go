@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -9,10 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/commit"
 	"github.com/kscope-dev/kscope/internal/lifecycle"
+	"github.com/kscope-dev/kscope/internal/txnerr"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -112,6 +115,7 @@ type Runner struct {
 	txnTimeout  time.Duration
 	heldDue     atomic.Int64 // delay-topic records held for their due time, ever
 	rewinds     int          // aborted transactions' rewinds; the poll loop's
+	renewedAt   time.Time    // when Run last started a new session (errRenewSession)
 	runCtx      context.Context
 
 	life        lifecycle.State
@@ -246,6 +250,9 @@ func (r *Runner) start(runCtx context.Context) (*kgo.Client, error) {
 		}
 	}
 	r.newPool()
+	if r.txs != nil {
+		r.gate = newGate(r.gate.max) // a new session's: the last one's was closed
+	}
 	if _, ok := r.scope.(failureAware); ok {
 		if err := r.ensureFailureTopics(runCtx); err != nil {
 			return nil, err
@@ -275,15 +282,32 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
-	stop := r.life.Stop
+	for {
+		err, renew := r.session(ctx, runCtx)
+		if renew == nil {
+			return err
+		}
+		r.log.Warn("kscope: the transactional producer cannot go on after a transaction whose end failed; "+
+			"starting a new session, which consumes from what the broker committed", "transactional_id", r.txnID, "err", renew)
+	}
+}
+
+// session runs one client of Run: it creates it, consumes until runCtx
+// ends or a fatal error, and shuts it down. A transactional runner whose
+// producer cannot go on after a transaction's end failed (see
+// errRenewSession) reports that error as renew, once the client is shut
+// down: Run then starts a new session, as a restart would.
+func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
+	sessCtx, stop := context.WithCancel(runCtx)
+	defer stop()
 	r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer r.hardCancel()
-	cl, err := r.start(runCtx)
+	cl, err := r.start(sessCtx)
 	if err != nil {
 		if runCtx.Err() != nil {
-			return nil // stopped while starting: a clean stop
+			return nil, nil // stopped while starting: a clean stop
 		}
-		return err
+		return err, nil
 	}
 	r.stopMu.Lock()
 	r.cl = cl
@@ -291,9 +315,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.txs == nil {
 		r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
 	}
-	f := &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, cl: cl, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog()}
 	r.stopMu.Lock()
-	r.failures = f
+	f := r.failures
+	if f == nil {
+		f = &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog()}
+		r.failures = f
+	}
+	f.cl = cl
 	r.stopMu.Unlock()
 	if fa, ok := r.scope.(failureAware); ok {
 		fa.UseFailures(f)
@@ -305,29 +333,37 @@ func (r *Runner) Run(ctx context.Context) error {
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
-			r.commitLoop(runCtx)
+			r.commitLoop(sessCtx)
 		}()
 	}
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		r.watchStalls(runCtx)
+		r.watchStalls(sessCtx)
 	}()
 	if b, ok := r.scope.(background); ok {
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
-			b.RunBackground(runCtx)
+			b.RunBackground(sessCtx)
 		}()
 	}
 
 	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "shards", r.cfg.Shards, "transactional_id", r.txnID)
 	if r.txs != nil {
-		if lerr := r.txnLoop(runCtx); lerr != nil {
-			r.setFatal(lerr)
+		if lerr := r.txnLoop(sessCtx); lerr != nil {
+			switch {
+			case !errors.Is(lerr, errRenewSession) || runCtx.Err() != nil:
+				r.setFatal(lerr)
+			case !r.renewedAt.IsZero() && time.Since(r.renewedAt) < renewAfter:
+				r.setFatal(r.renewedTooSoon(lerr))
+			default:
+				r.renewedAt = time.Now()
+				renew = lerr
+			}
 		}
 	} else {
-		r.pollLoop(runCtx)
+		r.pollLoop(sessCtx)
 	}
 	stop()
 	bg.Wait()
@@ -338,9 +374,24 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.cl = nil
 	r.stopMu.Unlock()
 	if ferr := r.fatalErr(); ferr != nil {
-		return ferr
+		return ferr, nil
 	}
-	return err
+	if err != nil || runCtx.Err() != nil {
+		return err, nil
+	}
+	return nil, renew
+}
+
+// renewedTooSoon is the error that stops a transactional runner whose
+// session, renewed less than renewAfter ago, needs renewing again (err): a
+// fence so soon is taken for a real one, from a producer with the same
+// transactional id, and wraps txnerr.ErrFenced.
+func (r *Runner) renewedTooSoon(err error) error {
+	msg := fmt.Sprintf("the transactional session was renewed %s ago and needs renewing again; stopping", time.Since(r.renewedAt).Round(time.Millisecond))
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return fmt.Errorf("%w: %s: another producer may use transactional id %s; give every member its own (Options.TransactionalID): %w", txnerr.ErrFenced, msg, r.txnID, err)
+	}
+	return fmt.Errorf("kscope: %s: %w", msg, err)
 }
 
 // newPool builds the key-shard workers, the watermark tracker and each

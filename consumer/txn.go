@@ -174,7 +174,7 @@ func (r *Runner) txnPollContext(parent context.Context) (context.Context, func()
 // it with the partitions' offsets, or aborts it and rewinds the
 // partitions, and, unless the runner stops, begins the next one.
 func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
-	first := r.gate.shut()
+	first, tasks := r.gate.shut()
 	if stopping {
 		r.gate.close()
 	}
@@ -188,7 +188,7 @@ func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
 		}
 		return time.Since(first)
 	}
-	committed, err := r.commitOrAbort(ctx, open)
+	committed, reloaded, err := r.commitOrAbort(ctx, open, tasks)
 	if err != nil {
 		// The runner stops (fenced, refused, not ended): nothing of the
 		// transaction is known to this process to have committed, and
@@ -201,6 +201,13 @@ func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
 		return nil
 	}
 	if err := r.sess.Begin(); err != nil {
+		if reloaded && (errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)) {
+			// The fence answered the reload that aborted the
+			// transaction whose end failed; how long that
+			// transaction was open includes reading its outcome
+			// back, so it says nothing of a timeout.
+			return fmt.Errorf("%w: the producer was fenced when it was reloaded after ending a transaction failed (transactional id %s): %w", errRenewSession, r.txnID, err)
+		}
 		if terr := r.txnTimedOut(open(), err); terr != nil {
 			return terr
 		}
@@ -231,22 +238,40 @@ func (r *Runner) abortOpen(ctx context.Context) {
 
 var errAborted = errors.New("kscope: the transaction aborted; its offsets did not commit")
 
+// errRenewSession marks the end of a transactional session that cannot go
+// on after a transaction whose end failed: the producer was fenced when
+// it was reloaded to abort that transaction (Apache Kafka answers so when
+// its transaction coordinator failed over in the middle of the end), or
+// whether the transaction committed could not be read back. Run then
+// starts a new session, as a restart would: its producer ID fences
+// whatever of the old one is left, and it consumes from what the broker
+// committed.
+var errRenewSession = errors.New("kscope: a new transactional session is needed")
+
+// renewAfter is the least time between two sessions renewed: a producer
+// fenced again so soon is taken for a real fence (another producer with
+// the same transactional id), which stops the runner.
+const renewAfter = time.Minute
+
 // commitOrAbort ends the transaction on the broker: it commits, with the
 // partitions' offsets, unless a produce in it failed; a fenced producer or
-// a timed-out transaction is fatal.
-func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (committed bool, err error) {
+// a timed-out transaction is fatal. tasks says whether a scheduled task
+// added to it. reloaded reports that ending it failed and the producer was
+// reloaded to abort it (which a producer fenced meanwhile survives only
+// until the next transaction begins).
+func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration, tasks bool) (committed, reloaded bool, err error) {
 	try := kgo.TryCommit
 	ferr := r.txs.TxnFlush()
 	if errors.Is(ferr, kerr.ProducerFenced) || errors.Is(ferr, kerr.InvalidProducerEpoch) {
 		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // fenced: nothing of ours can commit
-		return false, r.txnFenced(ferr, open())
+		return false, false, r.txnFenced(ferr, open())
 	}
 	if errors.Is(ferr, txnerr.ErrUnwritable) {
 		// The scope cannot tell which input to fail, or cannot dead-letter
 		// it: retrying would abort the same way forever.
 		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
 		r.commitErrs.Add(1)
-		return false, fmt.Errorf("kscope: the transaction was aborted (transactional id %s): %w", r.txnID, ferr)
+		return false, false, fmt.Errorf("kscope: the transaction was aborted (transactional id %s): %w", r.txnID, ferr)
 	}
 	if kafkaerr.Fatal(ferr) {
 		// Refused by the broker's ACLs: every retry would be refused
@@ -254,7 +279,7 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 		// partitions consumes its records again.
 		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
 		r.commitErrs.Add(1)
-		return false, fmt.Errorf("kscope: the transaction was aborted because the broker refused a write in it (transactional id %s); "+
+		return false, false, fmt.Errorf("kscope: the transaction was aborted because the broker refused a write in it (transactional id %s); "+
 			"grant this client write access to the topic it names and start the runner again: %w", r.txnID, ferr)
 	}
 	if ferr != nil {
@@ -271,23 +296,33 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 		if try == kgo.TryCommit {
 			unsettled = err
 		}
-		committed, err = false, nil
+		committed, reloaded, err = false, true, nil
 	}
 	if err != nil {
 		if terr := r.txnTimedOut(open(), err); terr != nil {
-			return false, terr
+			return false, false, terr
 		}
 		if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
-			return false, r.txnFenced(err, open())
+			return false, false, r.txnFenced(err, open())
 		}
-		return false, fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.txnID, err)
+		return false, false, fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.txnID, err)
+	}
+	if unsettled != nil && len(points) == 0 && !tasks {
+		// Nothing in it moved an input offset of a partition this
+		// member holds, and no scheduled task added to it: it holds
+		// no output, or only outputs of records whose partitions were
+		// revoked or lost while it was open, and the session never
+		// commits such a transaction (it aborts it). It did not
+		// commit; the partitions' owners consume those records again.
+		r.log.Warn("kscope: ending a transaction that held no input offset failed; it was aborted", "err", unsettled)
+		unsettled = nil
 	}
 	if unsettled != nil {
 		readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.txnTimeout)
 		committed, err = r.committedAfterAll(readCtx, points, unsettled)
 		cancel()
 		if err != nil {
-			return false, err
+			return false, reloaded, err
 		}
 		if committed {
 			// The broker committed it; the client, which took it for
@@ -301,7 +336,7 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 			r.obs.Commit(len(points), nil)
 			r.log.Warn("kscope: ending the transaction failed, but the broker had committed it; consuming goes on from what it committed", "err", unsettled)
 			r.rewindAll()
-			return true, nil
+			return true, reloaded, nil
 		}
 	}
 	if committed {
@@ -318,7 +353,7 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration) (
 		r.obs.Commit(len(points), errAborted)
 		r.rewindAll()
 	}
-	return committed, nil
+	return committed, reloaded, nil
 }
 
 // txnRecovered aborts a transaction whose commit failed in a way the
@@ -343,14 +378,13 @@ func (r *Runner) txnRecovered(ctx context.Context, err error) bool {
 // producer) committed: the group's committed offsets, read once no
 // transaction is pending on them, hold one of the transaction's points
 // exactly when it did (each point differs from what its partition
-// committed before). Nothing to compare (no input offset moved in it) or
-// no answer before ctx ends is an error that stops the runner: its restart
-// reads the committed state from the broker, instead of redoing outputs
-// that may have committed.
+// committed before). Nothing to compare (no input offset moved in it, but
+// a scheduled task added to it) or no answer before ctx ends is an
+// errRenewSession: the new session reads the committed state from the
+// broker, instead of redoing outputs that may have committed.
 func (r *Runner) committedAfterAll(ctx context.Context, points map[tp]txnPoint, err error) (bool, error) {
 	if len(points) == 0 {
-		return false, fmt.Errorf("kscope: ending a transaction failed and it moved no input offset to read its outcome back from; "+
-			"stopping so that a restart consumes from what the broker committed (transactional id %s): %w", r.txnID, err)
+		return false, fmt.Errorf("%w: ending a transaction failed and it moved no input offset to read its outcome back from (transactional id %s): %w", errRenewSession, r.txnID, err)
 	}
 	adm := kadm.NewClient(r.cl)
 	for attempt := 1; ; attempt++ {
@@ -366,8 +400,7 @@ func (r *Runner) committedAfterAll(ctx context.Context, points map[tp]txnPoint, 
 			}
 		}
 		if !backoff.Sleep(ctx, backoff.Delay(attempt, 50*time.Millisecond, time.Second)) {
-			return false, fmt.Errorf("kscope: ending a transaction failed and whether it committed could not be read back (%v); "+
-				"stopping so that a restart consumes from what the broker committed (transactional id %s): %w", ferr, r.txnID, err)
+			return false, fmt.Errorf("%w: ending a transaction failed and whether it committed could not be read back (%v; transactional id %s): %w", errRenewSession, ferr, r.txnID, err)
 		}
 	}
 }

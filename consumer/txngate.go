@@ -16,6 +16,7 @@ type gate struct {
 	isOpen bool      // workers may join
 	first  time.Time // when the first worker joined the open transaction (or progress was called)
 	joins  int       // input records joined
+	tasks  int       // joins without an input record (scheduled tasks)
 	joined int       // workers adding now
 	closed bool      // the runner stops: nothing joins any more
 	kick   func()    // wakes the poll loop
@@ -73,6 +74,8 @@ func (g *gate) leave(input bool) {
 		if g.joins == g.max {
 			g.wake()
 		}
+	} else {
+		g.tasks++
 	}
 	if g.joined == 0 {
 		g.cond.Broadcast()
@@ -121,7 +124,7 @@ func (g *gate) endSoon() {
 // open lets workers join a new transaction.
 func (g *gate) open() {
 	g.mu.Lock()
-	g.isOpen, g.first, g.joins = true, time.Time{}, 0
+	g.isOpen, g.first, g.joins, g.tasks = true, time.Time{}, 0, 0
 	if g.due {
 		g.first = time.Now() // endSoon came while the last one ended
 	}
@@ -130,15 +133,16 @@ func (g *gate) open() {
 }
 
 // shut stops workers from joining the open transaction, waits for those
-// adding to it, and returns when the first joined (zero when none did).
-func (g *gate) shut() time.Time {
+// adding to it, and returns when the first joined (zero when none did) and
+// whether a scheduled task (a join without an input record) added to it.
+func (g *gate) shut() (first time.Time, tasks bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.isOpen, g.due = false, false
 	for g.joined > 0 {
 		g.cond.Wait()
 	}
-	return g.first
+	return g.first, g.tasks > 0
 }
 
 // reopen lets workers join the transaction shut left open (nothing joined

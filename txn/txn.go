@@ -227,7 +227,12 @@ func (o Options) validate() error {
 // kerr.TopicAuthorizationFailed) when the broker refuses a write of a
 // transaction: an output, a retry or dead-letter record, or the version
 // changelog. That transaction was aborted; its records are consumed again
-// once a runner may write.
+// once a runner may write. When ending a transaction fails and its outcome
+// cannot be read back, or the producer is fenced by its own reload after
+// that failure (Apache Kafka does so after its transaction coordinator
+// failed over), Run starts a new session (client, producer ID, group
+// membership) and goes on from what the broker committed; a second one
+// within a minute returns an error instead.
 //
 // An output the broker can never take (too large, an invalid record or
 // topic name) fails the input that emitted it, as Terminal (the failure

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -553,4 +554,251 @@ func TestUnconfirmedCommitIsNotRedone(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkExactlyOnce(t, k, good)
+}
+
+// The member loses its partitions while its transaction holds outputs,
+// and the coordinator does not answer the abort that follows (the end of
+// that transaction fails and the producer is reloaded). The transaction
+// held no input offset of a partition the member still owns, so there is
+// nothing to read its outcome back from; the session never commits such a
+// transaction. The runner takes it for aborted and goes on: it rejoins,
+// consumes the records again, and commits each output once.
+func TestLostPartitionsWhileTheAbortFailsKeepRunning(t *testing.T) {
+	k := setup(t)
+	if k.Cluster == nil {
+		t.Skip("the lost partitions and the failing abort need the in-process kfake cluster")
+	}
+	const group = "g-lost-abort"
+	good := produceInputs(t, k, 60, 0)
+
+	var produced, failAborts atomic.Bool
+	var abortsFailed, reloads atomic.Int32
+	k.Cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		k.Cluster.KeepControl()
+		produced.Store(true) // the inputs are in already: a produce now is the runner's
+		return nil, nil, false
+	})
+	k.Cluster.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		k.Cluster.KeepControl()
+		r := req.(*kmsg.EndTxnRequest)
+		if r.Commit || !failAborts.Load() {
+			return nil, nil, false
+		}
+		abortsFailed.Add(1)
+		resp := r.ResponseKind().(*kmsg.EndTxnResponse)
+		resp.ErrorCode = kerr.CoordinatorLoadInProgress.Code
+		return resp, nil, true
+	})
+	k.Cluster.ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
+		k.Cluster.KeepControl()
+		if abortsFailed.Load() > 0 && failAborts.CompareAndSwap(true, false) {
+			reloads.Add(1) // the producer reloads after the failed end: the coordinator answers again
+		}
+		return nil, nil, false
+	})
+
+	// One record waits, on its first delivery, until the partitions are
+	// lost: the transaction stays open (it would end after 30 s, or
+	// at 60 records) with the outputs of the records before it.
+	var blockOnce sync.Once
+	blocked := make(chan struct{})
+	h := txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
+		if string(r.Value) == "order-00040" {
+			first := false
+			blockOnce.Do(func() { first = true })
+			if first {
+				close(blocked)
+				<-ctx.Done()
+				return ctx.Err()
+			}
+		}
+		return enrich(ctx, r, out)
+	})
+	cfg := config(k, group)
+	cfg.ClientOptions = append(cfg.ClientOptions, kgo.HeartbeatInterval(100*time.Millisecond), kgo.RequestRetries(2))
+	r, err := txn.New(cfg, txn.Options{TransactionalID: "lost-abort-1", CommitInterval: 30 * time.Second, MaxRecords: len(good)}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	<-blocked
+	testenv.WaitFor(t, time.Minute, "outputs produced in the open transaction", produced.Load)
+	failAborts.Store(true)
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(time.Minute)
+	for !k.CommittedAll(t, group, "in") {
+		select {
+		case err := <-errc:
+			t.Fatalf("Run returned after the partitions were lost and the abort failed: %v", err)
+		case <-deadline:
+			t.Fatalf("the inputs were not committed within a minute (stats %+v)", r.Stats())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if r.Stats().LostPartitions == 0 {
+		t.Fatal("no partition was lost: the test did not reach the failing abort")
+	}
+	if abortsFailed.Load() == 0 || reloads.Load() == 0 {
+		t.Fatalf("%d aborts failed and %d producer reloads: the test did not reach the failing abort", abortsFailed.Load(), reloads.Load())
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, k, good)
+}
+
+// Ending a transaction fails with its outcome unknown (the coordinator
+// failed over in the middle of the commit), and the producer ID reload
+// that aborts it is answered PRODUCER_FENCED: Apache Kafka does so when
+// the coordinator that took over no longer knows the epoch the commit
+// bumped from. No other producer uses the transactional id. The runner
+// reads back what the group committed (or, while the broker keeps the
+// transaction open, gives up reading), starts a new session, as a
+// restart would, and goes on: every output exactly once, and Run does
+// not return. When the same happens again in the new session, Run
+// returns an error wrapping txn.ErrFenced.
+func TestFencedReloadAfterAFailedEndStartsANewSession(t *testing.T) {
+	for i, tc := range []struct {
+		name   string
+		commit bool // the broker commits the transaction whose end fails
+		again  bool // and the same happens in every new session
+	}{
+		{"the broker committed it", true, false},
+		{"the broker left it open", false, false},
+		{"again in the new session", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := setup(t)
+			if k.Cluster == nil {
+				t.Skip("the failing end and the fenced reload need the in-process kfake cluster")
+			}
+			group := "g-renew-" + strconv.Itoa(i)
+			good := produceInputs(t, k, 300, 0)
+			var armed, reloadFenced atomic.Bool
+			var mu sync.Mutex
+			var endingAt time.Time
+			var freshInits atomic.Int32
+			k.Cluster.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				k.Cluster.KeepControl()
+				r := req.(*kmsg.EndTxnRequest)
+				mu.Lock()
+				first := armed.Load() && endingAt.IsZero() && r.Commit
+				if first {
+					endingAt = time.Now()
+				}
+				failing := !first && !endingAt.IsZero() && !reloadFenced.Load()
+				mu.Unlock()
+				switch {
+				case first && tc.commit:
+					// Committed, and answered after the client gave up.
+					k.Cluster.SleepControl(func() { time.Sleep(1500 * time.Millisecond) })
+					return nil, nil, false
+				case first || failing:
+					resp := r.ResponseKind().(*kmsg.EndTxnResponse)
+					resp.ErrorCode = kerr.CoordinatorLoadInProgress.Code
+					return resp, nil, true
+				}
+				return nil, nil, false
+			})
+			k.Cluster.ControlKey(int16(kmsg.InitProducerID), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				k.Cluster.KeepControl()
+				r := req.(*kmsg.InitProducerIDRequest)
+				if r.ProducerID < 0 {
+					if freshInits.Add(1) > 1 && tc.again {
+						mu.Lock()
+						endingAt = time.Time{} // the new session's next commit fails too
+						reloadFenced.Store(false)
+						mu.Unlock()
+					}
+					return nil, nil, false
+				}
+				mu.Lock()
+				ending := !endingAt.IsZero()
+				mu.Unlock()
+				if !ending || !reloadFenced.CompareAndSwap(false, true) {
+					return nil, nil, false
+				}
+				resp := r.ResponseKind().(*kmsg.InitProducerIDResponse)
+				resp.ErrorCode = kerr.ProducerFenced.Code
+				return resp, nil, true
+			})
+			cfg := config(k, group)
+			cfg.ClientOptions = append(cfg.ClientOptions, kgo.RequestTimeoutOverhead(time.Second), kgo.RequestRetries(2))
+			r, err := txn.New(cfg, txn.Options{TransactionalID: group + "-1", CommitInterval: 20 * time.Millisecond, TransactionTimeout: 3 * time.Second}, enrich)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- r.Run(ctx) }()
+			testenv.WaitFor(t, time.Minute, "a transaction committed", func() bool { return r.Stats().Commits > 0 })
+			armed.Store(true)
+			var late []*kgo.Record
+			for i := range 300 {
+				v := fmt.Sprintf("late-%05d", i)
+				good = append(good, v)
+				late = append(late, &kgo.Record{Topic: "in", Key: []byte(fmt.Sprintf("c%02d", i%17)), Value: []byte(v)})
+			}
+			if err := k.Produce(context.Background(), late...); err != nil {
+				t.Fatal(err)
+			}
+			if tc.again {
+				// A producer fenced again so soon after its session was
+				// renewed stops the runner, as a real fence does;
+				// nothing committed is duplicated.
+				testenv.WaitFor(t, time.Minute, "a new session", func() bool { return freshInits.Load() >= 2 })
+				var more []*kgo.Record
+				for i := range 300 {
+					more = append(more, &kgo.Record{Topic: "in", Key: []byte(fmt.Sprintf("c%02d", i%17)), Value: []byte(fmt.Sprintf("again-%05d", i))})
+				}
+				if err := k.Produce(context.Background(), more...); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-errc:
+					if !errors.Is(err, txn.ErrFenced) || !strings.Contains(err.Error(), "renewed") {
+						t.Fatalf("Run returned %v, want txn.ErrFenced saying the session was renewed", err)
+					}
+				case <-time.After(time.Minute):
+					t.Fatalf("Run did not return after a second fence within a minute (%d fresh producer IDs)", freshInits.Load())
+				}
+				seen := map[string]bool{}
+				for _, rec := range k.ReadAll(t, "out") {
+					if seen[string(rec.Value)] {
+						t.Fatalf("output %q committed twice", rec.Value)
+					}
+					seen[string(rec.Value)] = true
+				}
+				return
+			}
+			deadline := time.After(time.Minute)
+			// The inputs all commit, and a new session starts (its
+			// producer ID is initialised afresh), in either order.
+			for r.Stats().Kafka.Records < int64(len(good)) || !k.CommittedAll(t, group, "in") || freshInits.Load() < 2 {
+				select {
+				case err := <-errc:
+					t.Fatalf("Run returned after the fenced reload: %v", err)
+				case <-deadline:
+					t.Fatalf("after a minute, %d producer IDs initialised afresh (want 2), reload fenced: %v, stats %+v",
+						freshInits.Load(), reloadFenced.Load(), r.Stats())
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			if !reloadFenced.Load() {
+				t.Fatal("no producer ID reload was fenced: the test did not reach the failing end")
+			}
+			cancel()
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			checkExactlyOnce(t, k, good)
+		})
+	}
 }
