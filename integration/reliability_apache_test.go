@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,8 +38,39 @@ func TestReliabilityApacheKafka(t *testing.T) {
 	case kind != "apache" && !reliabilityLong():
 		t.Skipf("runs in make test-kafka (%s=apache) and make reliability", testenv.KafkaEnv)
 	}
-	for _, sc := range apacheScenarios() {
-		t.Run(sc.scope+"/"+sc.fault, func(t *testing.T) { runScenario(t, sc) })
+	// The scenarios on three nodes share one cluster, each with a topic
+	// and a group of its own: every killed node is restarted and has
+	// rejoined before its scenario ends.
+	var three *testenv.Kafka
+	for i, sc := range apacheScenarios() {
+		if sc.apache == 3 {
+			if three == nil {
+				three = testenv.ApacheKafkaT(t, testenv.ApacheOptions{Nodes: 3})
+			}
+			sc.cluster, sc.name = three, strconv.Itoa(i)
+		}
+		t.Run(sc.scope+"/"+sc.fault, func(t *testing.T) {
+			if sc.cluster != nil {
+				restartStopped(t, sc.cluster.Apache) // a scenario that failed may have left a node down
+			}
+			runScenario(t, sc)
+		})
+	}
+}
+
+// restartStopped restarts the nodes of c that are not running.
+func restartStopped(t *testing.T, c *testenv.ApacheCluster) {
+	t.Helper()
+	for _, id := range c.NodeIDs() {
+		if c.Running(id) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		err := c.Restart(ctx, id)
+		cancel()
+		if err != nil {
+			t.Fatalf("restarting node %d: %v\n%s", id, err, c.LogTail(id, 40))
+		}
 	}
 }
 

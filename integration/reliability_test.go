@@ -267,8 +267,12 @@ type relScenario struct {
 	brokers int    // kfake brokers; default 3
 	// apache runs the scenario on an Apache Kafka cluster of that many
 	// nodes, started for it whatever the backend (its inject kills
-	// brokers).
-	apache int
+	// brokers), or on cluster when that is set: a cluster of that many
+	// nodes that scenarios run on one after another, each with a topic
+	// and a group of its own (name).
+	apache  int
+	cluster *testenv.Kafka
+	name    string
 	// broker marks a fault injected into the in-process kfake cluster: it
 	// is skipped on external brokers and containers.
 	broker bool
@@ -594,9 +598,15 @@ func runScenario(t *testing.T, sc relScenario) {
 		t.Skipf("broker faults need the in-process kfake cluster, this backend is %s", kind)
 	}
 	e := &relRun{t: t, sc: sc, keys: keys, perKey: perKey, topic: "rel-in", group: "g-rel"}
-	if sc.apache > 0 {
+	if sc.name != "" {
+		e.topic, e.group = e.topic+"-"+sc.name, e.group+"-"+sc.name
+	}
+	switch {
+	case sc.cluster != nil:
+		e.k = sc.cluster
+	case sc.apache > 0:
 		e.k = testenv.ApacheKafkaT(t, testenv.ApacheOptions{Nodes: sc.apache})
-	} else {
+	default:
 		e.k = testenv.KafkaT(t, kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	}
 	ctx := context.Background()

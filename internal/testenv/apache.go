@@ -187,7 +187,7 @@ func tryStartApache(ctx context.Context, java, cp string, n int, o ApacheOptions
 		c.Close()
 		return nil, err
 	}
-	if err := c.waitBrokers(ctx, c.nodeIDs(), 2*time.Minute); err != nil {
+	if err := c.waitBrokers(ctx, c.NodeIDs(), 2*time.Minute); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -203,8 +203,8 @@ func (c *ApacheCluster) Brokers() []string {
 	return out
 }
 
-// nodeIDs returns the cluster's node ids (1..n).
-func (c *ApacheCluster) nodeIDs() []int32 {
+// NodeIDs returns the cluster's node ids (1..n).
+func (c *ApacheCluster) NodeIDs() []int32 {
 	out := make([]int32, len(c.nodes))
 	for i, nd := range c.nodes {
 		out[i] = nd.id
@@ -218,7 +218,7 @@ func (c *ApacheCluster) node(id int32) (*apacheNode, error) {
 			return nd, nil
 		}
 	}
-	return nil, fmt.Errorf("testenv: the cluster has no node %d (it has %v)", id, c.nodeIDs())
+	return nil, fmt.Errorf("testenv: the cluster has no node %d (it has %v)", id, c.NodeIDs())
 }
 
 // Kill sends SIGKILL to node id's JVM and waits until it is gone. Its data
