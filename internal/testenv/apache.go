@@ -166,6 +166,12 @@ func tryStartApache(ctx context.Context, java, cp string, n int, o ApacheOptions
 			os.RemoveAll(dir)
 			return nil, err
 		}
+		if len(o.Settings) == 0 {
+			// The storage of a node as kafka-storage format writes it,
+			// without a JVM run per node (a second of CPU each).
+			go func() { formatErrs <- c.formatFromTemplate(ctx, nd, clusterID) }()
+			continue
+		}
 		go func() { formatErrs <- c.format(ctx, nd, clusterID) }()
 	}
 	var ferr error
@@ -519,6 +525,56 @@ func (c *ApacheCluster) format(ctx context.Context, nd *apacheNode, clusterID st
 		return fmt.Errorf("testenv: formatting Apache Kafka node %d's storage: %v\n%s", nd.id, err, out)
 	}
 	return nil
+}
+
+// storageTemplate is the bootstrap.checkpoint that kafka-storage format
+// writes into a node's data directory for the default configuration: the
+// feature levels of the release, the same for every cluster and node. It
+// is written once per process, by formatting a template node.
+var storageTemplate struct {
+	once       sync.Once
+	checkpoint []byte
+	err        error
+}
+
+// formatFromTemplate writes what kafka-storage format writes for nd with
+// the default configuration: the release's bootstrap.checkpoint, and a
+// meta.properties naming the cluster, the node and a new directory id.
+func (c *ApacheCluster) formatFromTemplate(ctx context.Context, nd *apacheNode, clusterID string) error {
+	storageTemplate.once.Do(func() {
+		dir, err := os.MkdirTemp("", "kscope-kafka-format-*")
+		if err != nil {
+			storageTemplate.err = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		tc := &ApacheCluster{classpath: c.classpath, java: c.java}
+		tn := &apacheNode{id: 1, port: 1, controller: 2, dir: dir}
+		tc.nodes = []*apacheNode{tn}
+		if err := tc.writeConfig(tn, nil); err != nil {
+			storageTemplate.err = err
+			return
+		}
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := tc.format(fctx, tn, kafkaUUID()); err != nil {
+			storageTemplate.err = err
+			return
+		}
+		storageTemplate.checkpoint, storageTemplate.err = os.ReadFile(filepath.Join(dir, "data", "bootstrap.checkpoint"))
+	})
+	if storageTemplate.err != nil {
+		return fmt.Errorf("testenv: formatting a template node of Apache Kafka: %w", storageTemplate.err)
+	}
+	data := filepath.Join(nd.dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(data, "bootstrap.checkpoint"), storageTemplate.checkpoint, 0o644); err != nil {
+		return err
+	}
+	meta := fmt.Sprintf("#\n#written by kscope's testenv, as kafka-storage format does\nnode.id=%d\ndirectory.id=%s\nversion=1\ncluster.id=%s\n", nd.id, kafkaUUID(), clusterID)
+	return os.WriteFile(filepath.Join(data, "meta.properties"), []byte(meta), 0o644)
 }
 
 func (c *ApacheCluster) startNode(nd *apacheNode) error {
