@@ -190,9 +190,10 @@ func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
 	}
 	committed, reloaded, err := r.commitOrAbort(ctx, open, tasks)
 	if err != nil {
-		// The runner stops (fenced, refused, not ended): nothing of the
-		// transaction is known to this process to have committed, and
-		// the scope ends its deliveries as aborted.
+		// The runner stops (fenced, refused, not ended) or starts a new
+		// session (errRenewSession): nothing of the transaction is
+		// known to this process to have committed, and the scope ends
+		// its deliveries as aborted.
 		r.txs.TxnEnded(false)
 		return err
 	}

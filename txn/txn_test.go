@@ -620,26 +620,16 @@ func TestLostPartitionsWhileTheAbortFailsKeepRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	errc, cancel := runWatched(r)
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- r.Run(ctx) }()
 	<-blocked
 	testenv.WaitFor(t, time.Minute, "outputs produced in the open transaction", produced.Load)
 	failAborts.Store(true)
 	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.After(time.Minute)
-	for !k.CommittedAll(t, group, "in") {
-		select {
-		case err := <-errc:
-			t.Fatalf("Run returned after the partitions were lost and the abort failed: %v", err)
-		case <-deadline:
-			t.Fatalf("the inputs were not committed within a minute (stats %+v)", r.Stats())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	waitRunning(t, errc, "the partitions were lost and the abort failed", func() bool { return k.CommittedAll(t, group, "in") },
+		func() string { return fmt.Sprintf("the inputs were not committed (stats %+v)", r.Stats()) })
 	if r.Stats().LostPartitions == 0 {
 		t.Fatal("no partition was lost: the test did not reach the failing abort")
 	}
@@ -734,10 +724,8 @@ func TestFencedReloadAfterAFailedEndStartsANewSession(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
+			errc, cancel := runWatched(r)
 			defer cancel()
-			errc := make(chan error, 1)
-			go func() { errc <- r.Run(ctx) }()
 			testenv.WaitFor(t, time.Minute, "a transaction committed", func() bool { return r.Stats().Commits > 0 })
 			armed.Store(true)
 			var late []*kgo.Record
@@ -778,19 +766,13 @@ func TestFencedReloadAfterAFailedEndStartsANewSession(t *testing.T) {
 				}
 				return
 			}
-			deadline := time.After(time.Minute)
 			// The inputs all commit, and a new session starts (its
 			// producer ID is initialised afresh), in either order.
-			for r.Stats().Kafka.Records < int64(len(good)) || !k.CommittedAll(t, group, "in") || freshInits.Load() < 2 {
-				select {
-				case err := <-errc:
-					t.Fatalf("Run returned after the fenced reload: %v", err)
-				case <-deadline:
-					t.Fatalf("after a minute, %d producer IDs initialised afresh (want 2), reload fenced: %v, stats %+v",
-						freshInits.Load(), reloadFenced.Load(), r.Stats())
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
+			waitRunning(t, errc, "the fenced reload", func() bool {
+				return r.Stats().Kafka.Records >= int64(len(good)) && k.CommittedAll(t, group, "in") && freshInits.Load() >= 2
+			}, func() string {
+				return fmt.Sprintf("%d producer IDs initialised afresh (want 2), reload fenced: %v, stats %+v", freshInits.Load(), reloadFenced.Load(), r.Stats())
+			})
 			if !reloadFenced.Load() {
 				t.Fatal("no producer ID reload was fenced: the test did not reach the failing end")
 			}
@@ -800,5 +782,31 @@ func TestFencedReloadAfterAFailedEndStartsANewSession(t *testing.T) {
 			}
 			checkExactlyOnce(t, k, good)
 		})
+	}
+}
+
+// runWatched runs r; the channel receives what Run returns, and cancel
+// stops it.
+func runWatched(r *txn.Runner) (errc chan error, cancel context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errc = make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	return errc, cancel
+}
+
+// waitRunning waits up to a minute for cond while Run keeps running: Run
+// returning first (after what) or the minute passing (state says what
+// was reached) fails the test.
+func waitRunning(t *testing.T, errc <-chan error, after string, cond func() bool, state func() string) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for !cond() {
+		select {
+		case err := <-errc:
+			t.Fatalf("Run returned after %s: %v", after, err)
+		case <-deadline:
+			t.Fatalf("after a minute: %s", state())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
