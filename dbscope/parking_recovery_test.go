@@ -63,10 +63,7 @@ func parkBehindRetry(t *testing.T, k *testenv.Kafka, pool *pgxpool.Pool, group, 
 		t.Fatal(err)
 	}
 	stop1 := run(t, r1)
-	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "A in the retry topic", func() bool { return r1.Stats().Failures.RetryTopic >= 1 })
+	headInRetryTopic(t, k, r1, topic)
 	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B")); err != nil {
 		t.Fatal(err)
 	}
@@ -183,10 +180,7 @@ func TestDBReleasedHeadCutByLostPartitionIsRoutedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, r)
-	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "A in the retry topic", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	headInRetryTopic(t, k, r, topic)
 	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B")); err != nil {
 		t.Fatal(err)
 	}

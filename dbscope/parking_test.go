@@ -23,6 +23,17 @@ import (
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
+// headInRetryTopic produces A ("k/0"), the head of key k, and waits until
+// the failure policy sent it to a retry topic: k's next records wait
+// behind it.
+func headInRetryTopic(t *testing.T, k *testenv.Kafka, r interface{ Stats() consumer.Stats }, topic string) {
+	t.Helper()
+	if err := k.Produce(context.Background(), idRecord(topic, "k", "k/0", "A")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "A in a retry topic", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+}
+
 // idRecord is a record of topic with key, value and a producer message id.
 func idRecord(topic, key, value, id string) *kgo.Record {
 	return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(value),
@@ -75,10 +86,7 @@ func TestDBParkedRedeliveryKeepsOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, r)
-	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "A in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	headInRetryTopic(t, k, r, topic)
 	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B"), idRecord(topic, "k", "k/1", "B")); err != nil {
 		t.Fatal(err)
 	}
@@ -257,10 +265,7 @@ func TestDBCrashBetweenParkingAndCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop1 := run(t, r1)
-	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "A in the retry topics", func() bool { return r1.Stats().Failures.RetryTopic >= 1 })
+	headInRetryTopic(t, k, r1, topic)
 	// k/1 parks behind A in the transaction that j/0's handler holds open.
 	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B"), idRecord(topic, "j", "j/0", "J0")); err != nil {
 		t.Fatal(err)
@@ -341,10 +346,7 @@ func TestDBReleasedRecordsCountedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := run(t, r)
-	if err := k.Produce(ctx, idRecord(topic, "k", "k/0", "A")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "A in the retry topics", func() bool { return r.Stats().Failures.RetryTopic >= 1 })
+	headInRetryTopic(t, k, r, topic)
 	if err := k.Produce(ctx, idRecord(topic, "k", "k/1", "B"), idRecord(topic, "k", "k/2", "C"),
 		idRecord(topic, "k", "k/3", "D"), idRecord(topic, "k", "k/4", "E")); err != nil {
 		t.Fatal(err)
