@@ -185,7 +185,11 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // from PostgreSQL, in arrival order, in transactions of at most
 // maxSavepoints records, until none is left or one of them fails and
 // becomes the key's new head (it goes to the retry topics or the DLT; the
-// rest stay behind it). It does nothing while the key has a head.
+// rest stay behind it). It does nothing while the key has a head, and ends
+// when it meets a waiting record marked as the key's head: one that
+// another release is routing, or that a release left mid-route (a stopped
+// process, a lost partition), which recoverParking routes again. No round
+// of it runs again at once unless the one before applied records.
 //
 // While it routes a record that became the head, the record's row is
 // marked in s.inRoute, so that the periodic recovery leaves it alone; a
@@ -271,8 +275,10 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 			return engine.Round{More: rel.step.Action == retrytopic.ActionDeadLetter || !s.ordered()}
 		}
 		// A retry in place waits its delay; a full transaction may have
-		// left more waiting records.
-		return engine.Round{More: rel.wait > 0 || rel.n >= maxSavepoints, Wait: rel.wait}
+		// left more waiting records. A release that met the key's head
+		// ends: another round would find the same head and change
+		// nothing.
+		return engine.Round{More: !rel.held && (rel.wait > 0 || rel.n >= maxSavepoints), Wait: rel.wait}
 	})
 	if !ok && err == nil {
 		err = ctx.Err()
@@ -293,6 +299,7 @@ type released struct {
 	first     time.Time       // its first failure, when it is not now (a gap it waited for while stored)
 
 	routedGap bool // routed for a version gap
+	held      bool // it met the key's head, being routed or left mid-route: the release ends
 
 	// What it did, counted into the scope's counters and reported to the
 	// hooks once it commits: a transaction that fails and runs again
@@ -383,7 +390,13 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 	var wrote []int // the records whose handler's writes the transaction holds
 	for i := range ws {
 		if ws[i].head {
-			return released{n: rel.n}, nil // being routed by another release: it holds the key
+			// Being routed by another release (of this process or
+			// another), or left mid-route by one that stopped: it holds
+			// the key. This release ends; the release routing it goes on
+			// once the broker has it, and the recovery pass routes again
+			// a head that nobody routes any more (recoverParking).
+			rel.held = true
+			break
 		}
 		rel.wrote = false
 		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, known, dl, &rel)

@@ -35,6 +35,7 @@ const (
 	statsLinePref  = "STATS "
 	readyLine      = "READY"
 	recordLinePref = "REC "
+	failLinePref   = "FAIL " // a handler call that returned a failure (roles that report them)
 )
 
 // childClientOptions make a killed child's group membership expire quickly,
@@ -50,14 +51,15 @@ func runChild(role string) int {
 	maxDelay, _ := time.ParseDuration(os.Getenv(childDelayEnv))
 	var outMu sync.Mutex
 	out := bufio.NewWriter(os.Stdout)
-	emit := func(v []byte) {
+	say := func(pref string, v []byte) {
 		outMu.Lock()
 		defer outMu.Unlock()
-		out.WriteString(recordLinePref)
+		out.WriteString(pref)
 		out.Write(v)
 		out.WriteByte('\n')
 		out.Flush()
 	}
+	emit := func(v []byte) { say(recordLinePref, v) }
 	commitEvery := 20 * time.Millisecond
 	if v := os.Getenv(childCommitEnv); v != "" {
 		commitEvery, _ = time.ParseDuration(v)
@@ -84,6 +86,15 @@ func runChild(role string) int {
 	case "db-ordered":
 		cfg.Failures = orderedChildPolicy()
 		return runDBChildFailing(ctx, cfg, false, maxDelay, emit, failsTwice)
+	case "db-midroute-park", "db-midroute", "db-midroute-unordered":
+		cfg.Failures = midRouteChildPolicy(role == "db-midroute-unordered")
+		return runDBChildFailing(ctx, cfg, false, maxDelay, emit, func(r *consumer.Record) bool {
+			if failsMidRoute(role, r) {
+				say(failLinePref, r.Value)
+				return true
+			}
+			return false
+		})
 	case "outbox-relay":
 		return runRelayChild(ctx)
 	case "db-intent":
@@ -121,6 +132,7 @@ type child struct {
 	ready  chan struct{} // closed once the child handles SIGTERM
 	err    error
 	stats  string // the STATS line a child prints on a graceful exit
+	failed chan struct{} // closed at the child's first FAIL line
 }
 
 // startChild starts a child consumer whose record lines go to onRecord.
@@ -142,7 +154,8 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{})}
+	c := &child{cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{}), failed: make(chan struct{})}
+	failed := false
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -152,6 +165,9 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 				onRecord([]byte(v))
 			} else if v, ok := strings.CutPrefix(sc.Text(), statsLinePref); ok {
 				c.stats = v
+			} else if strings.HasPrefix(sc.Text(), failLinePref) && !failed {
+				failed = true
+				close(c.failed)
 			}
 		}
 		io.Copy(io.Discard, stdout)
