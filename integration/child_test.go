@@ -131,7 +131,7 @@ type child struct {
 	exited chan struct{}
 	ready  chan struct{} // closed once the child handles SIGTERM
 	err    error
-	stats  string // the STATS line a child prints on a graceful exit
+	stats  string        // the STATS line a child prints on a graceful exit
 	failed chan struct{} // closed at the child's first FAIL line
 }
 
