@@ -173,6 +173,9 @@ func (r *Runner) txnGone(sts []*partState, ps map[string][]int32) {
 		st.Cancel()
 	}
 	r.forget(sts)
+	if len(sts) > 0 {
+		r.gate.markGone()
+	}
 	r.gate.release()
 	r.txs.TxnGone(ps)
 	if len(sts) > 0 {

@@ -8,15 +8,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/commit"
-	"github.com/kscope-dev/kscope/internal/backoff"
-	"github.com/kscope-dev/kscope/internal/kafkaerr"
-	"github.com/kscope-dev/kscope/internal/txnerr"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -174,7 +170,8 @@ func (r *Runner) txnPollContext(parent context.Context) (context.Context, func()
 // it with the partitions' offsets, or aborts it and rewinds the
 // partitions, and, unless the runner stops, begins the next one.
 func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
-	first, tasks := r.gate.shut()
+	j := r.gate.shut()
+	first := j.first
 	if stopping {
 		r.gate.close()
 	}
@@ -188,7 +185,7 @@ func (r *Runner) endTxn(ctx context.Context, stopping bool) error {
 		}
 		return time.Since(first)
 	}
-	committed, reloaded, err := r.commitOrAbort(ctx, open, tasks)
+	committed, reloaded, err := r.commitOrAbort(ctx, open, j)
 	if err != nil {
 		// The runner stops (fenced, refused, not ended) or starts a new
 		// session (errRenewSession): nothing of the transaction is
@@ -235,204 +232,6 @@ func (r *Runner) abortOpen(ctx context.Context) {
 		r.log.Warn("kscope: aborting the open transaction at the stop failed; the broker aborts it after the transaction timeout", "err", err, "transaction_timeout", r.txnTimeout)
 	}
 	r.txs.TxnEnded(false)
-}
-
-var errAborted = errors.New("kscope: the transaction aborted; its offsets did not commit")
-
-// errRenewSession marks the end of a transactional session that cannot go
-// on after a transaction whose end failed: the producer was fenced when
-// it was reloaded to abort that transaction (Apache Kafka answers so when
-// its transaction coordinator failed over in the middle of the end), or
-// whether the transaction committed could not be read back. Run then
-// starts a new session, as a restart would: its producer ID fences
-// whatever of the old one is left, and it consumes from what the broker
-// committed.
-var errRenewSession = errors.New("kscope: a new transactional session is needed")
-
-// renewAfter is the least time between two sessions renewed: a producer
-// fenced again so soon is taken for a real fence (another producer with
-// the same transactional id), which stops the runner.
-const renewAfter = time.Minute
-
-// commitOrAbort ends the transaction on the broker: it commits, with the
-// partitions' offsets, unless a produce in it failed; a fenced producer or
-// a timed-out transaction is fatal. tasks says whether a scheduled task
-// added to it. reloaded reports that ending it failed and the producer was
-// reloaded to abort it (which a producer fenced meanwhile survives only
-// until the next transaction begins).
-func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration, tasks bool) (committed, reloaded bool, err error) {
-	try := kgo.TryCommit
-	ferr := r.txs.TxnFlush()
-	if errors.Is(ferr, kerr.ProducerFenced) || errors.Is(ferr, kerr.InvalidProducerEpoch) {
-		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // fenced: nothing of ours can commit
-		return false, false, r.txnFenced(ferr, open())
-	}
-	if errors.Is(ferr, txnerr.ErrUnwritable) {
-		// The scope cannot tell which input to fail, or cannot dead-letter
-		// it: retrying would abort the same way forever.
-		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
-		r.commitErrs.Add(1)
-		return false, false, fmt.Errorf("kscope: the transaction was aborted (transactional id %s): %w", r.txnID, ferr)
-	}
-	if kafkaerr.Fatal(ferr) {
-		// Refused by the broker's ACLs: every retry would be refused
-		// too. Nothing of the transaction commits; the next owner of its
-		// partitions consumes its records again.
-		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
-		r.commitErrs.Add(1)
-		return false, false, fmt.Errorf("kscope: the transaction was aborted because the broker refused a write in it (transactional id %s); "+
-			"grant this client write access to the topic it names and start the runner again: %w", r.txnID, ferr)
-	}
-	if ferr != nil {
-		try = kgo.TryAbort
-		r.log.Warn("kscope: aborting the transaction; its records are consumed again", "err", ferr)
-	}
-	r.flushDone()
-	endCtx, points := r.txnOffsets(context.WithoutCancel(ctx))
-	endCtx, cancel := context.WithTimeout(endCtx, r.txnTimeout)
-	defer cancel()
-	committed, err = r.sess.End(endCtx, try)
-	var unsettled error // ending a transaction asked to commit failed: it may have committed all the same
-	if err != nil && r.txnRecovered(endCtx, err) {
-		if try == kgo.TryCommit {
-			unsettled = err
-		}
-		committed, reloaded, err = false, true, nil
-	}
-	if err != nil {
-		if terr := r.txnTimedOut(open(), err); terr != nil {
-			return false, false, terr
-		}
-		if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
-			return false, false, r.txnFenced(err, open())
-		}
-		return false, false, fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.txnID, err)
-	}
-	if unsettled != nil && len(points) == 0 && !tasks {
-		// Nothing in it moved an input offset of a partition this
-		// member holds, and no scheduled task added to it: it holds
-		// no output, or only outputs of records whose partitions were
-		// revoked or lost while it was open, and the session never
-		// commits such a transaction (it aborts it). It did not
-		// commit; the partitions' owners consume those records again.
-		r.log.Warn("kscope: ending a transaction that held no input offset failed; it was aborted", "err", unsettled)
-		unsettled = nil
-	}
-	if unsettled != nil {
-		readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.txnTimeout)
-		committed, err = r.committedAfterAll(readCtx, points, unsettled)
-		cancel()
-		if err != nil {
-			return false, reloaded, err
-		}
-		if committed {
-			// The broker committed it; the client, which took it for
-			// failed, went back to the offsets before it. Every
-			// partition rewinds to what it committed, and the records
-			// it holds are skipped when fetched again.
-			for _, pt := range points {
-				pt.part.set(pt.done)
-			}
-			r.commits.Add(1)
-			r.obs.Commit(len(points), nil)
-			r.log.Warn("kscope: ending the transaction failed, but the broker had committed it; consuming goes on from what it committed", "err", unsettled)
-			r.rewindAll()
-			return true, reloaded, nil
-		}
-	}
-	if committed {
-		for _, pt := range points {
-			pt.part.set(pt.done)
-		}
-		r.commits.Add(1)
-		r.obs.Commit(len(points), nil)
-		if r.obs.WantsLag() {
-			r.reportLag()
-		}
-	} else {
-		r.commitErrs.Add(1)
-		r.obs.Commit(len(points), errAborted)
-		r.rewindAll()
-	}
-	return committed, reloaded, nil
-}
-
-// txnRecovered aborts a transaction whose commit failed in a way the
-// producer survives, and reports whether it did.
-func (r *Runner) txnRecovered(ctx context.Context, err error) bool {
-	switch {
-	case ctx.Err() != nil,
-		errors.Is(err, kerr.ProducerFenced), errors.Is(err, kerr.InvalidProducerEpoch),
-		errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
-		errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
-		return false
-	}
-	if _, aerr := r.sess.End(ctx, kgo.TryAbort); aerr != nil {
-		return false
-	}
-	r.log.Warn("kscope: the transaction could not commit and was aborted; its records are consumed again", "err", err)
-	return true
-}
-
-// committedAfterAll reads back whether a transaction whose end failed (the
-// session reported err, then settled the transaction by reloading its
-// producer) committed: the group's committed offsets, read once no
-// transaction is pending on them, hold one of the transaction's points
-// exactly when it did (each point differs from what its partition
-// committed before). Nothing to compare (no input offset moved in it, but
-// a scheduled task added to it) or no answer before ctx ends is an
-// errRenewSession: the new session reads the committed state from the
-// broker, instead of redoing outputs that may have committed.
-func (r *Runner) committedAfterAll(ctx context.Context, points map[tp]txnPoint, err error) (bool, error) {
-	if len(points) == 0 {
-		return false, fmt.Errorf("%w: ending a transaction failed and it moved no input offset to read its outcome back from (transactional id %s): %w", errRenewSession, r.txnID, err)
-	}
-	adm := kadm.NewClient(r.cl)
-	for attempt := 1; ; attempt++ {
-		offs, ferr := adm.FetchOffsets(kadm.RequireStable(ctx), r.cfg.Group)
-		if ferr == nil {
-			for k, pt := range points {
-				if o, ok := offs.Lookup(k.topic, k.partition); ok && o.Err == nil && o.At == pt.done.Offset && o.Metadata == pt.done.Metadata() {
-					return true, nil
-				}
-			}
-			if ferr = offs.Error(); ferr == nil {
-				return false, nil
-			}
-		}
-		if !backoff.Sleep(ctx, backoff.Delay(attempt, 50*time.Millisecond, time.Second)) {
-			return false, fmt.Errorf("%w: ending a transaction failed and whether it committed could not be read back (%v; transactional id %s): %w", errRenewSession, ferr, r.txnID, err)
-		}
-	}
-}
-
-// txnTimedOut returns the error that reports a transaction timeout when
-// the transaction that failed with err had been open for open, at least
-// the transaction timeout: the broker then aborts it and fences the
-// producer, and the producer's next request fails.
-func (r *Runner) txnTimedOut(open time.Duration, err error) error {
-	if open < r.txnTimeout {
-		return nil
-	}
-	return fmt.Errorf("%w: the transaction was open for %s, longer than Options.TransactionTimeout (%s), "+
-		"so the broker aborted it and fenced this producer; raise Options.TransactionTimeout (the broker caps it at transaction.max.timeout.ms) "+
-		"or find what made producing or committing that slow: %w", txnerr.ErrTimedOut, open.Round(time.Millisecond), r.txnTimeout, err)
-}
-
-// txnFenced describes a fenced producer: by a transaction timeout when the
-// transaction had been open for the transaction timeout, else by another
-// producer with the same transactional id.
-func (r *Runner) txnFenced(err error, open time.Duration) error {
-	if terr := r.txnTimedOut(open, err); terr != nil {
-		return terr
-	}
-	return fmt.Errorf("%w: another producer uses transactional id %s; give every member its own (Options.TransactionalID): %w", txnerr.ErrFenced, r.txnID, err)
-}
-
-// txnPoint is what one partition commits in a transaction.
-type txnPoint struct {
-	part *txnPart
-	done commit.Done
 }
 
 // txnOffsets returns the context that ends a transaction: it commits, for

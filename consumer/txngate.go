@@ -23,6 +23,7 @@ type gate struct {
 	kicked bool      // a wake came while no poll was waiting
 	max    int       // input records after which the transaction ends early
 	due    bool      // the open transaction ends at the poll loop's next turn (endSoon)
+	gone   bool      // an assignment ended while the transaction was open (markGone)
 }
 
 func newGate(maxRecords int) *gate {
@@ -121,10 +122,28 @@ func (g *gate) endSoon() {
 	g.wake()
 }
 
+// markGone records that a partition's assignment ended (revoked, lost,
+// or ended by the runner) while the transaction was open: records of it
+// may have added outputs to it, whose input offsets it no longer commits
+// (see Runner.commitOrAbort).
+func (g *gate) markGone() {
+	g.mu.Lock()
+	g.gone = true
+	g.mu.Unlock()
+}
+
+// goneSinceOpen reports whether markGone was called since the open
+// transaction opened.
+func (g *gate) goneSinceOpen() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.gone
+}
+
 // open lets workers join a new transaction.
 func (g *gate) open() {
 	g.mu.Lock()
-	g.isOpen, g.first, g.joins, g.tasks = true, time.Time{}, 0, 0
+	g.isOpen, g.first, g.joins, g.tasks, g.gone = true, time.Time{}, 0, 0, false
 	if g.due {
 		g.first = time.Now() // endSoon came while the last one ended
 	}
@@ -133,16 +152,24 @@ func (g *gate) open() {
 }
 
 // shut stops workers from joining the open transaction, waits for those
-// adding to it, and returns when the first joined (zero when none did) and
-// whether a scheduled task (a join without an input record) added to it.
-func (g *gate) shut() (first time.Time, tasks bool) {
+// adding to it, and returns what joined it: when the first joined (zero
+// when none did), how many input records, and whether a scheduled task (a
+// join without an input record) added to it.
+func (g *gate) shut() joined {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.isOpen, g.due = false, false
 	for g.joined > 0 {
 		g.cond.Wait()
 	}
-	return g.first, g.tasks > 0
+	return joined{first: g.first, inputs: g.joins, tasks: g.tasks > 0}
+}
+
+// joined is what joined a transaction (gate.shut).
+type joined struct {
+	first  time.Time // when the first worker joined (or progress was called); zero when none did
+	inputs int       // input records added
+	tasks  bool      // a scheduled task (a join without an input record) added to it
 }
 
 // reopen lets workers join the transaction shut left open (nothing joined

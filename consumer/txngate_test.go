@@ -51,7 +51,7 @@ func TestGateEndsTheTransactionAfterARevoke(t *testing.T) {
 	if !due(g) {
 		t.Fatalf("after a revoke the empty transaction ends at %v, want now", g.endAt(interval))
 	}
-	if first, _ := g.shut(); first.IsZero() {
+	if j := g.shut(); j.first.IsZero() {
 		t.Fatal("shut reports an empty transaction after a revoke: the runner would leave it open")
 	}
 	g.endSoon() // while the transaction ends

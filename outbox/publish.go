@@ -288,14 +288,14 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 			}
 			continue
 		}
-		// A row Kafka refused for good goes to the dead-letter table
-		// first; then a transaction that carries nothing but the position
-		// moves the partition past it. A crash between the two leaves the
-		// row in both tables: the relay that goes on finds it in the
-		// dead-letter table as it takes the partition over (start) and
-		// moves the position past it without sending it again (Kafka may
-		// take it by then, and it would be published and dead, for an
-		// operator to requeue).
+		// A row Kafka refused for good is moved to the dead-letter table
+		// (deleted from the outbox in the same statement); then a
+		// transaction that carries nothing but the position moves the
+		// partition past it. Whatever happens between the two (the
+		// transaction fails, the relay stops, an operator requeues the
+		// row), the outbox no longer holds the row: it is never read,
+		// published or dead-lettered again, and a requeued copy is the
+		// only one published.
 		var batch []row
 		if pub.doomed != nil && pub.doomed.seq != rows[0].seq {
 			pub.doomed = nil // the position passed it meanwhile
@@ -322,6 +322,7 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 				}
 				continue
 			}
+			pub.deadLettered(log, dead, rows[0])
 		} else {
 			batch = pub.batch(rows, maxBytes)
 		}
@@ -375,7 +376,7 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 		pub.pos.Store(pos)
 		r.published.Add(int64(len(batch)))
 		r.transactions.Add(1)
-		pub.committed(log, dead, rows[0], last)
+		pub.committed(log, last)
 		pub.prune(ctx, pos)
 	}
 	return nil, nil
@@ -448,27 +449,30 @@ func (pub *publisher) failed(log *slog.Logger, batch []row, rowErrs []error, err
 	return true
 }
 
-// committed takes in a committed transaction up to last: it counts a
-// dead-lettered row (dead, the partition's head, head), widens the
+// deadLettered counts and logs the move of head, the partition's head
+// row, to the dead-letter table (dead says why).
+func (pub *publisher) deadLettered(log *slog.Logger, dead *refusal, head row) {
+	r := pub.r
+	pub.doomed = nil
+	r.deadLettered.Add(1)
+	if held, ok := pub.deadLog.allow(); ok {
+		log.Error("kscope: outbox relay: a row can never be published (Kafka refused it alone, again and again: too large for the producer or the topic, "+
+			"or a record the broker rejects; or its topic name is not one Kafka allows); it was moved to the dead-letter table, and the partition goes on with the rows after it. "+
+			"See it with 'kscope outbox dead show <id>'; once the cause is fixed (the topic's max.message.bytes and the relay's kgo.ProducerBatchMaxBytes raised above its size), "+
+			"publish it again with 'kscope outbox dead requeue <id>' (with --topic NAME for a topic name Kafka does not allow), which keeps its identity so that a consumer that saw it drops the copy, "+
+			"or drop it with 'kscope outbox dead discard <id>'. "+
+			"At most one such line is logged every 30 seconds",
+			"id", pub.ident(head), "topic", head.topic,
+			"bytes", len(head.key)+len(head.value)+len(head.headers), "table", r.o.TablePrefix+"outbox_dead", "err", dead.err,
+			"dead_lettered_since_last_log", held+1)
+	}
+}
+
+// committed takes in a committed transaction up to last: it widens the
 // transactions again after a refused row, and ends a stuck state once
 // past the row that caused it.
-func (pub *publisher) committed(log *slog.Logger, dead *refusal, head row, last int64) {
+func (pub *publisher) committed(log *slog.Logger, last int64) {
 	r := pub.r
-	if dead != nil {
-		pub.doomed = nil
-		r.deadLettered.Add(1)
-		if held, ok := pub.deadLog.allow(); ok {
-			log.Error("kscope: outbox relay: a row can never be published (Kafka refused it alone, again and again: too large for the producer or the topic, "+
-				"or a record the broker rejects; or its topic name is not one Kafka allows); it was moved to the dead-letter table, and the partition goes on with the rows after it. "+
-				"See it with 'kscope outbox dead show <id>'; once the cause is fixed (the topic's max.message.bytes and the relay's kgo.ProducerBatchMaxBytes raised above its size), "+
-				"publish it again with 'kscope outbox dead requeue <id>' (with --topic NAME for a topic name Kafka does not allow), which keeps its identity so that a consumer that saw it drops the copy, "+
-				"or drop it with 'kscope outbox dead discard <id>'. "+
-				"At most one such line is logged every 30 seconds",
-				"id", pub.ident(head), "topic", head.topic,
-				"bytes", len(head.key)+len(head.value)+len(head.headers), "table", r.o.TablePrefix+"outbox_dead", "err", dead.err,
-				"dead_lettered_since_last_log", held+1)
-		}
-	}
 	if pub.probe > 0 {
 		if pub.probe *= 2; pub.probe >= r.o.BatchSize {
 			pub.probe = 0
@@ -593,9 +597,11 @@ func (pub *publisher) takeOver(ctx context.Context, cl *kgo.Client, log *slog.Lo
 // start fences every earlier producer of the partition (aborting its open
 // transaction) and reads the partition's position: the last sequence
 // number a committed transaction published. A row after the position
-// that the dead-letter table holds already (a relay moved it there and
-// stopped before the transaction carrying the position past it
-// committed) is doomed: it is not sent again.
+// that the dead-letter table holds already is doomed: it is not sent
+// again. (A relay moves a refused row out of the outbox as it
+// dead-letters it; a relay of an earlier version left it in both tables
+// when it stopped before the transaction carrying the position past it
+// committed.)
 func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) {
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return 0, fmt.Errorf("initialising the producer: %w", err)
@@ -673,17 +679,25 @@ func (pub *publisher) misplaced(log *slog.Logger, rows []row) {
 	}
 }
 
-// deadLetter writes w, with why Kafka refuses it, to the dead-letter
-// table, with the identity the row holds (a requeued row keeps its
-// original one); a row there already is left as it is. A missing table
+// deadLetter moves w from the outbox to the dead-letter table, with why
+// Kafka refuses it and the identity the row holds (a requeued row keeps
+// its original one), in one statement: once it is dead, the outbox no
+// longer holds it, so neither a relay that reads the partition again nor
+// one that takes it over publishes it, and a Requeue of it is the one
+// copy published. A row there already is left as it is (one a relay of
+// an earlier version dead-lettered without deleting it). A missing table
 // or column is reported as a *dbscope.SchemaError, which says to run
 // Migrate.
 func (pub *publisher) deadLetter(ctx context.Context, w row, why error) error {
 	r := pub.r
-	table := r.o.TablePrefix + "outbox_dead"
-	_, err := r.o.Pool.Exec(ctx, `INSERT INTO `+table+` (outbox, partition, seq, topic, key, value, headers, created_at, error, id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($10, '')) ON CONFLICT (outbox, partition, seq) DO NOTHING`,
-		r.o.Outbox, int32(pub.p), w.seq, w.topic, w.key, w.value, w.headers, w.created, why.Error(), w.id)
+	p := r.o.TablePrefix
+	_, err := r.o.Pool.Exec(ctx, `WITH gone AS (
+			DELETE FROM `+p+`outbox WHERE outbox = $1 AND partition = $2 AND seq = $3
+			RETURNING outbox, partition, seq, topic, key, value, headers, created_at, id)
+		INSERT INTO `+p+`outbox_dead (outbox, partition, seq, topic, key, value, headers, created_at, error, id)
+		SELECT outbox, partition, seq, topic, key, value, headers, created_at, $4, id FROM gone
+		ON CONFLICT (outbox, partition, seq) DO NOTHING`,
+		r.o.Outbox, int32(pub.p), w.seq, why.Error())
 	return schemaErr(ctx, r.o.Pool, r.o.TablePrefix, err)
 }
 
