@@ -31,6 +31,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -63,7 +64,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve /metrics on")
 	hold := flag.Duration("hold", 0, "keep serving /metrics this long after the backlog is drained")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *listen, *hold, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "observability:", err)
