@@ -5,7 +5,8 @@
 // notifications in a PostgreSQL transaction, the relay publishes them (its
 // metrics on the same /metrics), and the consumer's spans continue the
 // writer's trace. alerts.yml holds Prometheus alert rules for kscope's
-// metrics; dashboard.json a Grafana dashboard.
+// metrics, pipelines.yml the consumer groups they watch (and which are
+// critical), which you edit; dashboard.json a Grafana dashboard.
 //
 //	go run ./examples/observability
 //	go run ./examples/observability -listen 127.0.0.1:9464 -hold 1m   # scrape it yourself
