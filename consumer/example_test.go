@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"syscall"
 
 	"github.com/kscope-dev/kscope/consumer"
 )
@@ -14,7 +15,7 @@ import (
 // records of one account are handled in order, different accounts in
 // parallel, and an offset is committed only once its handler returned nil.
 func Example() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	r, err := consumer.New(consumer.Config{

@@ -81,8 +81,8 @@ func apacheScenarios() []relScenario {
 	// transaction coordinator completes the transactions it loads without
 	// writing their markers to partitions that have no leader (it takes
 	// them for deleted topics), and the producer's next abort then hides
-	// those committed outputs from read_committed readers. The README's
-	// Kafka scope section says so: exactly-once needs replicated topics.
+	// those committed outputs from read_committed readers. docs/kafka-scope.md
+	// (Replicated topics) says so: exactly-once needs replicated topics.
 	out := []relScenario{{scope: "DB", fault: "broker SIGKILLed and restarted (1 node)", apache: 1, poison: 2,
 		inject: killBrokers(func(e *relRun) (int32, error) { return 1, nil })}}
 	for _, scope := range []string{"DB", "Kafka"} {

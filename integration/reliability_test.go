@@ -232,8 +232,8 @@ func reliabilityMarkdown(rows []relRow, line string) string {
 	b.WriteString("The crash of a 1-node cluster runs under the DB scope only: there Apache\n")
 	b.WriteString("Kafka itself can lose a committed transaction (its restarted coordinator\n")
 	b.WriteString("completes the transactions it loads without writing markers to partitions\n")
-	b.WriteString("that have no leader yet), which no client can prevent; see the README's\n")
-	b.WriteString("Kafka scope section.\n\n")
+	b.WriteString("that have no leader yet), which no client can prevent; see \"Replicated topics\"\n")
+	b.WriteString("in docs/kafka-scope.md.\n\n")
 	b.WriteString("| scope | fault | records | kills | lost | duplicates | order violations | time | result |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {

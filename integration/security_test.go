@@ -138,7 +138,7 @@ func mustNotLeak(t *testing.T, where, text string, secrets ...string) {
 
 // A runner consumes from a cluster that requires TLS and SASL (PLAIN,
 // SCRAM-SHA-256, SCRAM-SHA-512), configured through Config.ClientOptions
-// as the README shows; with a wrong password Run returns an error that
+// as docs/operations.md shows; with a wrong password Run returns an error that
 // points at the SASL settings (kfake hangs up on a failed authentication
 // where Kafka answers SASL_AUTHENTICATION_FAILED, which the runner also
 // ends Run on). Neither the password nor a poison record's

@@ -5,7 +5,8 @@
 // notifications in a PostgreSQL transaction, the relay publishes them (its
 // metrics on the same /metrics), and the consumer's spans continue the
 // writer's trace. alerts.yml holds Prometheus alert rules for kscope's
-// metrics; dashboard.json a Grafana dashboard.
+// metrics, pipelines.yml the consumer groups they watch (and which are
+// critical), which you edit; dashboard.json a Grafana dashboard.
 //
 //	go run ./examples/observability
 //	go run ./examples/observability -listen 127.0.0.1:9464 -hold 1m   # scrape it yourself
@@ -31,6 +32,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -63,7 +65,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve /metrics on")
 	hold := flag.Duration("hold", 0, "keep serving /metrics this long after the backlog is drained")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *listen, *hold, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "observability:", err)

@@ -82,21 +82,40 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 	// once one has (TestStalledKeyShardGauge in kscopeprom).
 	fams["kscope_stalled_key_shards"] = true
 
-	raw, err := os.ReadFile("alerts.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rules struct {
+	// The series pipelines.yml records are the user's, read by the alerts.
+	type ruleFile struct {
 		Groups []struct {
 			Name  string
 			Rules []struct {
 				Alert  string
+				Record string
 				Expr   string
 				For    string
 				Labels map[string]string
 			}
 		}
 	}
+	var pipelines ruleFile
+	raw, err := os.ReadFile("pipelines.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &pipelines); err != nil {
+		t.Fatalf("pipelines.yml: %v", err)
+	}
+	for _, g := range pipelines.Groups {
+		for _, r := range g.Rules {
+			if r.Record == "" || r.Labels["consumer_group"] == "" || r.Labels["critical"] == "" {
+				t.Errorf("pipelines.yml: rule %+v does not record a series with consumer_group and critical", r)
+			}
+			fams[r.Record] = true
+		}
+	}
+	raw, err = os.ReadFile("alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules ruleFile
 	if err := yaml.Unmarshal(raw, &rules); err != nil {
 		t.Fatalf("alerts.yml: %v", err)
 	}
@@ -109,12 +128,41 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 			alerts[r.Alert] = r.For
 			for _, n := range metricName.FindAllString(r.Expr, -1) {
 				if !known(fams, n) {
-					t.Errorf("alert %s uses %s, which kscopeprom does not export", r.Alert, n)
+					t.Errorf("alert %s uses %s, which kscopeprom does not export and pipelines.yml does not record", r.Alert, n)
 				}
 			}
 		}
 	}
+	// Every alert has a promtool unit test.
+	tested := map[string]bool{}
+	for _, f := range []string{"alerts_test.yml", "pipelines_test.yml"} {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var unit struct {
+			Tests []struct {
+				AlertRuleTest []struct {
+					Alertname string `yaml:"alertname"`
+				} `yaml:"alert_rule_test"`
+			}
+		}
+		if err := yaml.Unmarshal(raw, &unit); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, tc := range unit.Tests {
+			for _, a := range tc.AlertRuleTest {
+				tested[a.Alertname] = true
+			}
+		}
+	}
+	for a := range alerts {
+		if !tested[a] {
+			t.Errorf("alert %s has no unit test in alerts_test.yml or pipelines_test.yml", a)
+		}
+	}
 	for _, a := range []string{"KscopeConsumerLagHigh", "KscopeHandlerStalled", "KscopeDeadLetterOnCriticalPipeline", "KscopeRetryExhaustion", "KscopeOffsetCommitsFailing",
+		"KscopePipelineDown", "KscopeConsumerGone",
 		"KscopeOutboxPendingGrowing", "KscopeOutboxStalled", "KscopeOutboxDeadLettered", "KscopeOutboxBlocked"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alerts.yml lacks %s", a)
@@ -152,8 +200,8 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 }
 
 // promtool, Prometheus's own checker, takes what kscope exports and ships:
-// the scrape passes its metric lint, the rule file loads, and the rule
-// unit tests of alerts_test.yml pass (each alert fires on the series it is
+// the scrape passes its metric lint, the rule files load, and the rule
+// unit tests of alerts_test.yml and pipelines_test.yml pass (each alert fires on the series it is
 // for, and not before its for: has passed).
 func TestPromtoolChecksTheScrapeAndTheRules(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
@@ -180,7 +228,7 @@ func TestPromtoolChecksTheScrapeAndTheRules(t *testing.T) {
 	if out, err := lint.CombinedOutput(); err != nil {
 		t.Errorf("promtool check metrics on the scrape: %v\n%s", err, out)
 	}
-	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+	for _, args := range [][]string{{"check", "rules", "alerts.yml", "pipelines.yml"}, {"test", "rules", "alerts_test.yml", "pipelines_test.yml"}} {
 		if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}

@@ -170,7 +170,7 @@ type report struct {
 
 func run() (int, error) {
 	start := time.Now()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	kafka, err := devenv.StartKafka(ctx)
 	if err != nil {
