@@ -38,6 +38,20 @@
 // Run [Migrate] before the runner: Run checks kscope's tables at start and
 // fails with a [*SchemaError] that says to run it.
 //
+// # A database that is down or refuses the runner
+//
+// At start, before it joins the group, Run checks its database. When
+// PostgreSQL refuses the runner (a wrong user or password, SQLSTATE class
+// 28; a database that does not exist, 3D000; a missing privilege, 42501;
+// any error of [IsDeploymentError]), Run fails at once with a
+// [*DatabaseError] that names the address, the database, the user and the
+// setting to change. A database that does not answer (a refused
+// connection, a timeout, a server starting up) is retried with a backoff
+// that grows to 30 s, each attempt logged at WARN; meanwhile the runner's
+// Stats().Waiting says what it waits for (a readiness probe reports it),
+// and after Options.StartTimeout (default 1 minute) Run fails with a
+// *DatabaseError whose TimedOut is set.
+//
 // A handler whose effect is statements that need no result can queue them
 // instead ([NewQueued], [QueueHandler]): the statements of a whole batch
 // then reach PostgreSQL in one pipelined round trip.

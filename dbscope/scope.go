@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -58,8 +57,10 @@ type Runner struct {
 // whose dead-letter produce was not acknowledged.
 //
 // Run [Migrate] first: Run fails at start with a [*SchemaError] when
-// kscope's tables are missing or older than this version. What the DB
-// scope does not cover: anything the handler does outside tx.
+// kscope's tables are missing or older than this version, and with a
+// [*DatabaseError] when the database refuses the runner or does not
+// answer within Options.StartTimeout. What the DB scope does not cover:
+// anything the handler does outside tx.
 func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope.New's handler", Reason: "is nil; pass the function that applies each record in its transaction"}
@@ -114,6 +115,7 @@ type scope struct {
 	skipped, parked                    atomic.Int64
 	stale, gapsDetected, gapsHealed    atomic.Int64
 	gapsAccepted, gapsTimedOut         atomic.Int64
+	waiting                            startWait // what Start waits for (Stats.Waiting)
 	group                              string
 
 	f         engine.Failures
@@ -215,9 +217,11 @@ func (s *scope) init(cfg consumer.Config) {
 
 // Start implements engine.Starter: Run fails at once with a
 // [*SchemaError], which says to run [Migrate], when the database lacks
-// kscope's tables or a migration of this version. A transient error (the
-// database not reachable yet) is retried with backoff; any other error of
-// the check is logged and the runner starts, as it did before the check.
+// kscope's tables or a migration of this version, and with a
+// [*DatabaseError] when PostgreSQL refuses the runner (see
+// IsDeploymentError). Any other error (the database not reachable yet) is
+// retried with backoff for up to Options.StartTimeout, then fails Run with
+// a *DatabaseError (see checkTables).
 // Then, for a consumer with no row in the tables of its prefix, it fails
 // with a *consumer.ConfigError when the data shows that a deployment
 // before it ran under another TablePrefix and left records parked or
@@ -251,35 +255,6 @@ func (s *scope) Start(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// checkTables is Start's schema check.
-func (s *scope) checkTables(ctx context.Context) error {
-	if max := int(s.o.Pool.Config().MaxConns); max < s.shards {
-		s.log.Warn("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
-			"and the pipeline runs at the pool's width; set pool_max_conns (or pgxpool.Config.MaxConns) to at least Config.Shards",
-			"pool_max_conns", max, "shards", s.shards)
-	}
-	for attempt := 1; ; attempt++ {
-		err := checkSchema(ctx, s.o.Pool, s.o.TablePrefix)
-		var se *SchemaError
-		switch {
-		case err == nil:
-			return nil
-		case errors.As(err, &se):
-			return err
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case !IsTransient(err):
-			s.log.Warn("kscope: could not check kscope's tables; starting anyway", "err", err)
-			return nil
-		}
-		d := backoff.Delay(attempt, retryBase, retryCap)
-		s.log.Warn("kscope: checking kscope's tables failed; retrying", "err", err, "attempt", attempt, "retry_in", d)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
-		}
-	}
 }
 
 // BatchLimits implements engine.Batcher.
