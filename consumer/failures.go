@@ -33,6 +33,7 @@ type failures struct {
 	obs      *observer
 
 	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
+	hold   deploymentHold   // key-shards held by a deployment error (Round.Held)
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed                                    atomic.Int64

@@ -50,7 +50,13 @@ import (
 //     error), which aborts the transaction before that record's savepoint,
 //     or a record of its transaction broke a deferred constraint: the
 //     transaction runs again, that record failing with PostgreSQL's error
-//     without its handler being called.
+//     without its handler being called (or, for an error of
+//     [IsDeploymentError] that no class claims, over the records before
+//     it, that record waiting for the deployment to be fixed);
+//   - a statement of its own, or of a record before it, met an error of
+//     [IsDeploymentError] (a missing table or column, a refused
+//     privilege): its key-shard holds and runs it again, with backoff,
+//     until the statement succeeds (see [New]).
 //
 // Any other failure of another record in its batch never makes it run
 // again. Only the call whose transaction commits leaves effects in the

@@ -166,7 +166,7 @@ func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 				return engine.Round{}
 			}
 			s.txRetries.Add(1)
-			return engine.Round{More: true, Err: err}
+			return engine.Round{More: true, Err: err, Held: s.deployment(err)}
 		}
 		s.transactions.Add(1)
 		return engine.Round{}

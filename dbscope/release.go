@@ -327,7 +327,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 			return true, ie
 		}
 	}
-	if herr != nil && s.transient(herr) {
+	if herr != nil && (s.transient(herr) || s.deployment(herr)) {
 		return true, herr
 	}
 	if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
@@ -451,6 +451,11 @@ func (s *scope) applyReleased(ctx context.Context, tx pgx.Tx, rtx *recordTx, r *
 				return errors.Join(herr, err)
 			}
 		} else if aborted {
+			if s.deployment(errors.Join(rtx.err, herr)) {
+				// The deployment is wrong, not the record: the release
+				// holds (see batchTx.runHandler).
+				return firstErr(herr, rtx.err)
+			}
 			if abortedByStatement(errors.Join(rtx.err, herr)) {
 				return &isolateError{err: herr} // see batchTx.runHandler
 			}

@@ -52,7 +52,21 @@ type Runner struct {
 // is retried after a backoff, so a batch makes progress while its records
 // fail transiently one by one (a statement timeout, say). A lost
 // connection retries the whole transaction. An error the handler marked
-// with a class follows the failure policy, whatever it wraps. The offset
+// with a class follows the failure policy, whatever it wraps.
+//
+// An error that says the deployment is wrong rather than the record
+// ([IsDeploymentError]: SQLSTATE class 42, such as 42P01 undefined table,
+// 42703 undefined column, 42501 insufficient privilege; class 28; 3D000;
+// class 3F), unless the handler marked it with a class or
+// Policy.Classify classifies it, is nobody's record's fault: the
+// key-shard that meets it holds (its record and those behind it), routes
+// nothing to the retry topics or the dead-letter topic, commits the
+// records before it, and retries with a backoff that grows to 30 s. It
+// goes on by itself once the statement succeeds (the migration ran, the
+// privilege was granted), applying every record once, in order. The
+// runner logs one ERROR when the first key-shard starts holding and one
+// INFO when the last goes on, and reports the hold in Stats().Hold and to
+// hook.HoldHook (kscope_held_key_shards in kscopeprom). The offset
 // is never committed past a record whose transaction did not commit or
 // whose dead-letter produce was not acknowledged.
 //
@@ -417,6 +431,25 @@ const lostWrites = "dbscope: the record is skipped, but a statement its handler 
 // policy whatever it wraps.
 func (s *scope) transient(err error) bool {
 	return s.f.Class(err) == consumer.ClassUnknown && IsTransient(err)
+}
+
+// deployment reports whether err, raised by a statement, says the
+// deployment is wrong rather than the record (IsDeploymentError) and
+// neither the handler (a class mark) nor Policy.Classify classified it:
+// the transaction is retried with backoff and the key-shard holds
+// (engine.Round.Held), instead of the record being routed by the failure
+// policy. A Classify that returns ok for it, whatever the class (unknown
+// included), makes it the record's failure again.
+func (s *scope) deployment(err error) bool {
+	if !IsDeploymentError(err) {
+		return false
+	}
+	if classify := s.f.Policy().Classify; classify != nil {
+		if _, ok := classify(err); ok {
+			return false
+		}
+	}
+	return retrytopic.ClassOf(err) == consumer.ClassUnknown
 }
 
 // call runs the handler and turns a panic into an error.

@@ -304,7 +304,7 @@ func (b *batchTx) runQueued(i int, hctx context.Context) (herr error, handled bo
 	default:
 		herr = c.err
 	}
-	if herr != nil && b.known[i] == nil && b.s.transient(herr) {
+	if herr != nil && b.known[i] == nil && (b.s.transient(herr) || b.s.deployment(herr)) {
 		b.cut, b.stop = i, &transientError{rec: r, err: herr}
 		return herr, false, nil
 	}
@@ -368,13 +368,18 @@ func (b *batchTx) runHandler(i int, hctx context.Context) (herr error, handled b
 		// first instead would cost a round trip for every record whose
 		// first statement may be new to the connection, and pgx does not
 		// say which are. A lost connection or a transient error retries
-		// the transaction.
+		// the transaction; so does an error that says the deployment is
+		// wrong (a missing table): the records before it commit first,
+		// and the key-shard holds.
+		if b.s.deployment(errors.Join(b.rtx.err, herr)) {
+			return herr, false, &transientError{rec: r, err: firstErr(herr, b.rtx.err)}
+		}
 		if abortedByStatement(errors.Join(b.rtx.err, herr)) {
 			return herr, false, &isolateError{i: i, err: herr}
 		}
 		return herr, false, fmt.Errorf("dbscope: the transaction was aborted before the record's savepoint: %w", errors.Join(herr, b.rtx.err))
 	}
-	if herr != nil && b.s.transient(herr) {
+	if herr != nil && (b.s.transient(herr) || b.s.deployment(herr)) {
 		b.cut, b.stop = i, &transientError{rec: r, err: herr}
 		return herr, false, nil
 	}
@@ -454,7 +459,7 @@ func (b *batchTx) commit() error {
 			}
 		}
 		if errors.As(err, &se) && se.owner >= 0 {
-			if IsTransient(se.err) || b.tx.Conn().IsClosed() {
+			if IsTransient(se.err) || b.s.deployment(se.err) || b.tx.Conn().IsClosed() {
 				return &transientError{rec: b.work[se.owner], err: se.err}
 			}
 			// A queued statement of record se.owner failed: the batch
@@ -493,4 +498,14 @@ func (b *batchTx) connLost(err error) bool {
 		return !errors.As(err, &pg)
 	}
 	return b.tx.Conn() == nil || b.tx.Conn().IsClosed()
+}
+
+// firstErr returns the first of errs that is not nil.
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
