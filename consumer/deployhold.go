@@ -48,22 +48,23 @@ func (h *deploymentHold) enter(f *failures, err error) {
 			"and the key-shards that meet it retry with backoff until it is fixed (run the service's migration, grant the privilege)",
 			slog.String("reason", "deployment"), slog.Any("err", err))
 	}
+	// Under the lock: the hooks see the counts in the order they changed.
+	f.obs.Hold(hook.Hold{Reason: "deployment", Shards: n, Err: h.err})
 	h.mu.Unlock()
-	f.obs.Hold(hook.Hold{Reason: "deployment", Shards: n, Err: err})
 }
 
 // leave counts one key-shard less held.
 func (h *deploymentHold) leave(f *failures) {
 	h.mu.Lock()
 	h.shards--
-	n, err := h.shards, h.err
+	n := h.shards
 	if n == 0 {
 		f.log.Info("kscope: the pipeline resumed: the statement that held it succeeds", slog.String("reason", "deployment"),
-			slog.Duration("held_for", time.Since(h.since).Round(time.Millisecond)), slog.Any("err", err))
-		h.since, h.err, err = time.Time{}, nil, nil
+			slog.Duration("held_for", time.Since(h.since).Round(time.Millisecond)), slog.Any("err", h.err))
+		h.since, h.err = time.Time{}, nil
 	}
+	f.obs.Hold(hook.Hold{Reason: "deployment", Shards: n, Err: h.err})
 	h.mu.Unlock()
-	f.obs.Hold(hook.Hold{Reason: "deployment", Shards: n, Err: err})
 }
 
 func (h *deploymentHold) stats() HoldStats {
