@@ -52,7 +52,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 	slices.Sort(got)
 	want := []string{
 		"Class", "ClassOf", "Config", "ConfigError", "ConfigError.Error", "DBStats", "DecodeError",
-		"FailureStats", "Handler", "HandlerFunc", "HandlerFunc.Handle",
+		"FailureStats", "Handler", "HandlerFunc", "HandlerFunc.Handle", "HoldStats",
 		"Identity", "Identity.Of", "KafkaStats", "Lateness", "New", "NullKeyPolicy", "Record",
 		"Record.Header", "Record.Revoked", "Retryable", "Runner", "Runner.Client",
 		"Runner.Close", "Runner.Config", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",

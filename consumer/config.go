@@ -41,8 +41,10 @@ const (
 // optional field selects the documented default; a Config that contradicts
 // itself is rejected by [New] with an error that says what to change.
 type Config struct {
-	// Brokers are the seed brokers, as host:port. Required.
-	// Java client equivalent: bootstrap.servers.
+	// Brokers are the seed brokers, as host:port. Required. When none of
+	// them can be reached, Run returns an error wrapping
+	// [ErrBrokersUnreachable] within 20 seconds (or the kgo.RetryTimeout
+	// of ClientOptions). Java client equivalent: bootstrap.servers.
 	Brokers []string
 
 	// Group is the consumer group id. Required. Java: group.id.

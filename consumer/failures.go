@@ -33,6 +33,7 @@ type failures struct {
 	obs      *observer
 
 	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
+	hold   deploymentHold   // key-shards held by a deployment error (Round.Held)
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed                                    atomic.Int64
@@ -167,10 +168,11 @@ func (f *failures) Observer() *observer { return f.obs }
 // retryTopics is set, its retry topics) exist, creating them unless the
 // policy says not to. cfg must have its defaults (Runner.Config).
 func ensureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) error {
-	// The runner's first requests: they give up within 20s (unless the
-	// options say otherwise), so that a broker that cannot be reached or
-	// spoken to stops Run with an error instead of a silent wait.
-	opts := append([]kgo.Opt{kgo.RetryTimeout(20 * time.Second)}, cfg.ClientOptions...)
+	// The runner's first requests: they give up within
+	// startupRetryTimeout (unless the options say otherwise), so that a
+	// broker that cannot be reached or spoken to stops Run with an error
+	// instead of a silent wait.
+	opts := append([]kgo.Opt{kgo.RetryTimeout(startupRetryTimeout)}, cfg.ClientOptions...)
 	adm, err := kgo.NewClient(append(opts, kgo.SeedBrokers(cfg.Brokers...))...)
 	if err != nil {
 		return fmt.Errorf("kscope: creating the Kafka client: %w", err)
@@ -359,13 +361,16 @@ func (f *failures) ensureTopics(ctx context.Context, sources []string) error {
 	}
 	td, err := adm.ListTopics(ctx, append(append([]string{}, need...), sources...)...)
 	switch {
+	case err != nil && ctx.Err() == nil && unreachable(err):
+		return fmt.Errorf("%w: looking up the failure topics: no connection to the brokers %v could be opened (the start requests give up after %v); check Config.Brokers (host and port) and that the brokers run and this host can reach them: %w",
+			ErrBrokersUnreachable, f.cl.OptValue(kgo.SeedBrokers), f.cl.OptValue(kgo.RetryTimeout), err)
 	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
 		return fmt.Errorf("%w: looking up the failure topics: SASL authentication failed; check the mechanism, user and password in Config.ClientOptions (kgo.SASL): %w", ErrBrokerSetup, err)
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		// This is a runner's first request: a broker that hangs up on it
 		// most often refused the client's TLS or SASL setup.
 		return fmt.Errorf("%w: looking up the failure topics: the broker closed the connection; check the TLS and SASL settings in Config.ClientOptions (mechanism, user, password, CA): %w", ErrBrokerSetup, err)
-	case err != nil && ctx.Err() == nil && f.cl.OptValue(kgo.DialTLSConfig) != nil:
+	case err != nil && ctx.Err() == nil && usesTLS(f.cl):
 		// A TLS client whose handshake gets no answer: most often the
 		// listener speaks plaintext.
 		return fmt.Errorf("%w: looking up the failure topics: no TLS connection to the brokers %v could be made; check that their listener speaks TLS (or remove kgo.DialTLSConfig from Config.ClientOptions for a plaintext listener): %w", ErrBrokerSetup, f.cl.OptValue(kgo.SeedBrokers), err)

@@ -24,6 +24,7 @@ type observer struct {
 	rebalance []hook.RebalanceHook
 	lateness  []hook.RetryLatenessHook
 	stall     []hook.StallHook
+	hold      []hook.HoldHook
 }
 
 // NewObserver returns the Observer of group's hooks.
@@ -59,6 +60,9 @@ func newObserver(group string, hooks []hook.Hook) *observer {
 		}
 		if x, ok := h.(hook.StallHook); ok {
 			o.stall = append(o.stall, x)
+		}
+		if x, ok := h.(hook.HoldHook); ok {
+			o.hold = append(o.hold, x)
 		}
 	}
 	return o
@@ -212,6 +216,17 @@ func (o *observer) Stall(s hook.Stall) {
 	s.Group = o.group
 	for _, h := range o.stall {
 		h.OnStall(s)
+	}
+}
+
+// Hold reports a change in the key-shards holding their records.
+func (o *observer) Hold(h hook.Hold) {
+	if o == nil {
+		return
+	}
+	h.Group = o.group
+	for _, x := range o.hold {
+		x.OnHold(h)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -204,6 +205,46 @@ func TestTLSAgainstPlaintextBrokerFailsRun(t *testing.T) {
 	if !errors.Is(err, consumer.ErrBrokerSetup) || !strings.Contains(err.Error(), "TLS") {
 		t.Fatalf("Run returned %v, want consumer.ErrBrokerSetup naming the TLS settings", err)
 	}
+}
+
+// Brokers at an address where nothing listens, with no TLS configured:
+// Run stops within its documented start bound with an error that says the
+// brokers could not be reached and names the address, not one about TLS.
+func TestUnreachableBrokerFailsRun(t *testing.T) {
+	addr := closedPort(t)
+	cfg := consumer.Config{Brokers: []string{addr}, Group: "g-unreachable", Topics: []string{"t"}, Logger: testLogger(t)}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bound: the start requests' 20 s retry timeout, and a margin.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Run did not return within its bound (returned %v)", err)
+	}
+	if !errors.Is(err, consumer.ErrBrokersUnreachable) || errors.Is(err, consumer.ErrBrokerSetup) {
+		t.Fatalf("Run returned %v, want consumer.ErrBrokersUnreachable and not ErrBrokerSetup", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, addr) || !strings.Contains(msg, "could not be reached") || strings.Contains(msg, "TLS") {
+		t.Fatalf("Run returned %q, want it to say the brokers at %s could not be reached, and no word of TLS", msg, addr)
+	}
+}
+
+// closedPort returns a loopback address where nothing listens: a port the
+// kernel handed out and that was closed again.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 // An input topic that does not exist is reported once, by name, and

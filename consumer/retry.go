@@ -24,14 +24,30 @@ const (
 // when done is not nil: what is durable may commit meanwhile) and waits:
 // the round's Wait (a retry in place's delay, which the failure policy
 // chose), or, after a failed round, a backoff that grows while rounds fail
-// in a row. The wait holds the caller's key-shard and nothing else. It
+// in a row. The wait holds the caller's key-shard and nothing else; while
+// its rounds fail with Held, the key-shard counts in the runner's hold
+// (Stats.Hold, hook.HoldHook). It
 // reports false when work was left undone: ctx ended, the partition of the
 // record the next round starts with (Round.Of) was revoked, or a round
 // said Stop.
 func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() link.Round[*Record]) bool {
-	failed := 0 // rounds failed in a row
+	failed := 0      // rounds failed in a row
+	holding := false // the last round failed with Held: this key-shard counts in the hold
+	defer func() {
+		if holding {
+			f.hold.leave(f)
+		}
+	}()
 	for {
 		r := round()
+		if held := r.Err != nil && r.Held; held != holding {
+			if held {
+				f.hold.enter(f, r.Err)
+			} else {
+				f.hold.leave(f)
+			}
+			holding = held
+		}
 		if r.Stop {
 			return false
 		}
@@ -47,7 +63,11 @@ func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() 
 			if r.Of != nil {
 				attrs = append(attrs, slog.String("topic", r.Of.Topic), slog.Int("partition", int(r.Of.Partition)), slog.Int64("offset", r.Of.Offset))
 			}
-			f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: a transaction failed; retrying", attrs...)
+			level := slog.LevelWarn
+			if r.Held {
+				level = slog.LevelDebug // the hold is logged once, when it begins and ends
+			}
+			f.log.LogAttrs(ctx, level, "kscope: a transaction failed; retrying", attrs...)
 		} else if failed > 0 {
 			f.log.Info("kscope: a transaction committed after failed attempts", "failed_attempts", failed)
 			failed = 0

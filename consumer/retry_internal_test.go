@@ -119,3 +119,50 @@ func TestRoundsStopsAtRevocation(t *testing.T) {
 		t.Fatal("a canceled context must end the loop with the work undone")
 	}
 }
+
+// TestRoundsReportsHeldKeyShards: while a loop's rounds fail with Held,
+// its key-shard counts in the runner's hold; two loops holding begin one
+// hold, and it ends when the last of them goes on (a round succeeds, or
+// the loop ends).
+func TestRoundsReportsHeldKeyShards(t *testing.T) {
+	f := roundsFailures()
+	missing := errors.New("relation \"t\" does not exist (SQLSTATE 42P01)")
+	var seen []int
+	inner := func() link.Round[*Record] {
+		seen = append(seen, f.hold.stats().Shards)
+		return link.Round[*Record]{More: true, Err: missing, Held: true, Wait: time.Millisecond}
+	}
+	i := 0
+	f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+		i++
+		switch i {
+		case 1, 2:
+			return link.Round[*Record]{More: true, Err: missing, Held: true, Wait: time.Millisecond}
+		case 3:
+			// A second key-shard's loop meets the error while this one holds,
+			// and stops while it still fails.
+			n := 0
+			f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+				if n++; n == 3 {
+					return link.Round[*Record]{Stop: true}
+				}
+				return inner()
+			})
+			return link.Round[*Record]{More: true, Err: missing, Held: true}
+		case 4:
+			seen = append(seen, f.hold.stats().Shards)
+			return link.Round[*Record]{More: true} // the statement succeeds
+		}
+		seen = append(seen, f.hold.stats().Shards)
+		return link.Round[*Record]{}
+	})
+	// Rounds 1-2 hold (1); the inner loop's rounds see 1 then 2; after
+	// it stopped, round 4 sees 1; round 5 sees 0.
+	if want := []int{1, 2, 1, 0}; !slices.Equal(seen, want) {
+		t.Fatalf("held key-shards seen %v, want %v", seen, want)
+	}
+	st := f.hold.stats()
+	if st.Shards != 0 || st.Holds != 1 || st.Err != "" || !st.Since.IsZero() {
+		t.Fatalf("hold after the loops %+v, want none held, one hold begun", st)
+	}
+}

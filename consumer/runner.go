@@ -220,6 +220,7 @@ func (r *Runner) Stats() Stats {
 		CommitErrors:     r.commitErrs.Load(),
 		StalledShards:    int(r.stalled.Load()),
 		Failures:         r.failureStats(),
+		Hold:             r.holdStats(),
 	}
 	if r.txs != nil {
 		st.Kafka.Held = r.heldDue.Load()
@@ -238,6 +239,16 @@ func (r *Runner) failureStats() FailureStats {
 		return FailureStats{}
 	}
 	return f.stats()
+}
+
+func (r *Runner) holdStats() HoldStats {
+	r.stopMu.Lock()
+	f := r.failures
+	r.stopMu.Unlock()
+	if f == nil {
+		return HoldStats{}
+	}
+	return f.hold.stats()
 }
 
 // start readies the scope, the key-shard pool and the failure topics (they

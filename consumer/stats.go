@@ -20,8 +20,19 @@ type Stats struct {
 	CommitErrors     int64    // offset commit requests that failed
 	StalledShards    int      // key-shards that have finished none of their records for Config.StallWarning, now
 	Failures         FailureStats
-	DB               DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
-	Kafka            KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
+	// Hold says whether key-shards hold their records because the
+	// deployment is wrong (a missing table, a refused privilege): see
+	// HoldStats. A readiness probe may report the runner not ready while
+	// Hold.Shards is above 0.
+	Hold HoldStats
+	// Waiting says why Run has not started consuming, while it waits for
+	// what its scope needs at start: in the DB scope, a database that does
+	// not answer (with its address and the last error), for up to
+	// dbscope.Options.StartTimeout. Empty otherwise. A readiness probe
+	// reports the runner not ready while it is set.
+	Waiting string
+	DB      DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
+	Kafka   KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 }
 
 // DBStats are the DB scope's counters (package dbscope), in [Stats].DB.

@@ -250,6 +250,7 @@ func TestBadOptions(t *testing.T) {
 		{dbscope.Options{Pool: pool, BatchLinger: -time.Second}, "BatchLinger"},
 		{dbscope.Options{Pool: pool, InboxTTL: -time.Hour}, "InboxTTL"},
 		{dbscope.Options{Pool: pool, CleanupBatch: -3}, "CleanupBatch"},
+		{dbscope.Options{Pool: pool, StartTimeout: -time.Second}, "StartTimeout"},
 		{dbscope.Options{Pool: pool, CleanupInterval: -time.Minute}, "CleanupInterval"},
 		{dbscope.Options{Pool: pool, TablePrefix: strings.Repeat("a", 41)}, "TablePrefix"},
 		{dbscope.Options{Pool: pool, Versions: &sequence.Config{Gaps: 9}}, "Versions"},

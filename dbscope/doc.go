@@ -26,6 +26,29 @@
 // IsTransient) retry the transaction instead, and only when the handler did
 // not mark them with a class.
 //
+// # Errors that say the deployment is wrong
+//
+// A statement that fails because the deployment is wrong, not the record —
+// a table or column the service's migration has not created, a privilege
+// not granted — fails every record alike. Such an error
+// ([IsDeploymentError]: SQLSTATE class 42, syntax error or access rule
+// violation, among them 42P01 undefined_table, 42703 undefined_column,
+// 42501 insufficient_privilege; class 28, invalid authorization; 3D000,
+// the database does not exist; class 3F, invalid schema name) holds the
+// key-shard that meets it: no record is routed to a retry topic or the
+// dead-letter topic for it, no offset is committed past it, and the
+// transaction is retried with a backoff that grows to 30 s until the
+// statement succeeds; then every held record is applied, once and in
+// order. The runner logs one ERROR when the hold begins and one INFO when
+// it ends, and exports it in Stats().Hold and through hook.HoldHook
+// (kscope_held_key_shards{reason="deployment"} in kscopeprom).
+//
+// A handler whose SQL depends on the record (a table per tenant named by
+// the record) makes such an error the record's fault again: mark it with a
+// class (consumer.Terminal(err)), or classify its code in
+// consumer.Config.Failures.Classify (any class, unknown included, with
+// ok=true): it then follows the failure policy.
+//
 // Records of one key-shard are batched into one transaction
 // (Options.BatchSize; up to 64 for a Handler), each record's writes after a
 // savepoint of its own, so that a failing record rolls back alone and the
@@ -37,6 +60,20 @@
 //
 // Run [Migrate] before the runner: Run checks kscope's tables at start and
 // fails with a [*SchemaError] that says to run it.
+//
+// # A database that is down or refuses the runner
+//
+// At start, before it joins the group, Run checks its database. When
+// PostgreSQL refuses the runner (a wrong user or password, SQLSTATE class
+// 28; a database that does not exist, 3D000; a missing privilege, 42501;
+// any error of [IsDeploymentError]), Run fails at once with a
+// [*DatabaseError] that names the address, the database, the user and the
+// setting to change. A database that does not answer (a refused
+// connection, a timeout, a server starting up) is retried with a backoff
+// that grows to 30 s, each attempt logged at WARN; meanwhile the runner's
+// Stats().Waiting says what it waits for (a readiness probe reports it),
+// and after Options.StartTimeout (default 1 minute) Run fails with a
+// *DatabaseError whose TimedOut is set.
 //
 // A handler whose effect is statements that need no result can queue them
 // instead ([NewQueued], [QueueHandler]): the statements of a whole batch

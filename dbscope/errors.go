@@ -54,3 +54,40 @@ func IsTransient(err error) bool {
 	var ce *pgconn.ConnectError
 	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) || errors.As(err, &ce)
 }
+
+// IsDeploymentError reports whether err is a PostgreSQL error that says
+// the deployment is wrong rather than the record: the statement meets a
+// schema, a grant or a login that is not what the service expects. Such
+// an error fails every record alike until an operator fixes the
+// deployment (runs the service's migration, grants a privilege, corrects
+// the connection string), so no record is to blame for it. It is decided
+// from the server's SQLSTATE code ([pgconn.PgError]):
+//
+//	class 42    syntax error or access rule violation, among them
+//	            42P01 undefined_table, 42703 undefined_column,
+//	            42883 undefined_function, 42501 insufficient_privilege,
+//	            42601 syntax_error
+//	class 28    invalid authorization specification
+//	            (28000, 28P01 invalid_password)
+//	3D000       invalid_catalog_name: the database does not exist
+//	class 3F    invalid schema name (3F000)
+//
+// The DB scope does not route a record whose transaction fails this way:
+// its key-shard holds the record and those behind it, retrying with
+// backoff, until the statement succeeds (see [New]); at start, Run fails
+// with a [*DatabaseError]. A handler whose SQL is built from the record
+// (a table named by the record, say), where such an error is the
+// record's fault, marks it with a class (consumer.Terminal, or
+// Policy.Classify in consumer.Config.Failures): a classed error follows
+// the failure policy whatever it wraps.
+func IsDeploymentError(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) || len(pg.Code) != 5 {
+		return false
+	}
+	switch pg.Code[:2] {
+	case "42", "28", "3F":
+		return true
+	}
+	return pg.Code == "3D000"
+}

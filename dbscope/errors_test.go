@@ -49,3 +49,36 @@ func TestIsTransient(t *testing.T) {
 		}
 	}
 }
+
+func TestIsDeploymentError(t *testing.T) {
+	deployment := []error{
+		&pgconn.PgError{Code: "42P01"}, // undefined_table
+		&pgconn.PgError{Code: "42703"}, // undefined_column
+		&pgconn.PgError{Code: "42501"}, // insufficient_privilege
+		&pgconn.PgError{Code: "42601"}, // syntax_error
+		&pgconn.PgError{Code: "28P01"}, // invalid_password
+		&pgconn.PgError{Code: "28000"}, // invalid_authorization_specification
+		&pgconn.PgError{Code: "3D000"}, // invalid_catalog_name
+		&pgconn.PgError{Code: "3F000"}, // invalid_schema_name
+		fmt.Errorf("handler: %w", &pgconn.PgError{Code: "42P01"}),
+	}
+	for _, err := range deployment {
+		if !IsDeploymentError(err) {
+			t.Errorf("%v: not a deployment error, want one", err)
+		}
+	}
+	record := []error{
+		nil,
+		&pgconn.PgError{Code: "23505"}, // unique_violation
+		&pgconn.PgError{Code: "22P02"}, // invalid_text_representation: the record's data
+		&pgconn.PgError{Code: "40001"}, // transient
+		&pgconn.PgError{Code: "3D"},
+		&pgconn.ConnectError{},
+		errors.New("relation \"t\" does not exist"), // decided from the code, never the text
+	}
+	for _, err := range record {
+		if IsDeploymentError(err) {
+			t.Errorf("%v: a deployment error, want not", err)
+		}
+	}
+}

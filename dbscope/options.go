@@ -50,7 +50,13 @@ import (
 //     error), which aborts the transaction before that record's savepoint,
 //     or a record of its transaction broke a deferred constraint: the
 //     transaction runs again, that record failing with PostgreSQL's error
-//     without its handler being called.
+//     without its handler being called (or, for an error of
+//     [IsDeploymentError] that no class claims, over the records before
+//     it, that record waiting for the deployment to be fixed);
+//   - a statement of its own, or of a record before it, met an error of
+//     [IsDeploymentError] (a missing table or column, a refused
+//     privilege): its key-shard holds and runs it again, with backoff,
+//     until the statement succeeds (see [New]).
 //
 // Any other failure of another record in its batch never makes it run
 // again. Only the call whose transaction commits leaves effects in the
@@ -163,6 +169,17 @@ type Options struct {
 	CleanupInterval time.Duration
 	CleanupBatch    int
 
+	// StartTimeout is how long Run waits at start for a database that
+	// does not answer (a refused connection, a timeout, a server starting
+	// up): it retries with a backoff that grows to 30 s, logs each
+	// attempt at WARN, and reports the wait in the runner's
+	// Stats().Waiting, which a readiness probe reads. Past it, Run returns
+	// a [*DatabaseError] with TimedOut set that names the address. A
+	// database that refuses the runner (a wrong password, a database that
+	// does not exist, a missing privilege) fails Run at once, whatever
+	// StartTimeout. Default DefaultStartTimeout (1 minute).
+	StartTimeout time.Duration
+
 	// Versions, when not nil, turns on version-gap detection: each record
 	// carries a per-key version and the key's last applied version is
 	// checked and advanced in the record's transaction. See package
@@ -190,6 +207,9 @@ func (o Options) withDefaults(cfg consumer.Config) Options {
 	}
 	if o.CleanupBatch == 0 {
 		o.CleanupBatch = DefaultCleanupBatch
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = DefaultStartTimeout
 	}
 	if o.Versions != nil {
 		v := o.Versions.WithDefaults()
@@ -223,6 +243,9 @@ func (o Options) validate() error {
 	}
 	if o.CleanupBatch < 0 {
 		bad("CleanupBatch", "is %d; set it to a positive row count (0 selects %d)", o.CleanupBatch, DefaultCleanupBatch)
+	}
+	if o.StartTimeout < 0 {
+		bad("StartTimeout", "is %s; set it to a positive duration (0 selects %s)", o.StartTimeout, DefaultStartTimeout)
 	}
 	if o.Versions != nil {
 		if err := o.Versions.Validate(); err != nil {

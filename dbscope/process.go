@@ -93,7 +93,7 @@ func (b *batchRun) round() engine.Round {
 				b.limit = cut
 			}
 		}
-		return engine.Round{More: true, Of: pending[0], Err: err}
+		return engine.Round{More: true, Of: pending[0], Err: err, Held: s.deployment(err)}
 	}
 	rest := pending[b.limit:] // after a transient failure: not tried yet
 	kept, wait, release, ok := s.settle(ctx, work, res, b.fails, b.calls, b.done)
@@ -109,7 +109,7 @@ func (b *batchRun) round() engine.Round {
 	if stop != nil {
 		delete(b.calls, stop.rec) // its next attempt calls the handler again
 		s.txRetries.Add(1)
-		next.Err, next.Progress = stop, stop.rec != pending[0]
+		next.Err, next.Progress, next.Held = stop, stop.rec != pending[0], s.deployment(stop)
 	}
 	if len(kept) == 0 && len(rest) == 0 {
 		return next

@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -53,13 +52,29 @@ type Runner struct {
 // is retried after a backoff, so a batch makes progress while its records
 // fail transiently one by one (a statement timeout, say). A lost
 // connection retries the whole transaction. An error the handler marked
-// with a class follows the failure policy, whatever it wraps. The offset
+// with a class follows the failure policy, whatever it wraps.
+//
+// An error that says the deployment is wrong rather than the record
+// ([IsDeploymentError]: SQLSTATE class 42, such as 42P01 undefined table,
+// 42703 undefined column, 42501 insufficient privilege; class 28; 3D000;
+// class 3F), unless the handler marked it with a class or
+// Policy.Classify classifies it, is nobody's record's fault: the
+// key-shard that meets it holds (its record and those behind it), routes
+// nothing to the retry topics or the dead-letter topic, commits the
+// records before it, and retries with a backoff that grows to 30 s. It
+// goes on by itself once the statement succeeds (the migration ran, the
+// privilege was granted), applying every record once, in order. The
+// runner logs one ERROR when the first key-shard starts holding and one
+// INFO when the last goes on, and reports the hold in Stats().Hold and to
+// hook.HoldHook (kscope_held_key_shards in kscopeprom). The offset
 // is never committed past a record whose transaction did not commit or
 // whose dead-letter produce was not acknowledged.
 //
 // Run [Migrate] first: Run fails at start with a [*SchemaError] when
-// kscope's tables are missing or older than this version. What the DB
-// scope does not cover: anything the handler does outside tx.
+// kscope's tables are missing or older than this version, and with a
+// [*DatabaseError] when the database refuses the runner or does not
+// answer within Options.StartTimeout. What the DB scope does not cover:
+// anything the handler does outside tx.
 func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope.New's handler", Reason: "is nil; pass the function that applies each record in its transaction"}
@@ -114,6 +129,7 @@ type scope struct {
 	skipped, parked                    atomic.Int64
 	stale, gapsDetected, gapsHealed    atomic.Int64
 	gapsAccepted, gapsTimedOut         atomic.Int64
+	waiting                            startWait // what Start waits for (Stats.Waiting)
 	group                              string
 
 	f         engine.Failures
@@ -215,9 +231,11 @@ func (s *scope) init(cfg consumer.Config) {
 
 // Start implements engine.Starter: Run fails at once with a
 // [*SchemaError], which says to run [Migrate], when the database lacks
-// kscope's tables or a migration of this version. A transient error (the
-// database not reachable yet) is retried with backoff; any other error of
-// the check is logged and the runner starts, as it did before the check.
+// kscope's tables or a migration of this version, and with a
+// [*DatabaseError] when PostgreSQL refuses the runner (see
+// IsDeploymentError). Any other error (the database not reachable yet) is
+// retried with backoff for up to Options.StartTimeout, then fails Run with
+// a *DatabaseError (see checkTables).
 // Then, for a consumer with no row in the tables of its prefix, it fails
 // with a *consumer.ConfigError when the data shows that a deployment
 // before it ran under another TablePrefix and left records parked or
@@ -251,35 +269,6 @@ func (s *scope) Start(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// checkTables is Start's schema check.
-func (s *scope) checkTables(ctx context.Context) error {
-	if max := int(s.o.Pool.Config().MaxConns); max < s.shards {
-		s.log.Warn("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
-			"and the pipeline runs at the pool's width; set pool_max_conns (or pgxpool.Config.MaxConns) to at least Config.Shards",
-			"pool_max_conns", max, "shards", s.shards)
-	}
-	for attempt := 1; ; attempt++ {
-		err := checkSchema(ctx, s.o.Pool, s.o.TablePrefix)
-		var se *SchemaError
-		switch {
-		case err == nil:
-			return nil
-		case errors.As(err, &se):
-			return err
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case !IsTransient(err):
-			s.log.Warn("kscope: could not check kscope's tables; starting anyway", "err", err)
-			return nil
-		}
-		d := backoff.Delay(attempt, retryBase, retryCap)
-		s.log.Warn("kscope: checking kscope's tables failed; retrying", "err", err, "attempt", attempt, "retry_in", d)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
-		}
-	}
 }
 
 // BatchLimits implements engine.Batcher.
@@ -442,6 +431,25 @@ const lostWrites = "dbscope: the record is skipped, but a statement its handler 
 // policy whatever it wraps.
 func (s *scope) transient(err error) bool {
 	return s.f.Class(err) == consumer.ClassUnknown && IsTransient(err)
+}
+
+// deployment reports whether err, raised by a statement, says the
+// deployment is wrong rather than the record (IsDeploymentError) and
+// neither the handler (a class mark) nor Policy.Classify classified it:
+// the transaction is retried with backoff and the key-shard holds
+// (engine.Round.Held), instead of the record being routed by the failure
+// policy. A Classify that returns ok for it, whatever the class (unknown
+// included), makes it the record's failure again.
+func (s *scope) deployment(err error) bool {
+	if !IsDeploymentError(err) {
+		return false
+	}
+	if classify := s.f.Policy().Classify; classify != nil {
+		if _, ok := classify(err); ok {
+			return false
+		}
+	}
+	return retrytopic.ClassOf(err) == consumer.ClassUnknown
 }
 
 // call runs the handler and turns a panic into an error.

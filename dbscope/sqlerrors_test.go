@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -63,9 +64,12 @@ func wantEffectsOnce(t *testing.T, got []string, keys string) {
 
 // A record whose first statement PostgreSQL cannot prepare (a table that
 // does not exist, a syntax error) fails alone, as any failing statement
-// does: it is routed by its error's class (a Terminal error to the DLT at
-// once, an unmarked one after its budget), and the other records of its
-// batch commit, each once, with their offsets.
+// does, when its error is classified as the record's fault (here a table
+// named by the record; unclassified, such an error holds the pipeline:
+// TestMissingTableHoldsThePipeline): it is routed by its class (a
+// Terminal error to the DLT at once, one Policy.Classify calls unknown
+// after its budget), and the other records of its batch commit, each
+// once, with their offsets.
 func TestUnpreparableFirstStatementFailsOnlyItsRecord(t *testing.T) {
 	cases := []struct {
 		name string
@@ -116,6 +120,7 @@ func TestUnpreparableFirstStatementFailsOnlyItsRecord(t *testing.T) {
 			cfg := baseConfig(k, group, topic)
 			cfg.Shards = 1 // the records share batches
 			cfg.Failures.UnknownAttempts = 2
+			cfg.Failures.Classify = recordsFault
 			var r *dbscope.Runner
 			var err error
 			if qh != nil {
@@ -520,4 +525,16 @@ func TestTransientCommitFailureIsRetriedInPlace(t *testing.T) {
 	if c := countEffects(t, pool); c.rows != len(vals) || c.unique != len(vals) {
 		t.Fatalf("%d effects (%d distinct), want %d, each once", c.rows, c.unique, len(vals))
 	}
+}
+
+// recordsFault is a Policy.Classify for handlers whose SQL comes from the
+// record (a table per tenant, a statement the record carries): an
+// undefined table or a syntax error is the record's fault, an unknown
+// failure, not a deployment to hold for.
+func recordsFault(err error) (consumer.Class, bool) {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42601") && retrytopic.ClassOf(err) == consumer.ClassUnknown {
+		return consumer.ClassUnknown, true // unless the handler marked it
+	}
+	return 0, false
 }

@@ -5,6 +5,7 @@ import "github.com/kscope-dev/kscope/consumer"
 // ReportStats implements engine.StatsReporter: the runner's Stats carry the
 // DB scope's counters in Stats.DB.
 func (s *scope) ReportStats(st *consumer.Stats) {
+	st.Waiting = s.waiting.get()
 	st.DB = consumer.DBStats{
 		Applied:       s.applied.Load(),
 		Duplicates:    s.duplicates.Load(),

@@ -199,3 +199,22 @@ type Stall struct {
 type StallHook interface {
 	OnStall(s Stall)
 }
+
+// Hold is what HoldHook receives when the number of key-shards that hold
+// their records because the deployment is wrong changes: a statement meets
+// a table, column or privilege that is not there (in the DB scope, a
+// PostgreSQL error of dbscope.IsDeploymentError). Such a key-shard routes
+// nothing to the retry topics or the dead-letter topic for it: it retries
+// with backoff and goes on by itself once the deployment is fixed.
+type Hold struct {
+	Group  string
+	Reason string // why the key-shards hold: "deployment"
+	Shards int    // key-shards holding now; 0 once every one went on
+	Err    error  // the error that started the hold; nil once Shards is 0
+}
+
+// HoldHook is called when key-shards start or stop holding (see Hold): the
+// first call of a hold has Shards 1, the last Shards 0.
+type HoldHook interface {
+	OnHold(h Hold)
+}

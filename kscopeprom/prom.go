@@ -35,6 +35,10 @@
 //	                                         records for consumer.Config.StallWarning: a
 //	                                         handler that does not return (the runner's
 //	                                         WARN names the record)
+//	kscope_held_key_shards{reason}           key-shards holding their records because the
+//	                                         deployment is wrong (reason="deployment": a
+//	                                         missing table or column, a refused privilege);
+//	                                         nothing is routed for them while above 0
 //
 // [Metrics.WatchRelay] adds an outbox relay's metrics (kscope_outbox_*).
 //
@@ -86,6 +90,7 @@ type Metrics struct {
 	lateness  *prometheus.HistogramVec
 	rebal     *prometheus.CounterVec
 	stalled   *prometheus.GaugeVec
+	held      *prometheus.GaugeVec
 
 	relayMu sync.Mutex
 	relays  *relayCollector // registered at the first WatchRelay
@@ -102,6 +107,7 @@ var (
 	_ hook.RebalanceHook     = (*Metrics)(nil)
 	_ hook.RetryLatenessHook = (*Metrics)(nil)
 	_ hook.StallHook         = (*Metrics)(nil)
+	_ hook.HoldHook          = (*Metrics)(nil)
 )
 
 // New creates the metrics and registers them.
@@ -135,7 +141,8 @@ func New(o Options) (*Metrics, error) {
 		Buckets: []float64{.01, .05, .1, .5, 1, 5, 30}}, gt)
 	m.rebal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_rebalances_total", Help: "Partition assignments, revocations and losses."}, []string{"consumer_group", "kind"})
 	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_stalled_key_shards", Help: "Key-shards that have finished none of their records for consumer.Config.StallWarning (a handler that does not return)."}, []string{"consumer_group", "topic"})
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled} {
+	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_key_shards", Help: "Key-shards holding their records because the deployment is wrong (a missing table or column, a refused privilege): nothing is routed for them."}, []string{"consumer_group", "reason"})
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -228,6 +235,11 @@ func (m *Metrics) OnStall(s hook.Stall) {
 	} else {
 		g.Inc()
 	}
+}
+
+// OnHold implements hook.HoldHook.
+func (m *Metrics) OnHold(h hook.Hold) {
+	m.held.WithLabelValues(h.Group, h.Reason).Set(float64(h.Shards))
 }
 
 func result(err error) string {

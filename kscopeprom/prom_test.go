@@ -267,6 +267,26 @@ func TestPartitionGoneDeletesItsSeries(t *testing.T) {
 	}
 }
 
+// A hold because the deployment is wrong is exported as the number of
+// key-shards holding, per group and reason, back to 0 when it ends.
+func TestHeldKeyShardsGauge(t *testing.T) {
+	m, err := kscopeprom.New(kscopeprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"consumer_group": "g", "reason": "deployment"}
+	for _, n := range []int{1, 2, 1} {
+		m.OnHold(hook.Hold{Group: "g", Reason: "deployment", Shards: n, Err: errors.New("relation does not exist")})
+		if v := value(t, m.Gatherer(), "kscope_held_key_shards", labels); v != float64(n) {
+			t.Fatalf("kscope_held_key_shards = %v, want %d", v, n)
+		}
+	}
+	m.OnHold(hook.Hold{Group: "g", Reason: "deployment"})
+	if v := value(t, m.Gatherer(), "kscope_held_key_shards", labels); v != 0 {
+		t.Fatalf("kscope_held_key_shards = %v after the hold ended, want 0", v)
+	}
+}
+
 // Registering twice into one registry is an error, not a panic.
 func TestRegistersIntoTheUsersRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()

@@ -260,7 +260,10 @@ type Attempt = link.Attempt
 // there is a next round, the record it starts with (Of: its partition's
 // revocation stops the loop), the wait before it (Wait: a retry in place's
 // delay), and whether this round failed (Err, and Progress when some of
-// its records were done first; a failed round is logged and backs off) or
+// its records were done first; a failed round is logged and backs off;
+// Held when its error says the deployment is wrong, not the record: the
+// key-shard is then reported as holding, in Stats.Hold and to
+// hook.HoldHook, until a round of the loop succeeds or the loop ends) or
 // left records undone (Stop: the loop ends).
 type Round = link.Round[*consumer.Record]
 

@@ -41,5 +41,6 @@ type Round[R any] struct {
 	Wait     time.Duration // the wait before the next round: a retry in place's delay
 	Err      error         // the round failed: the next one waits the loop's growing backoff
 	Progress bool          // with Err: some of the round's records were done first (the backoff starts over)
+	Held     bool          // with Err: the error says the deployment is wrong, not the record: the key-shard holds (reported as a hold) until a round succeeds
 	Stop     bool          // the round left records undone (ctx ended while it carried out a decision): the loop ends
 }
