@@ -455,12 +455,17 @@ func (r *Relay) listen(ctx context.Context) {
 			}
 			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN "+channel) //nolint:errcheck // best effort before the connection goes back
 			attempt = 0
+			// Rows that committed before the LISTEN sent no wake-up this
+			// relay heard: the publishers look now rather than at their
+			// next poll.
+			r.kickAll()
 			for {
 				n, err := conn.Conn().WaitForNotification(ctx)
 				if err != nil {
 					return err
 				}
-				name, part, ok := strings.Cut(n.Payload, "/")
+				i := strings.LastIndexByte(n.Payload, '/')
+				name, part, ok := n.Payload[:max(i, 0)], n.Payload[i+1:], i >= 0
 				if p, err := strconv.Atoi(part); ok && err == nil && name == r.o.Outbox {
 					r.kick(p)
 				}
@@ -474,6 +479,19 @@ func (r *Relay) listen(ctx context.Context) {
 		if !backoff.Sleep(ctx, d) {
 			return
 		}
+	}
+}
+
+// kickAll wakes the publisher of every partition this relay publishes.
+func (r *Relay) kickAll() {
+	r.wakeMu.Lock()
+	ps := make([]int, 0, len(r.wake))
+	for p := range r.wake {
+		ps = append(ps, p)
+	}
+	r.wakeMu.Unlock()
+	for _, p := range ps {
+		r.kick(p)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +33,9 @@ const (
 // Outbox, Partitions and TablePrefix.
 type Writer struct {
 	// Outbox names the outbox: a Relay publishes one outbox. Default
-	// "default".
+	// "default". At most 100 of a-z A-Z 0-9 . _ - (ValidOutboxName): the
+	// name is part of every record's identity ("<outbox>/<partition>/<seq>")
+	// and of the wake-up a new row sends its relay.
 	Outbox string
 	// Partitions splits the outbox by key hash: the records of one key are
 	// in one partition, published in the order their transactions
@@ -82,8 +85,24 @@ func (w Writer) withDefaults() Writer {
 	return w
 }
 
+// outboxNameRE is what an outbox name may be: it is part of the records'
+// identities and of the relay's wake-ups, both split at '/'.
+var outboxNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
+
+// ValidOutboxName reports, with an error that says what to change, an
+// outbox name that a Writer and a Relay refuse.
+func ValidOutboxName(name string) error {
+	if !outboxNameRE.MatchString(name) {
+		return fmt.Errorf("kscope: outbox name %q is not allowed; use 1 to 100 of a-z A-Z 0-9 . _ - (it is part of each record's identity, <outbox>/<partition>/<seq>)", name)
+	}
+	return nil
+}
+
 func (w Writer) validate() error {
 	var errs []error
+	if err := ValidOutboxName(w.Outbox); err != nil {
+		errs = append(errs, err)
+	}
 	if w.Partitions < 1 || w.Partitions > 4096 {
 		errs = append(errs, fmt.Errorf("kscope: outbox.Writer.Partitions is %d; set it between 1 and 4096 (0 selects %d), the same as the Relay's", w.Partitions, DefaultPartitions))
 	}
