@@ -108,6 +108,11 @@ that deduplicates (DB scope) applies it once; resume a redrive cut short
 from the partition and offset of its last progress line instead of
 running it again. Progress goes to stderr, the summary to stdout.
 
+With --json the summary is one JSON object: "sent" counts the records
+produced; a --dry-run sends none ("sent":0) and counts what it would send
+in "would_send", which only a dry run reports. "per_topic" counts them per
+target topic.
+
 Examples:
   kscope dlt redrive --group payments --to source --dry-run
   kscope dlt redrive --group payments --to source --class retryable --rate 50
@@ -139,14 +144,19 @@ type redriveOpts struct {
 
 // redriveReport is the summary --json prints.
 type redriveReport struct {
-	DLTTopic string         `json:"dlt_topic"`
-	To       string         `json:"to"`
-	DryRun   bool           `json:"dry_run"`
-	Scanned  int            `json:"scanned"`
-	Matched  int            `json:"matched"`
-	Sent     int            `json:"sent"` // with --dry-run: would send
-	Skipped  int            `json:"skipped"`
-	Copies   int            `json:"copies"` // later copies of an identity already sent
+	DLTTopic string `json:"dlt_topic"`
+	To       string `json:"to"`
+	DryRun   bool   `json:"dry_run"`
+	Scanned  int    `json:"scanned"`
+	Matched  int    `json:"matched"`
+	// Sent is the number of records produced: 0 with --dry-run, which
+	// counts in WouldSend what it would have sent instead.
+	Sent      int  `json:"sent"`
+	WouldSend *int `json:"would_send,omitempty"` // --dry-run only
+	Skipped   int  `json:"skipped"`
+	Copies    int  `json:"copies"` // later copies of an identity already sent
+	// PerTopic counts the records sent (with --dry-run: that would be
+	// sent) per target topic.
 	PerTopic map[string]int `json:"per_topic"`
 	Error    string         `json:"error,omitempty"`
 }
@@ -350,6 +360,9 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	if o.asJSON {
 		rep := redriveReport{DLTTopic: topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,
 			Sent: st.sent, Skipped: st.skipped, Copies: st.copies, PerTopic: st.perTopic}
+		if o.dryRun {
+			rep.Sent, rep.WouldSend = 0, &st.sent
+		}
 		if err != nil {
 			rep.Error = err.Error()
 		}
