@@ -16,6 +16,12 @@
 //   - batch partial failure: the rest of the batch commits;
 //   - replay: consuming the topic again causes no new effect.
 //
+// A scenario that does not apply to the pipeline (the undecodable record
+// without [DBPipeline].Undecodable, out-of-order versions without
+// Options.Versions or with a version extractor) or to the backend is not
+// run: its subtest is skipped (t.Skip) with the reason, and its [Result]
+// says Skipped.
+//
 // In every scenario the kit also counts the handler's calls per message
 // id: a record whose handler ran more than once although none of its calls
 // failed (a record before a failing one in its batch, say) is reported in
@@ -35,7 +41,7 @@
 // broker once); there the crash before the offset commit is made by
 // committing the group's offsets back to the start after the first runner
 // stopped, and the broker fault on EndTxn, which only kfake can inject, is
-// reported not applicable. With KSCOPE_TEST_CONTAINERS=1 they run on Apache
+// skipped. With KSCOPE_TEST_CONTAINERS=1 they run on Apache
 // Kafka and PostgreSQL in Docker containers, in a test binary that imports
 // the container provider, a Go module of its own so that only its users
 // download testcontainers:
@@ -111,8 +117,14 @@ type DBPipeline struct {
 // Result is one scenario's outcome.
 type Result struct {
 	Scenario string
-	Held     bool
-	Detail   string // what broke, or why the scenario did not apply
+	// Held says that the scenario ran and its guarantee held.
+	Held bool
+	// Skipped says that the scenario does not apply to this pipeline (no
+	// Undecodable, no Versions) or backend (a broker fault on a real
+	// broker): it did not run, its subtest was skipped (t.Skip) and Detail
+	// says why.
+	Skipped bool
+	Detail  string // what broke, or why the scenario did not apply
 	// Repeats counts the handler's calls of each message id that was
 	// handled more than once although none of its calls returned an error
 	// (a business skip aside): in the DB scope a handler runs again only
@@ -126,7 +138,7 @@ type Report []Result
 // Held reports whether every scenario that applied held.
 func (r Report) Held() bool {
 	for _, x := range r {
-		if !x.Held {
+		if !x.Held && !x.Skipped {
 			return false
 		}
 	}
@@ -150,22 +162,34 @@ func DB(t *testing.T, p DBPipeline) Report {
 			if detail == "" && len(repeats) > 0 {
 				detail = repeatsDetail(repeats)
 			}
-			mu.Lock()
-			rep = append(rep, Result{Scenario: sc.name, Held: detail == "" || detail == notApplicable, Detail: detail, Repeats: repeats})
-			mu.Unlock()
-			switch detail {
-			case "":
-			case notApplicable:
-				t.Log("not applicable to this pipeline")
-			default:
-				t.Error(detail)
-			}
+			report(t, &mu, &rep, Result{Scenario: sc.name, Detail: detail, Repeats: repeats})
 		})
 	}
 	return rep
 }
 
-const notApplicable = "not applicable"
+// skipPrefix starts the detail of a scenario that does not apply.
+const skipPrefix = "not applicable: "
+
+// notApplicable is what a scenario returns when it does not apply, and why.
+func notApplicable(why string) string { return skipPrefix + why }
+
+// report adds res, whose Detail is what its scenario returned, to rep, and
+// fails or skips t as the scenario's outcome says.
+func report(t *testing.T, mu *sync.Mutex, rep *Report, res Result) {
+	_, res.Skipped = strings.CutPrefix(res.Detail, skipPrefix)
+	res.Held = res.Detail == ""
+	mu.Lock()
+	*rep = append(*rep, res)
+	mu.Unlock()
+	switch {
+	case res.Held:
+	case res.Skipped:
+		t.Skip(res.Detail)
+	default:
+		t.Error(res.Detail)
+	}
+}
 
 // harness is one scenario's fresh topic, group and database.
 type harness struct {
@@ -463,10 +487,14 @@ func (h *harness) effects() int {
 
 func (h *harness) dlt() []*kgo.Record { return h.k.ReadAll(h.t, retrytopic.DLTopic(h.group)) }
 
+// scenario is one scenario of DB: run returns "" when its guarantee held,
+// what broke, or notApplicable(why).
 type scenario struct {
 	name string
 	run  func(h *harness) string
 }
+
+const noUndecodable = "the pipeline has no Undecodable: give it one that returns a record its handler rejects with consumer.DecodeError"
 
 func expect(cond bool, format string, args ...any) string {
 	if cond {
@@ -546,7 +574,7 @@ var scenarios = []scenario{
 	}},
 	{"undecodable_record_to_dlt", func(h *harness) string {
 		if h.p.Undecodable == nil {
-			return notApplicable
+			return notApplicable(noUndecodable)
 		}
 		bad := h.p.Undecodable()
 		bad.Topic, bad.Key = h.topic, []byte("k")
@@ -571,8 +599,12 @@ var scenarios = []scenario{
 	}},
 	{"out_of_order_versions", func(h *harness) string {
 		v := h.p.Options.Versions
-		if v == nil || v.Extract != nil {
-			return notApplicable
+		switch {
+		case v == nil:
+			return notApplicable("the pipeline has no Options.Versions: no per-key version to check")
+		case v.Extract != nil:
+			return notApplicable("Options.Versions.Extract reads the versions, and the kit can only write them in a header; " +
+				"to have the kit check the gap policy, give it the pipeline with Versions.Header instead of Extract")
 		}
 		hdr := headerOr(v.Header, sequence.DefaultHeader)
 		mk := func(ver int) *kgo.Record {
