@@ -256,8 +256,9 @@ func (s *scope) Start(ctx context.Context) error {
 // checkTables is Start's schema check.
 func (s *scope) checkTables(ctx context.Context) error {
 	if max := int(s.o.Pool.Config().MaxConns); max < s.shards {
-		s.log.Warn("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
-			"and the pipeline runs at the pool's width; set pool_max_conns (or pgxpool.Config.MaxConns) to at least Config.Shards",
+		s.log.Warn(fmt.Sprintf("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
+			"and the pipeline runs at the pool's width; add pool_max_conns=%d to the database URL (or set pgxpool.Config.MaxConns to %d), "+
+			"or set consumer.Config.Shards to %d", s.shards, s.shards, max),
 			"pool_max_conns", max, "shards", s.shards)
 	}
 	for attempt := 1; ; attempt++ {
