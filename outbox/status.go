@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/internal/kread"
@@ -33,6 +35,11 @@ type PartitionStatus struct {
 	// relay of this outbox publishes them (Position is 0, Pending counts
 	// them all). Status lists such partitions after the relay's.
 	Stranded bool
+	// NeverRelayed is set on every partition when the position topic
+	// does not exist: no relay of this outbox (with this PositionTopic)
+	// has ever run, so Pending counts every row. It is also what a wrong
+	// Outbox or PositionTopic looks like.
+	NeverRelayed bool
 }
 
 // Status reads where every partition of the outbox o names stands: the
@@ -51,11 +58,15 @@ func Status(ctx context.Context, o Options) ([]PartitionStatus, error) {
 	for i := range parts {
 		parts[i] = i
 	}
-	pos, err := readPositions(ctx, o, parts)
+	pos, relayed, err := readPositions(ctx, o, parts)
 	if err != nil {
 		return nil, fmt.Errorf("kscope: outbox status: reading the positions from %s: %w", o.PositionTopic, err)
 	}
-	return pending(ctx, o.Pool, o, pos)
+	st, err := pending(ctx, o.Pool, o, pos)
+	for i := range st {
+		st[i].NeverRelayed = !relayed
+	}
+	return st, err
 }
 
 // pending counts, for every partition of the outbox, the rows after its
@@ -155,8 +166,21 @@ func pendingOf(ctx context.Context, o Options, pos map[int]int64) ([]PartitionSt
 // the position topic: it reads, read_committed, every partition to the end
 // offset it has when called. A caller that publishes the partition has
 // initialised its producer first, so no transaction of an earlier
-// producer is left open on it.
-func readPositions(ctx context.Context, o Options, parts []int) (map[int]int64, error) {
+// producer is left open on it. exists is false, and every position 0,
+// when the position topic does not exist.
+func readPositions(ctx context.Context, o Options, parts []int) (pos map[int]int64, exists bool, err error) {
+	pos, err = readPositionTopic(ctx, o, parts)
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		pos = make(map[int]int64, len(parts))
+		for _, p := range parts {
+			pos[p] = 0
+		}
+		return pos, false, nil
+	}
+	return pos, err == nil, err
+}
+
+func readPositionTopic(ctx context.Context, o Options, parts []int) (map[int]int64, error) {
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, o.ClientOptions...), kgo.SeedBrokers(o.Brokers...))...)
 	if err != nil {
 		return nil, err

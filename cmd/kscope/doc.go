@@ -33,6 +33,25 @@
 // kscope identity). "kscope <command> -h" prints a command's flags and
 // examples.
 //
+// # Timeouts
+//
+// Every command that talks to Kafka or PostgreSQL takes two timeouts.
+// --connect-timeout (default 10s) bounds a connection: the TCP connection
+// to a broker, and the connection and start-up (TLS, authentication) of a
+// PostgreSQL session; it overrides the connect_timeout of the database
+// URL. --request-timeout (default 15s) bounds each step of the command
+// that waits for a server: looking up a topic, listing its offsets,
+// describing a group, committing offsets, one database query or
+// transaction (for outbox status, the whole read of the positions and the
+// counts), retries included. A server that takes connections and never
+// answers (a hung server, a port something else listens on) fails the
+// command once the timeout passed, with an error that names its address
+// and the flag to raise: "no answer from the brokers 10.0.0.5:9092 within
+// --request-timeout 15s", "PostgreSQL at 10.0.0.7:5432 did not answer
+// within --request-timeout 15s". Reading records (dlt list, show and
+// redrive) is bounded by --idle-timeout instead, and a produce by the
+// redrive's delivery timeout (30s per record).
+//
 // # Reading a dead-letter topic
 //
 // dlt list and dlt show read with read-committed isolation and no consumer
@@ -91,7 +110,10 @@
 // answer; show adds the headers and the value), and outbox status counts
 // them per partition. They change nothing. outbox status also lists, as
 // "no relay", partitions outside the outbox's that hold rows: a Writer
-// with another Partitions wrote them, and no relay publishes them.
+// with another Partitions wrote them, and no relay publishes them. On an
+// outbox whose relay never ran (its position topic does not exist, which
+// is also what a wrong --outbox or --position-topic looks like), it counts
+// every row as pending and says that no relay has run yet.
 //
 // outbox dead requeue moves rows back into their outbox, each in one
 // PostgreSQL transaction that deletes it from the dead-letter table and

@@ -235,11 +235,11 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	if by == "" {
 		return usagef("cannot tell who you are for the audit header: set --by")
 	}
-	brokers, err := e.brokers(*f.brokers)
+	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(brokers,
+	cl, err := kc.client(
 		kgo.RecordPartitioner(redrivePartitioner()),
 		kgo.RecordDeliveryTimeout(produceTimeout),
 	)
@@ -261,10 +261,12 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	// it) is sent once, its first copy.
 	sentIDs := make(map[string]bool)
 	st := &redriveStats{perTopic: make(map[string]int), started: time.Now()}
-	if bs, err := bounds(ctx, adm, brokers, topic, rng); err == nil {
+	if bs, err := bounds(ctx, adm, kc, topic, rng); err == nil {
 		for _, b := range bs {
 			st.total += max(b.end-b.begin, 0)
 		}
+	} else if isTimeout(err) {
+		return err // the brokers do not answer: the scan would wait as long again
 	}
 	st.lastProgress = st.started
 	verb := "sent"
@@ -272,7 +274,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		verb = "would send"
 	}
 
-	held, err := scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+	held, err := scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error {
 		st.scanned++
 		m, derr := decode(r)
 		if !flt.match(r, m) {
@@ -308,7 +310,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 			if o.to == "retry" {
 				what = "the retry topics are created when the group's consumers start with retries enabled; check --group and --ladder-first"
 			}
-			_, err := topicExists(ctx, adm, brokers, target, what)
+			_, err := topicExists(ctx, adm, kc, target, what)
 			checked[target] = err
 			if err != nil {
 				return fmt.Errorf("cannot redrive partition %d offset %d: %w", r.Partition, r.Offset, err)
