@@ -2,8 +2,9 @@
 // and what an outbox relay leaves in PostgreSQL: it lists, shows and
 // redrives the records of a consumer group's dead-letter topic, moves a
 // stopped group's committed offsets to replay (or skip) records, shows
-// how far an outbox's relay is, and lists, shows, requeues and discards
-// the outbox rows Kafka refused.
+// how far an outbox's relay is, lists, shows, requeues and discards the
+// outbox rows Kafka refused, and runs a local broker and a throwaway
+// PostgreSQL for development.
 //
 // Build it with:
 //
@@ -20,7 +21,7 @@
 //	kscope outbox dead show      ID [--max-value N] [--json]
 //	kscope outbox dead requeue   (ID... | --all [--outbox NAME]) [--topic T] [--dry-run] [--yes] [--json]
 //	kscope outbox dead discard   (ID... | --all [--outbox NAME]) [--dry-run] [--yes] [--json]
-//	kscope dev         [--port 9092] [--data-dir DIR] [--partitions N] [--brokers N]
+//	kscope dev         [--port 9092] [--data-dir DIR] [--partitions N] [--nodes N] [--postgres auto|on|off] [--pg-port N] [--pg-bin DIR]
 //	kscope help [command]
 //
 // The commands that talk to Kafka take --brokers, a comma-separated list
@@ -128,6 +129,21 @@
 // Both print the rows first and change them only with --yes (never with
 // --dry-run); an identity that is not in the table is named, and makes
 // the command exit 1.
+//
+// # A local broker and database
+//
+// dev runs franz-go's kfake, an in-process Kafka-protocol broker, and a
+// throwaway PostgreSQL server started from the machine's PostgreSQL server
+// binaries (initdb, pg_ctl), until interrupted, and prints the
+// KAFKA_BROKERS and DATABASE_URL to export. The server listens on
+// 127.0.0.1 (--pg-port, a free port by default) with a superuser "kscope"
+// and no password, runs as the postgres user when kscope runs as root, and
+// is removed with its data when dev stops, also when it is killed. With
+// --postgres auto (the default), a machine without the binaries gets the
+// broker alone and a note on how to install them (Debian, Ubuntu:
+// apt-get install postgresql); --postgres on fails without them, and
+// --postgres off starts the broker alone. --data-dir keeps the broker's
+// data across restarts; the PostgreSQL server is always throwaway.
 //
 // # Exit codes
 //

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
 // Exit codes.
@@ -52,6 +54,9 @@ type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	args           []string
+	// findPostgres returns the directory of the PostgreSQL server
+	// binaries, for kscope dev (testenv.FindPostgresBin).
+	findPostgres func() (string, error)
 }
 
 func commands() []*command {
@@ -97,7 +102,12 @@ func findCommand(words []string) (*command, int) {
 // run is the whole program: it parses args (without the program name),
 // runs the command and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	return runEnv(ctx, &env{stdout: stdout, stderr: stderr, getenv: os.Getenv, findPostgres: testenv.FindPostgresBin}, args)
+}
+
+// runEnv is run in e.
+func runEnv(ctx context.Context, e *env, args []string) int {
+	stdout, stderr := e.stdout, e.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage())
 		return exitUsage
