@@ -600,7 +600,7 @@ func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) 
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return 0, fmt.Errorf("initialising the producer: %w", err)
 	}
-	ps, err := readPositionTopic(ctx, pub.r.o, []int{pub.p})
+	ps, err := readPositions(ctx, pub.r.o, []int{pub.p})
 	if err != nil {
 		return 0, err
 	}

@@ -58,7 +58,7 @@ func Status(ctx context.Context, o Options) ([]PartitionStatus, error) {
 	for i := range parts {
 		parts[i] = i
 	}
-	pos, relayed, err := readPositions(ctx, o, parts)
+	pos, relayed, err := statusPositions(ctx, o, parts)
 	if err != nil {
 		return nil, fmt.Errorf("kscope: outbox status: reading the positions from %s: %w", o.PositionTopic, err)
 	}
@@ -162,14 +162,10 @@ func pendingOf(ctx context.Context, o Options, pos map[int]int64) ([]PartitionSt
 	return out, rows.Err()
 }
 
-// readPositions reads the last committed position of each of parts from
-// the position topic: it reads, read_committed, every partition to the end
-// offset it has when called. A caller that publishes the partition has
-// initialised its producer first, so no transaction of an earlier
-// producer is left open on it. exists is false, and every position 0,
-// when the position topic does not exist.
-func readPositions(ctx context.Context, o Options, parts []int) (pos map[int]int64, exists bool, err error) {
-	pos, err = readPositionTopic(ctx, o, parts)
+// statusPositions is readPositions for Status: exists is false, and every
+// position 0, when the position topic does not exist (no relay has run).
+func statusPositions(ctx context.Context, o Options, parts []int) (pos map[int]int64, exists bool, err error) {
+	pos, err = readPositions(ctx, o, parts)
 	if errors.Is(err, kerr.UnknownTopicOrPartition) {
 		pos = make(map[int]int64, len(parts))
 		for _, p := range parts {
@@ -180,7 +176,12 @@ func readPositions(ctx context.Context, o Options, parts []int) (pos map[int]int
 	return pos, err == nil, err
 }
 
-func readPositionTopic(ctx context.Context, o Options, parts []int) (map[int]int64, error) {
+// readPositions reads the last committed position of each of parts from
+// the position topic: it reads, read_committed, every partition to the end
+// offset it has when called. A caller that publishes the partition has
+// initialised its producer first, so no transaction of an earlier
+// producer is left open on it.
+func readPositions(ctx context.Context, o Options, parts []int) (map[int]int64, error) {
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, o.ClientOptions...), kgo.SeedBrokers(o.Brokers...))...)
 	if err != nil {
 		return nil, err
