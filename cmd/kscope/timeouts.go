@@ -32,9 +32,11 @@ type timeouts struct {
 func timeoutFlags(fs *flag.FlagSet) *timeouts {
 	t := &timeouts{}
 	fs.DurationVar(&t.connect, "connect-timeout", defaultConnectTimeout,
-		"give up on a server (a broker, PostgreSQL) that does not take the connection, and for PostgreSQL complete its start-up, within this long")
+		"give up on a server (a broker, PostgreSQL) that does not take the connection, and for PostgreSQL complete its start-up, within this long "+
+			"(over the database URL's connect_timeout)")
 	fs.DurationVar(&t.request, "request-timeout", defaultRequestTimeout,
-		"give up on a request that a server does not answer within this long, retries included")
+		"give up on a step that a server does not answer within this long, retries included: a topic's metadata, its offsets, a group's state, "+
+			"an offset commit, one database query or transaction")
 	return t
 }
 
