@@ -46,7 +46,12 @@
 // sent to a delayed retry topic, skipped, or sent to the dead-letter topic
 // with its failure metadata; see package retrytopic. Nothing is lost: the
 // offset of a failing record is not committed until its route is
-// acknowledged.
+// acknowledged. A handler that panics fails like one that returns an error
+// (class unknown) whose message is "kscope: handler panicked: " and the
+// panic's value; the process goes on. The panic's stack is logged once per
+// record, in the "stack" attribute of the first line about the record
+// that carries it; the lines of its later attempts, and its dead-letter
+// record's error header, carry the value alone.
 //
 // # Observability
 //

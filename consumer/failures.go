@@ -34,6 +34,7 @@ type failures struct {
 
 	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
 	hold   deploymentHold   // key-shards held by a deployment error (Round.Held)
+	stacks panicStacks      // the records whose panic stack was logged
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed                                    atomic.Int64
@@ -80,15 +81,19 @@ func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt i
 func (f *failures) Route(ctx context.Context, rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error {
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
+	// A handler panic's stack goes in the first line about the record
+	// that has it; the later ones carry the panic's value alone.
+	stack := f.stacks.attrs(meta.ID, err)
 	switch step.Action {
 	case retrytopic.ActionSkip:
 		f.skipped.Add(1)
-		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(recordAttrs(rec, total, err, 0), slog.String("outcome", string(hook.OutcomeSkipped)))...)
+		f.stacks.forget(meta.ID)
+		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(recordAttrs(rec, total, err, 0), append(stack, slog.String("outcome", string(hook.OutcomeSkipped)))...)...)
 	case retrytopic.ActionRetry:
 		f.retries.Add(1)
 		f.obs.Event(rec, hook.EventRetry, step.Class.String())
 		f.log.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
-			append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("outcome", "retrying"))...)
+			append(recordAttrs(rec, total, err, step.Delay), append(stack, slog.String("class", step.Class.String()), slog.String("outcome", "retrying"))...)...)
 	case retrytopic.ActionDeadLetter, retrytopic.ActionRetryTopic:
 		out := f.routedRecord(rec, err, step, attempt, firstFailure)
 		topic := out.Topic
@@ -103,13 +108,14 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 			f.obs.Event(rec, hook.EventRetryTopic, topic)
 			f.routed.Add(1)
 			f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record sent to a retry topic",
-				append(recordAttrs(rec, total, err, step.Delay), slog.String("class", step.Class.String()), slog.String("retry_topic", topic), slog.String("outcome", string(hook.OutcomeRetried)))...)
+				append(recordAttrs(rec, total, err, step.Delay), append(stack, slog.String("class", step.Class.String()), slog.String("retry_topic", topic), slog.String("outcome", string(hook.OutcomeRetried)))...)...)
 			break
 		}
 		f.deadLettered.Add(1)
+		f.stacks.forget(meta.ID)
 		f.obs.Event(rec, hook.EventDeadLetter, out.Topic)
 		f.dltLog.Log(ctx, f.log, slog.LevelError, "kscope: record sent to the dead-letter topic", "records sent to the dead-letter topic",
-			append(recordAttrs(rec, total, err, 0), slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(hook.OutcomeDeadLettered)))...)
+			append(recordAttrs(rec, total, err, 0), append(stack, slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(hook.OutcomeDeadLettered)))...)...)
 	}
 	return nil
 }

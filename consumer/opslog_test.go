@@ -2,8 +2,10 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // A stop (Ctrl-C) says at once that it drains, and says again while a
@@ -87,5 +90,73 @@ func TestDeadLetterLogIsRateLimited(t *testing.T) {
 	}
 	if !strings.Contains(out, "not_logged=20") {
 		t.Errorf("no line counts the 20 dead letters not logged one by one:\n%s", out)
+	}
+}
+
+// A handler that panics on every attempt has the panic's stack logged once
+// per record, in the "stack" attribute of the first line about it; the
+// lines of its later attempts, and the dead-letter record's error header,
+// carry the panic's value alone.
+func TestPanicStackLoggedOncePerRecord(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "panics", "g-panics"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.LogBuffer
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	cfg.Failures = fastFailures(retrytopic.Policy{})
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(_ context.Context, rec *consumer.Record) error {
+		panic("boom " + string(rec.Value))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAsync(t, r)
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("a")},
+		&kgo.Record{Topic: topic, Key: []byte("b"), Value: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "both records dead-lettered", func() bool { return r.Stats().Failures.DeadLettered == 2 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	type line struct {
+		Msg, Key, Err, Stack string
+		Attempt              int
+	}
+	lines := map[string][]line{} // per key
+	for _, raw := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l line
+		if err := json.Unmarshal([]byte(raw), &l); err != nil {
+			t.Fatalf("log line %q: %v", raw, err)
+		}
+		if l.Err != "" && l.Key != "" {
+			lines[l.Key] = append(lines[l.Key], l)
+		}
+	}
+	for _, key := range []string{"a", "b"} {
+		ls := lines[key]
+		if len(ls) != retrytopic.DefaultUnknownAttempts {
+			t.Fatalf("record %s: %d log lines, want one per attempt (%d): %+v", key, len(ls), retrytopic.DefaultUnknownAttempts, ls)
+		}
+		for i, l := range ls {
+			if want := "kscope: handler panicked: boom " + key; l.Err != want {
+				t.Errorf("record %s, line %d (%s): err %q, want %q (the value alone)", key, i+1, l.Msg, l.Err, want)
+			}
+			switch {
+			case i == 0 && !strings.Contains(l.Stack, "goroutine") || i == 0 && !strings.Contains(l.Stack, "panic"):
+				t.Errorf("record %s: its first line (%s) has no stack: %q", key, l.Msg, l.Stack)
+			case i > 0 && l.Stack != "":
+				t.Errorf("record %s: line %d (%s) repeats the stack", key, i+1, l.Msg)
+			}
+		}
+	}
+	for _, d := range k.ReadAll(t, retrytopic.DLTopic(group)) {
+		if msg, want := testenv.Header(d, retrytopic.HeaderError), "kscope: handler panicked: boom "+string(d.Key); msg != want {
+			t.Errorf("DLT record %s: error %q, want %q", d.Key, msg, want)
+		}
 	}
 }

@@ -50,6 +50,17 @@ type Beginner interface {
 // its dead-letter table, and package intent's intents. It is idempotent and safe to run from several processes at once:
 // each file is applied once, under an advisory lock, and recorded in
 // <prefix>schema_migrations.
+//
+// Migrate waits for the database as long as ctx lets it: for a connection,
+// for the migration lock (another process migrating), for each statement.
+// A server that takes connections and never answers, or a lock never
+// released, blocks it until ctx ends (or, while connecting, until the
+// pool's connect_timeout passes), and it then returns ctx's error. Give it
+// a ctx with a deadline:
+//
+//	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+//	defer cancel()
+//	err := dbscope.Migrate(ctx, pool, "")
 func Migrate(ctx context.Context, db Beginner, prefix string) error {
 	if prefix == "" {
 		prefix = DefaultTablePrefix

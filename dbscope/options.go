@@ -88,7 +88,10 @@ const (
 type Options struct {
 	// Pool is the PostgreSQL pool the transactions run on. Required. Give
 	// it at least as many connections as consumer.Config.Shards, or shards
-	// wait for each other's connections.
+	// wait for each other's connections (the runner warns at start).
+	// pgxpool's default, the greater of 4 and the number of CPUs, is below
+	// consumer.DefaultShards (16) on most machines: add pool_max_conns=16
+	// to the database URL, or set pgxpool.Config.MaxConns.
 	Pool *pgxpool.Pool
 
 	// Consumer names this pipeline in the inbox and offsets tables: records

@@ -42,7 +42,8 @@ func TestNarrowPoolWarns(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if out := logs.String(); !strings.Contains(out, "fewer connections than the runner has key-shards") || !strings.Contains(out, "pool_max_conns=4") {
+	if out := logs.String(); !strings.Contains(out, "fewer connections than the runner has key-shards") || !strings.Contains(out, "pool_max_conns=4") ||
+		!strings.Contains(out, "add pool_max_conns=16 to the database URL") {
 		t.Fatalf("no warning about the pool's width:\n%s", out)
 	}
 }

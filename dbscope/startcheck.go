@@ -104,8 +104,9 @@ func (w *startWait) get() string {
 // deployment error (IsDeploymentError), Run fails with a *DatabaseError.
 func (s *scope) checkTables(ctx context.Context) error {
 	if max := int(s.o.Pool.Config().MaxConns); max < s.shards {
-		s.log.Warn("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
-			"and the pipeline runs at the pool's width; set pool_max_conns (or pgxpool.Config.MaxConns) to at least Config.Shards",
+		s.log.Warn(fmt.Sprintf("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
+			"and the pipeline runs at the pool's width; add pool_max_conns=%d to the database URL (or set pgxpool.Config.MaxConns to %d), "+
+			"or set consumer.Config.Shards to %d", s.shards, s.shards, max),
 			"pool_max_conns", max, "shards", s.shards)
 	}
 	defer s.waiting.set("")

@@ -60,16 +60,7 @@ func Kafka(t *testing.T, p KafkaPipeline) Report {
 		t.Run(sc.name, func(t *testing.T) {
 			h := newKafkaHarness(t, p, sc.name)
 			detail := sc.run(h)
-			mu.Lock()
-			rep = append(rep, Result{Scenario: sc.name, Held: detail == "" || detail == notApplicable, Detail: detail})
-			mu.Unlock()
-			switch detail {
-			case "":
-			case notApplicable:
-				t.Log("not applicable to this pipeline")
-			default:
-				t.Error(detail)
-			}
+			report(t, &mu, &rep, Result{Scenario: sc.name, Detail: detail})
 		})
 	}
 	return rep
@@ -405,7 +396,7 @@ var kafkaScenarios = []kafkaScenario{
 	}},
 	{"undecodable_record_to_dlt", func(h *kafkaHarness) string {
 		if h.p.Undecodable == nil {
-			return notApplicable
+			return notApplicable(noUndecodable)
 		}
 		bad := h.p.Undecodable()
 		bad.Topic, bad.Key = h.topic, []byte("undecodable")
@@ -436,7 +427,7 @@ var kafkaScenarios = []kafkaScenario{
 			h.produce(h.record(""))
 		}
 		if _, err := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.TransactionAbortable, Count: 1}); err != nil {
-			return notApplicable // a real broker cannot be told to fail
+			return notApplicable("only the in-process kfake broker can be told to fail an EndTxn; this one is " + h.k.Kind)
 		}
 		return h.settle(h.runner(h.txnID, txn.Options{}), 10*h.p.OutputsPerInput, 0)
 	}},

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/internal/kread"
@@ -33,6 +35,11 @@ type PartitionStatus struct {
 	// relay of this outbox publishes them (Position is 0, Pending counts
 	// them all). Status lists such partitions after the relay's.
 	Stranded bool
+	// NeverRelayed is set on every partition when the position topic
+	// does not exist: no relay of this outbox (with this PositionTopic)
+	// has ever run, so Pending counts every row. It is also what a wrong
+	// Outbox or PositionTopic looks like.
+	NeverRelayed bool
 }
 
 // Status reads where every partition of the outbox o names stands: the
@@ -51,11 +58,15 @@ func Status(ctx context.Context, o Options) ([]PartitionStatus, error) {
 	for i := range parts {
 		parts[i] = i
 	}
-	pos, err := readPositions(ctx, o, parts)
+	pos, relayed, err := statusPositions(ctx, o, parts)
 	if err != nil {
 		return nil, fmt.Errorf("kscope: outbox status: reading the positions from %s: %w", o.PositionTopic, err)
 	}
-	return pending(ctx, o.Pool, o, pos)
+	st, err := pending(ctx, o.Pool, o, pos)
+	for i := range st {
+		st[i].NeverRelayed = !relayed
+	}
+	return st, err
 }
 
 // pending counts, for every partition of the outbox, the rows after its
@@ -149,6 +160,20 @@ func pendingOf(ctx context.Context, o Options, pos map[int]int64) ([]PartitionSt
 		}
 	}
 	return out, rows.Err()
+}
+
+// statusPositions is readPositions for Status: exists is false, and every
+// position 0, when the position topic does not exist (no relay has run).
+func statusPositions(ctx context.Context, o Options, parts []int) (pos map[int]int64, exists bool, err error) {
+	pos, err = readPositions(ctx, o, parts)
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		pos = make(map[int]int64, len(parts))
+		for _, p := range parts {
+			pos[p] = 0
+		}
+		return pos, false, nil
+	}
+	return pos, err == nil, err
 }
 
 // readPositions reads the last committed position of each of parts from

@@ -27,11 +27,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"strconv"
 	"time"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/guard"
 )
 
 // DefaultHeader is the header a record's version is read from unless
@@ -118,7 +118,8 @@ var ErrNoVersion = errors.New("no readable version")
 
 // Version reads r's version. An error wraps ErrNoVersion: the header is
 // missing or not an integer >= 1, or Extract returned an error, a version
-// below 1, or panicked (the panic's value and stack are in the error).
+// below 1, or panicked (the error's message has the panic's value; a
+// runner logs its stack once per record).
 func (c Config) Version(r *consumer.Record) (int64, error) {
 	if c.Extract != nil {
 		v, err := c.extract(r)
@@ -152,7 +153,7 @@ func (c Config) Version(r *consumer.Record) (int64, error) {
 func (c Config) extract(r *consumer.Record) (v int64, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			v, err = 0, fmt.Errorf("the extractor panicked: %v\n%s", p, debug.Stack())
+			v, err = 0, guard.Recovered("the extractor panicked: ", p)
 		}
 	}()
 	return c.Extract(r)

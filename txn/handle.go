@@ -129,8 +129,9 @@ func (s *scope) failed(ctx context.Context, w *work, rec *consumer.Record, err e
 		s.route(ctx, w, rec, out, "retry", step.Class.String())
 		w.do(func(tx *txnState) { tx.retryTopic.Add(1) })
 		s.obs.Event(rec, hook.EventRetryTopic, out.Topic)
-		s.log.Warn("kscope: record sent to a retry topic (in the transaction)",
-			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "retry_topic", out.Topic, "delay", step.Delay, "err", err)
+		s.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record sent to a retry topic (in the transaction)",
+			append([]slog.Attr{slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset),
+				slog.String("retry_topic", out.Topic), slog.Duration("delay", step.Delay), slog.Any("err", err)}, s.f.PanicStack(rec, err)...)...)
 		return hook.OutcomeRetried, err
 	default:
 		s.deadLetter(ctx, w, rec, err, step, attempt, first)
@@ -146,7 +147,8 @@ func (s *scope) deadLetter(ctx context.Context, w *work, rec *consumer.Record, e
 	w.do(func(tx *txnState) { tx.dead.Add(1) })
 	s.obs.Event(rec, hook.EventDeadLetter, dl.Topic)
 	s.dltLog.Log(ctx, s.log, slog.LevelError, "kscope: record sent to the dead-letter topic (in the transaction)", "records sent to the dead-letter topic",
-		slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset), slog.String("class", step.Class.String()), slog.Any("err", err))
+		append([]slog.Attr{slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset),
+			slog.String("class", step.Class.String()), slog.Any("err", err)}, s.f.PanicStack(rec, err)...)...)
 }
 
 // route adds a retry or dead-letter record to w.

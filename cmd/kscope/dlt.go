@@ -154,11 +154,11 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	if err != nil {
 		return err
 	}
-	brokers, err := e.brokers(*f.brokers)
+	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(brokers)
+	cl, err := kc.client()
 	if err != nil {
 		return err
 	}
@@ -176,7 +176,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	if !asJSON {
 		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	}
-	held, err := scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+	held, err := scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error {
 		m, derr := decode(r)
 		if !flt.match(r, m) {
 			return nil
@@ -375,18 +375,18 @@ func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue in
 	if err != nil {
 		return err
 	}
-	brokers, err := e.brokers(*f.brokers)
+	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(brokers)
+	cl, err := kc.client()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 
-	bs, err := bounds(ctx, adm, brokers, topic, rng)
+	bs, err := bounds(ctx, adm, kc, topic, rng)
 	if err != nil {
 		return err
 	}
@@ -398,7 +398,7 @@ func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue in
 		return fmt.Errorf("offset %d of %s partition %d is not written yet: the partition ends at %d", offset, topic, rng.partition, b.end)
 	}
 	var found *kgo.Record
-	_, err = scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+	_, err = scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error {
 		if r.Offset == offset {
 			found = r
 		}

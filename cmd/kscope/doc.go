@@ -2,8 +2,9 @@
 // and what an outbox relay leaves in PostgreSQL: it lists, shows and
 // redrives the records of a consumer group's dead-letter topic, moves a
 // stopped group's committed offsets to replay (or skip) records, shows
-// how far an outbox's relay is, and lists, shows, requeues and discards
-// the outbox rows Kafka refused.
+// how far an outbox's relay is, lists, shows, requeues and discards the
+// outbox rows Kafka refused, and runs a local broker and a throwaway
+// PostgreSQL for development.
 //
 // Build it with:
 //
@@ -20,7 +21,7 @@
 //	kscope outbox dead show      ID [--max-value N] [--json]
 //	kscope outbox dead requeue   (ID... | --all [--outbox NAME]) [--topic T] [--dry-run] [--yes] [--json]
 //	kscope outbox dead discard   (ID... | --all [--outbox NAME]) [--dry-run] [--yes] [--json]
-//	kscope dev         [--port 9092] [--data-dir DIR] [--partitions N] [--brokers N]
+//	kscope dev         [--port 9092] [--data-dir DIR] [--partitions N] [--nodes N] [--postgres auto|on|off] [--pg-port N] [--pg-bin DIR]
 //	kscope help [command]
 //
 // The commands that talk to Kafka take --brokers, a comma-separated list
@@ -32,6 +33,25 @@
 // --key (exact), --class (unknown, retryable, terminal, skip) and --id (the
 // kscope identity). "kscope <command> -h" prints a command's flags and
 // examples.
+//
+// # Timeouts
+//
+// Every command that talks to Kafka or PostgreSQL takes two timeouts.
+// --connect-timeout (default 10s) bounds a connection: the TCP connection
+// to a broker, and the connection and start-up (TLS, authentication) of a
+// PostgreSQL session; it overrides the connect_timeout of the database
+// URL. --request-timeout (default 15s) bounds each step of the command
+// that waits for a server: looking up a topic, listing its offsets,
+// describing a group, committing offsets, one database query or
+// transaction (for outbox status, the whole read of the positions and the
+// counts), retries included. A server that takes connections and never
+// answers (a hung server, a port something else listens on) fails the
+// command once the timeout passed, with an error that names its address
+// and the flag to raise: "no answer from the brokers 10.0.0.5:9092 within
+// --request-timeout 15s", "PostgreSQL at 10.0.0.7:5432 did not answer
+// within --request-timeout 15s". Reading records (dlt list, show and
+// redrive) is bounded by --idle-timeout instead, and a produce by the
+// redrive's delivery timeout (30s per record).
 //
 // # Reading a dead-letter topic
 //
@@ -91,7 +111,10 @@
 // answer; show adds the headers and the value), and outbox status counts
 // them per partition. They change nothing. outbox status also lists, as
 // "no relay", partitions outside the outbox's that hold rows: a Writer
-// with another Partitions wrote them, and no relay publishes them.
+// with another Partitions wrote them, and no relay publishes them. On an
+// outbox whose relay never ran (its position topic does not exist, which
+// is also what a wrong --outbox or --position-topic looks like), it counts
+// every row as pending and says that no relay has run yet.
 //
 // outbox dead requeue moves rows back into their outbox, each in one
 // PostgreSQL transaction that deletes it from the dead-letter table and
@@ -106,6 +129,21 @@
 // Both print the rows first and change them only with --yes (never with
 // --dry-run); an identity that is not in the table is named, and makes
 // the command exit 1.
+//
+// # A local broker and database
+//
+// dev runs franz-go's kfake, an in-process Kafka-protocol broker, and a
+// throwaway PostgreSQL server started from the machine's PostgreSQL server
+// binaries (initdb, pg_ctl), until interrupted, and prints the
+// KAFKA_BROKERS and DATABASE_URL to export. The server listens on
+// 127.0.0.1 (--pg-port, a free port by default) with a superuser "kscope"
+// and no password, runs as the postgres user when kscope runs as root, and
+// is removed with its data when dev stops, also when it is killed. With
+// --postgres auto (the default), a machine without the binaries gets the
+// broker alone and a note on how to install them (Debian, Ubuntu:
+// apt-get install postgresql); --postgres on fails without them, and
+// --postgres off starts the broker alone. --data-dir keeps the broker's
+// data across restarts; the PostgreSQL server is always throwaway.
 //
 // # Exit codes
 //

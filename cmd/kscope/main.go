@@ -15,7 +15,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
 // Exit codes.
@@ -54,6 +54,9 @@ type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	args           []string
+	// findPostgres returns the directory of the PostgreSQL server
+	// binaries, for kscope dev (testenv.FindPostgresBin).
+	findPostgres func() (string, error)
 }
 
 func commands() []*command {
@@ -99,7 +102,12 @@ func findCommand(words []string) (*command, int) {
 // run is the whole program: it parses args (without the program name),
 // runs the command and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	return runEnv(ctx, &env{stdout: stdout, stderr: stderr, getenv: os.Getenv, findPostgres: testenv.FindPostgresBin}, args)
+}
+
+// runEnv is run in e.
+func runEnv(ctx context.Context, e *env, args []string) int {
+	stdout, stderr := e.stdout, e.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage())
 		return exitUsage
@@ -184,8 +192,17 @@ func runCommand(ctx context.Context, c *command, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "kscope %s: %s\nRun 'kscope %s -h' for usage.\n", c.name, u.msg, c.name)
 		return exitUsage
 	}
-	fmt.Fprintf(e.stderr, "kscope %s: %v\n", c.name, err)
+	fmt.Fprintf(e.stderr, "kscope %s: %s\n", c.name, message(c.name, err))
 	return exitFailure
+}
+
+// message is err's message after "kscope <command>: ", without the
+// "kscope: " that the library's errors start with, nor the command's name
+// again: the line says "kscope" once.
+func message(command string, err error) string {
+	msg := strings.ReplaceAll(err.Error(), ": kscope: ", ": ")
+	msg = strings.TrimPrefix(msg, "kscope: ")
+	return strings.TrimPrefix(msg, command+": ")
 }
 
 // usageError is a wrong command line: the command did nothing.
@@ -215,7 +232,10 @@ Commands:
 
 The commands that talk to Kafka take --brokers (default: $KAFKA_BROKERS,
 comma separated); the outbox commands take --database-url (default:
-$DATABASE_URL).
+$DATABASE_URL). Both take --connect-timeout (default 10s) and
+--request-timeout (default 15s): a server that does not take the
+connection, or does not answer a request, within them fails the command,
+and the error names it.
 kscope --version prints the version.
 Exit codes: 0 ok, 1 failure or refusal, 2 wrong command line.
 
@@ -313,30 +333,6 @@ func (e *env) brokers(flagValue string) ([]string, error) {
 		return nil, usagef("no brokers given: set --brokers or KAFKA_BROKERS (comma separated host:port)")
 	}
 	return out, nil
-}
-
-// newClient returns a client on brokers for admin requests and producing.
-// Nothing is produced to a topic that does not exist: the client never
-// creates topics.
-func newClient(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) {
-	base := []kgo.Opt{
-		kgo.SeedBrokers(brokers...),
-		kgo.ClientID("kscope-cli"),
-		kgo.RetryTimeout(defaultRetryTimeout),
-	}
-	cl, err := kgo.NewClient(append(base, opts...)...)
-	if err != nil {
-		return nil, fmt.Errorf("bad --brokers %q: %w", strings.Join(brokers, ","), err)
-	}
-	return cl, nil
-}
-
-// reachErr explains an error from the first request to the cluster.
-func reachErr(brokers []string, err error) error {
-	if errors.Is(err, context.Canceled) {
-		return err
-	}
-	return fmt.Errorf("cannot talk to the brokers %s: %w (check --brokers or KAFKA_BROKERS, and that the cluster is up)", strings.Join(brokers, ","), err)
 }
 
 func sortedPartitions[V any](m map[int32]V) []int32 {

@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kscope-dev/kscope/outbox"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 func outboxStatusCmd() *command {
@@ -29,8 +32,10 @@ not published yet, how old the oldest of them is, and how many rows the
 relay moved to the dead-letter table because Kafka refuses them (see them
 with 'kscope outbox dead list'). Partitions outside 0 to --partitions - 1
 that hold rows are listed last, as "no relay": a Writer with another
-Partitions wrote them, and no relay of this outbox publishes them. It
-changes nothing.
+Partitions wrote them, and no relay of this outbox publishes them. When
+the position topic does not exist, no relay of the outbox has run yet (or
+--outbox or --position-topic is not the relay's): every row is pending,
+and it says so ("never_relayed" in --json). It changes nothing.
 The names must be the relay's: --outbox, --partitions, --table-prefix and
 --position-topic default as outbox.Options does.
 
@@ -46,22 +51,24 @@ Examples:
 			prefix := tablePrefixFlag(fs)
 			posTopic := fs.String("position-topic", "", "the relay's position topic (default kscope-outbox-<outbox>.positions)")
 			asJSON := fs.Bool("json", false, "print one JSON object per partition and line")
+			to := timeoutFlags(fs)
 			return func(ctx context.Context) error {
-				bs, err := e.brokers(*brokers)
+				kc, err := e.kafka(*brokers, to)
 				if err != nil {
 					return err
 				}
-				pool, err := e.database(ctx, *dbURL)
+				db, err := e.database(*dbURL, to)
 				if err != nil {
 					return err
 				}
-				defer pool.Close()
-				st, err := outbox.Status(ctx, outbox.Options{Brokers: bs, Pool: pool, Outbox: *name, Partitions: *parts,
-					TablePrefix: *prefix, PositionTopic: *posTopic})
+				defer db.Close()
+				o := outbox.Options{Brokers: kc.brokers, ClientOptions: kc.opts(), Pool: db.Pool, Outbox: *name, Partitions: *parts,
+					TablePrefix: *prefix, PositionTopic: *posTopic}
+				st, err := outboxStatus(ctx, kc, db, o)
 				if err != nil {
 					return err
 				}
-				return printOutboxStatus(e, st, *asJSON)
+				return printOutboxStatus(e, o, st, *asJSON)
 			}
 		},
 	}
@@ -77,20 +84,27 @@ func tablePrefixFlag(fs *flag.FlagSet) *string {
 	return fs.String("table-prefix", "", "the table prefix given to dbscope.Migrate (default kscope_)")
 }
 
-// database returns a pool on the database of the flag or DATABASE_URL.
-func (e *env) database(ctx context.Context, flagValue string) (*pgxpool.Pool, error) {
-	url := flagValue
-	if strings.TrimSpace(url) == "" {
-		url = e.getenv("DATABASE_URL")
+// outboxStatus runs outbox.Status within --request-timeout and says
+// which server did not answer.
+func outboxStatus(ctx context.Context, kc *kafkaConn, db *dbConn, o outbox.Options) ([]outbox.PartitionStatus, error) {
+	deadline := time.Now().Add(kc.to.request)
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	st, err := outbox.Status(rctx, o)
+	var ce *pgconn.ConnectError
+	var pe *pgconn.PgError
+	var op *net.OpError
+	switch {
+	case err == nil || ctx.Err() != nil:
+		return st, err
+	case errors.As(err, &ce) || errors.As(err, &pe) || pgconn.Timeout(err):
+		return nil, db.explain(ctx, err)
+	case !time.Now().Before(deadline):
+		return nil, kc.silent(err)
+	case isTimeout(err) || errors.As(err, &op):
+		return nil, kc.reachErr(err)
 	}
-	if strings.TrimSpace(url) == "" {
-		return nil, usagef("no database given: set --database-url or DATABASE_URL")
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return nil, fmt.Errorf("bad --database-url: %w", err)
-	}
-	return pool, nil
+	return nil, err
 }
 
 // outboxEntry is one partition in outbox status --json.
@@ -103,9 +117,13 @@ type outboxEntry struct {
 	// Stranded marks a partition outside the outbox's --partitions that
 	// holds rows: no relay of that many partitions publishes them.
 	Stranded bool `json:"stranded,omitempty"`
+	// NeverRelayed says that the position topic does not exist: no relay
+	// of this outbox has run yet (or --outbox or --position-topic is not
+	// the relay's).
+	NeverRelayed bool `json:"never_relayed,omitempty"`
 }
 
-func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
+func printOutboxStatus(e *env, o outbox.Options, st []outbox.PartitionStatus, asJSON bool) error {
 	now := time.Now()
 	age := func(s outbox.PartitionStatus) time.Duration {
 		if s.Oldest.IsZero() {
@@ -116,7 +134,8 @@ func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)
 		for _, s := range st {
-			if err := enc.Encode(outboxEntry{Partition: s.Partition, Position: s.Position, Pending: s.Pending, OldestSeconds: age(s).Seconds(), Dead: s.Dead, Stranded: s.Stranded}); err != nil {
+			if err := enc.Encode(outboxEntry{Partition: s.Partition, Position: s.Position, Pending: s.Pending, OldestSeconds: age(s).Seconds(), Dead: s.Dead,
+				Stranded: s.Stranded, NeverRelayed: s.NeverRelayed}); err != nil {
 				return err
 			}
 		}
@@ -147,6 +166,10 @@ func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "%s pending, the oldest for %s\n", plural(int(total), "row"), oldest.Round(time.Millisecond))
+	if len(st) > 0 && st[0].NeverRelayed {
+		fmt.Fprintf(e.stdout, "no relay of outbox %s has run yet: its position topic %s does not exist (a relay creates it when it starts). "+
+			"Start an outbox.Relay for it, or check --outbox and --position-topic if one runs\n", o.Outbox, positionTopic(o))
+	}
 	if dead > 0 {
 		fmt.Fprintf(e.stdout, "%s in the dead-letter table, not published: Kafka refuses them; see 'kscope outbox dead list'\n", plural(int(dead), "row"))
 	}
@@ -157,4 +180,12 @@ func printOutboxStatus(e *env, st []outbox.PartitionStatus, asJSON bool) error {
 			plural(int(stranded), "row"), strings.Join(strandedParts, ", "), len(st)-len(strandedParts), len(st)-len(strandedParts))
 	}
 	return nil
+}
+
+// positionTopic is o's position topic, defaulted as outbox.Options does.
+func positionTopic(o outbox.Options) string {
+	if o.PositionTopic != "" {
+		return o.PositionTopic
+	}
+	return "kscope-outbox-" + retrytopic.SafeName(o.Outbox) + ".positions"
 }

@@ -49,24 +49,53 @@ Examples:
 // deadFlags are the flags every outbox dead command takes.
 type deadFlags struct {
 	dbURL, prefix, outbox *string
+	timeouts              *timeouts
 }
 
 func declareDeadFlags(fs *flag.FlagSet) *deadFlags {
 	return &deadFlags{
-		dbURL:  databaseFlag(fs),
-		prefix: tablePrefixFlag(fs),
-		outbox: fs.String("outbox", "", "only the rows of this outbox (default: every outbox)"),
+		dbURL:    databaseFlag(fs),
+		prefix:   tablePrefixFlag(fs),
+		outbox:   fs.String("outbox", "", "only the rows of this outbox (default: every outbox)"),
+		timeouts: timeoutFlags(fs),
 	}
 }
 
-// open returns the dead-letter table of the flags, and the function that
-// closes its pool.
-func (f *deadFlags) open(ctx context.Context, e *env) (outbox.DeadLetters, func(), error) {
-	pool, err := e.database(ctx, *f.dbURL)
+// open returns the dead-letter table of the flags.
+func (f *deadFlags) open(e *env) (*deadTable, error) {
+	db, err := e.database(*f.dbURL, f.timeouts)
 	if err != nil {
-		return outbox.DeadLetters{}, nil, err
+		return nil, err
 	}
-	return outbox.DeadLetters{DB: pool, TablePrefix: *f.prefix}, pool.Close, nil
+	return &deadTable{db: db, dl: outbox.DeadLetters{DB: db.Pool, TablePrefix: *f.prefix}}, nil
+}
+
+// deadTable is an outbox dead-letter table whose every call is one
+// request to the database, bounded by --request-timeout.
+type deadTable struct {
+	db *dbConn
+	dl outbox.DeadLetters
+}
+
+func (d *deadTable) Close() { d.db.Close() }
+
+func (d *deadTable) List(ctx context.Context, name string) (rows []outbox.DeadRow, err error) {
+	err = d.db.request(ctx, func(ctx context.Context) error { rows, err = d.dl.List(ctx, name); return err })
+	return rows, err
+}
+
+func (d *deadTable) Get(ctx context.Context, id string) (row outbox.DeadRow, err error) {
+	err = d.db.request(ctx, func(ctx context.Context) error { row, err = d.dl.Get(ctx, id); return err })
+	return row, err
+}
+
+func (d *deadTable) Requeue(ctx context.Context, id, topic string) (q outbox.Requeued, err error) {
+	err = d.db.request(ctx, func(ctx context.Context) error { q, err = d.dl.Requeue(ctx, id, topic); return err })
+	return q, err
+}
+
+func (d *deadTable) Discard(ctx context.Context, id string) error {
+	return d.db.request(ctx, func(ctx context.Context) error { return d.dl.Discard(ctx, id) })
 }
 
 // deadEntry is one row in outbox dead list --json.
@@ -91,11 +120,11 @@ func toDeadEntry(w outbox.DeadRow) deadEntry {
 }
 
 func deadList(ctx context.Context, e *env, f *deadFlags, asJSON bool) error {
-	dl, closeDB, err := f.open(ctx, e)
+	dl, err := f.open(e)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer dl.Close()
 	rows, err := dl.List(ctx, *f.outbox)
 	if err != nil {
 		return err
@@ -178,11 +207,11 @@ func deadShow(ctx context.Context, e *env, f *deadFlags, maxValue int, asJSON bo
 		return usagef("--max-value must be 0 (no limit) or more, got %d", maxValue)
 	}
 	id := e.args[0]
-	dl, closeDB, err := f.open(ctx, e)
+	dl, err := f.open(e)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer dl.Close()
 	w, err := dl.Get(ctx, id)
 	if errors.Is(err, outbox.ErrNotDead) {
 		return fmt.Errorf("%s is not in the dead-letter table: requeued or discarded already, or never dead-lettered (see 'kscope outbox dead list')", id)
@@ -372,11 +401,11 @@ func deadChange(ctx context.Context, e *env, o *deadOpts) error {
 	case o.topic != "" && !outbox.ValidTopic(o.topic):
 		return usagef("--topic %q is not a Kafka topic name; use at most 249 of a-z A-Z 0-9 . _ -", o.topic)
 	}
-	dl, closeDB, err := o.f.open(ctx, e)
+	dl, err := o.f.open(e)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer dl.Close()
 	listed, err := dl.List(ctx, *o.f.outbox)
 	if err != nil {
 		return err

@@ -108,6 +108,11 @@ that deduplicates (DB scope) applies it once; resume a redrive cut short
 from the partition and offset of its last progress line instead of
 running it again. Progress goes to stderr, the summary to stdout.
 
+With --json the summary is one JSON object: "sent" counts the records
+produced; a --dry-run sends none ("sent":0) and counts what it would send
+in "would_send", which only a dry run reports. "per_topic" counts them per
+target topic.
+
 Examples:
   kscope dlt redrive --group payments --to source --dry-run
   kscope dlt redrive --group payments --to source --class retryable --rate 50
@@ -139,14 +144,19 @@ type redriveOpts struct {
 
 // redriveReport is the summary --json prints.
 type redriveReport struct {
-	DLTTopic string         `json:"dlt_topic"`
-	To       string         `json:"to"`
-	DryRun   bool           `json:"dry_run"`
-	Scanned  int            `json:"scanned"`
-	Matched  int            `json:"matched"`
-	Sent     int            `json:"sent"` // with --dry-run: would send
-	Skipped  int            `json:"skipped"`
-	Copies   int            `json:"copies"` // later copies of an identity already sent
+	DLTTopic string `json:"dlt_topic"`
+	To       string `json:"to"`
+	DryRun   bool   `json:"dry_run"`
+	Scanned  int    `json:"scanned"`
+	Matched  int    `json:"matched"`
+	// Sent is the number of records produced: 0 with --dry-run, which
+	// counts in WouldSend what it would have sent instead.
+	Sent      int  `json:"sent"`
+	WouldSend *int `json:"would_send,omitempty"` // --dry-run only
+	Skipped   int  `json:"skipped"`
+	Copies    int  `json:"copies"` // later copies of an identity already sent
+	// PerTopic counts the records sent (with --dry-run: that would be
+	// sent) per target topic.
 	PerTopic map[string]int `json:"per_topic"`
 	Error    string         `json:"error,omitempty"`
 }
@@ -225,11 +235,11 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	if by == "" {
 		return usagef("cannot tell who you are for the audit header: set --by")
 	}
-	brokers, err := e.brokers(*f.brokers)
+	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(brokers,
+	cl, err := kc.client(
 		kgo.RecordPartitioner(redrivePartitioner()),
 		kgo.RecordDeliveryTimeout(produceTimeout),
 	)
@@ -251,10 +261,12 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	// it) is sent once, its first copy.
 	sentIDs := make(map[string]bool)
 	st := &redriveStats{perTopic: make(map[string]int), started: time.Now()}
-	if bs, err := bounds(ctx, adm, brokers, topic, rng); err == nil {
+	if bs, err := bounds(ctx, adm, kc, topic, rng); err == nil {
 		for _, b := range bs {
 			st.total += max(b.end-b.begin, 0)
 		}
+	} else if isTimeout(err) {
+		return err // the brokers do not answer: the scan would wait as long again
 	}
 	st.lastProgress = st.started
 	verb := "sent"
@@ -262,7 +274,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		verb = "would send"
 	}
 
-	held, err := scan(ctx, brokers, adm, topic, rng, func(r *kgo.Record) error {
+	held, err := scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error {
 		st.scanned++
 		m, derr := decode(r)
 		if !flt.match(r, m) {
@@ -298,7 +310,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 			if o.to == "retry" {
 				what = "the retry topics are created when the group's consumers start with retries enabled; check --group and --ladder-first"
 			}
-			_, err := topicExists(ctx, adm, brokers, target, what)
+			_, err := topicExists(ctx, adm, kc, target, what)
 			checked[target] = err
 			if err != nil {
 				return fmt.Errorf("cannot redrive partition %d offset %d: %w", r.Partition, r.Offset, err)
@@ -350,6 +362,9 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	if o.asJSON {
 		rep := redriveReport{DLTTopic: topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,
 			Sent: st.sent, Skipped: st.skipped, Copies: st.copies, PerTopic: st.perTopic}
+		if o.dryRun {
+			rep.Sent, rep.WouldSend = 0, &st.sent
+		}
 		if err != nil {
 			rep.Error = err.Error()
 		}

@@ -261,7 +261,8 @@ func TestRedriveStopsAtFirstProduceError(t *testing.T) {
 }
 
 // --json: the summary (and, with --dry-run, each record) as JSON objects
-// a script can read.
+// a script can read. A dry run sends nothing: it says so ("sent":0) and
+// counts what it would send apart, as its text does ("would send").
 func TestRedriveJSON(t *testing.T) {
 	k := testenv.KafkaT(t)
 	setupDLT(t, k)
@@ -280,17 +281,25 @@ func TestRedriveJSON(t *testing.T) {
 		t.Fatalf("record line %q: %v", lines[0], err)
 	}
 	var sum struct {
-		DryRun   bool           `json:"dry_run"`
-		Matched  int            `json:"matched"`
-		Sent     int            `json:"sent"`
-		Scanned  int            `json:"scanned"`
-		PerTopic map[string]int `json:"per_topic"`
+		DryRun    bool           `json:"dry_run"`
+		Matched   int            `json:"matched"`
+		Sent      *int           `json:"sent"`
+		WouldSend *int           `json:"would_send"`
+		Scanned   int            `json:"scanned"`
+		PerTopic  map[string]int `json:"per_topic"`
 	}
-	if err := json.Unmarshal([]byte(lines[5]), &sum); err != nil || !sum.DryRun || sum.Matched != 5 || sum.Sent != 5 || sum.Scanned != 5 || len(sum.PerTopic) == 0 {
-		t.Fatalf("summary %q (%v): %+v", lines[5], err, sum)
+	if err := json.Unmarshal([]byte(lines[5]), &sum); err != nil || !sum.DryRun || sum.Matched != 5 || sum.Sent == nil || *sum.Sent != 0 ||
+		sum.WouldSend == nil || *sum.WouldSend != 5 || sum.Scanned != 5 || sum.PerTopic[testSource] != 5 {
+		t.Fatalf("dry-run summary %q (%v): want sent 0, would_send 5 to orders", lines[5], err)
+	}
+	if got := readTopic(t, k, testSource); len(got) != 0 {
+		t.Fatalf("the dry run sent %d records", len(got))
 	}
 	r = kscope(t, "dlt", "redrive", brokers(k), "--group", testGroup, "--to", "source", "--json", "--by", "frank")
 	r.want(t, exitOK, `"dry_run":false`, `"sent":5`)
+	if strings.Contains(r.stdout, "would_send") {
+		t.Fatalf("a redrive that sends reports would_send: %s", r.stdout)
+	}
 }
 
 // Retention deletes records of a partition that the redrive, which reads

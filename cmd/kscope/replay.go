@@ -92,6 +92,7 @@ Examples:
 			fs.BoolVar(&o.dryRun, "dry-run", false, "print the blast radius and change nothing")
 			fs.BoolVar(&o.yes, "yes", false, "commit the new offsets (without it, only the blast radius is printed)")
 			fs.BoolVar(&o.asJSON, "json", false, "print the plan and the outcome as one JSON object")
+			o.timeouts = timeoutFlags(fs)
 			return func(ctx context.Context) error {
 				o.brokers = *brokers
 				return replay(ctx, e, o)
@@ -106,6 +107,7 @@ type replayOpts struct {
 	toTime                string
 	toStart, toEnd        bool
 	dryRun, yes, asJSON   bool
+	timeouts              *timeouts
 }
 
 // replayReport is what --json prints: the plan per partition, its totals,
@@ -192,24 +194,25 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 	if targets != 1 {
 		return usagef("give exactly one target: --to-offset, --to-time, --to-start or --to-end")
 	}
-	brokers, err := e.brokers(o.brokers)
+	kc, err := e.kafka(o.brokers, o.timeouts)
 	if err != nil {
 		return err
 	}
-	cl, err := newClient(brokers)
+	cl, err := kc.client()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 
-	if _, err := topicExists(ctx, adm, brokers, o.topic, "check --topic"); err != nil {
+	if _, err := topicExists(ctx, adm, kc, o.topic, "check --topic"); err != nil {
 		return err
 	}
-	if err := groupStopped(ctx, adm, o.group); err != nil {
+	if err := kc.do(ctx, func(ctx context.Context) error { return groupStopped(ctx, adm, o.group) }); err != nil {
 		return err
 	}
-	plan, err := replayTargets(ctx, adm, o, at)
+	var plan map[int32]*replayPlan
+	err = kc.do(ctx, func(ctx context.Context) (err error) { plan, err = replayTargets(ctx, adm, o, at); return err })
 	if err != nil {
 		return err
 	}
@@ -246,7 +249,7 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 
 	// Check again right before committing: a consumer may have started
 	// while the plan was printed.
-	if err := groupStopped(ctx, adm, o.group); err != nil {
+	if err := kc.do(ctx, func(ctx context.Context) error { return groupStopped(ctx, adm, o.group) }); err != nil {
 		return err
 	}
 	offsets := make(kadm.Offsets)
@@ -256,7 +259,11 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		}
 		offsets.Add(kadm.Offset{Topic: o.topic, Partition: p, At: pl.target, LeaderEpoch: pl.epoch})
 	}
-	resp, err := adm.CommitOffsets(ctx, o.group, offsets)
+	var resp kadm.OffsetResponses
+	err = kc.do(ctx, func(ctx context.Context) (err error) {
+		resp, err = adm.CommitOffsets(ctx, o.group, offsets)
+		return err
+	})
 	if err == nil {
 		err = resp.Error()
 	}

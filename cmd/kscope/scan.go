@@ -17,14 +17,9 @@ import (
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
-const (
-	// defaultRetryTimeout bounds how long one request to the cluster is
-	// retried before the command gives up.
-	defaultRetryTimeout = 30 * time.Second
-	// defaultIdleTimeout is how long a read waits for the next record of a
-	// partition that has not reached its end offset yet.
-	defaultIdleTimeout = 30 * time.Second
-)
+// defaultIdleTimeout is how long a read waits for the next record of a
+// partition that has not reached its end offset yet.
+const defaultIdleTimeout = 30 * time.Second
 
 // dltFlags are the flags that name a dead-letter topic and select records
 // in it, shared by dlt list, show and redrive.
@@ -39,6 +34,7 @@ type dltFlags struct {
 	class       *string
 	id          *string
 	idleTimeout *time.Duration
+	timeouts    *timeouts
 	fs          *flag.FlagSet
 }
 
@@ -49,6 +45,7 @@ func declareDLTFlags(fs *flag.FlagSet, selection bool) *dltFlags {
 	f.group = fs.String("group", "", "the consumer group whose dead-letter topic (<group>.kscope-dlt) to read, when --topic is not given")
 	f.partition = fs.Int("partition", -1, "only this partition (-1: all)")
 	f.idleTimeout = fs.Duration("idle-timeout", defaultIdleTimeout, "give up when a partition yields no record for this long before reaching its end offset")
+	f.timeouts = timeoutFlags(fs)
 	if selection {
 		f.fromOffset = fs.Int64("from-offset", -1, "only records at or after this offset (-1: from the start)")
 		f.toOffset = fs.Int64("to-offset", -1, "only records at or before this offset, inclusive (-1: up to the end)")
@@ -187,10 +184,14 @@ func (e *deletedError) Error() string {
 }
 
 // topicExists checks that topic exists and returns its partition count.
-func topicExists(ctx context.Context, adm *kadm.Client, brokers []string, topic, what string) (int, error) {
-	tds, err := adm.ListTopics(ctx, topic)
+func topicExists(ctx context.Context, adm *kadm.Client, kc *kafkaConn, topic, what string) (int, error) {
+	var tds kadm.TopicDetails
+	err := kc.do(ctx, func(ctx context.Context) (err error) { tds, err = adm.ListTopics(ctx, topic); return err })
+	if err != nil && !isTimeout(err) { // a timeout is explained already
+		err = kc.reachErr(err)
+	}
 	if err != nil {
-		return 0, reachErr(brokers, err)
+		return 0, err
 	}
 	td, ok := tds[topic]
 	if !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
@@ -205,14 +206,21 @@ func topicExists(ctx context.Context, adm *kadm.Client, brokers []string, topic,
 // bounds returns, per partition to read, the offsets from the range's start
 // (or the log start) up to the range's end (or the last stable offset seen
 // now: a read never waits for records produced after it began).
-func bounds(ctx context.Context, adm *kadm.Client, brokers []string, topic string, r scanRange) (map[int32]partitionBounds, error) {
-	n, err := topicExists(ctx, adm, brokers, topic, "check --topic or --group (a group's dead-letter topic is <group>.kscope-dlt and is created with the group's retry topics)")
+func bounds(ctx context.Context, adm *kadm.Client, kc *kafkaConn, topic string, r scanRange) (map[int32]partitionBounds, error) {
+	n, err := topicExists(ctx, adm, kc, topic, "check --topic or --group (a group's dead-letter topic is <group>.kscope-dlt and is created with the group's retry topics)")
 	if err != nil {
 		return nil, err
 	}
 	if r.partition >= 0 && int(r.partition) >= n {
 		return nil, usagef("topic %q has no partition %d: it has %d partitions (0 to %d)", topic, r.partition, n, n-1)
 	}
+	var out map[int32]partitionBounds
+	err = kc.do(ctx, func(ctx context.Context) (err error) { out, err = listBounds(ctx, adm, topic, r); return err })
+	return out, err
+}
+
+// listBounds lists the offsets that bound a read of topic.
+func listBounds(ctx context.Context, adm *kadm.Client, topic string, r scanRange) (map[int32]partitionBounds, error) {
 	starts, err := adm.ListStartOffsets(ctx, topic)
 	if err == nil {
 		err = starts.Error()
@@ -270,12 +278,12 @@ func bounds(ctx context.Context, adm *kadm.Client, brokers []string, topic strin
 // uses no consumer group and commits nothing. It returns the records a
 // transaction still open when it began held back, and a *deletedError
 // when records of the range were deleted before it reached them.
-func scan(ctx context.Context, brokers []string, adm *kadm.Client, topic string, r scanRange, fn func(*kgo.Record) error) ([]heldBack, error) {
-	bs, err := bounds(ctx, adm, brokers, topic, r)
+func scan(ctx context.Context, kc *kafkaConn, adm *kadm.Client, topic string, r scanRange, fn func(*kgo.Record) error) ([]heldBack, error) {
+	bs, err := bounds(ctx, adm, kc, topic, r)
 	if err != nil {
 		return nil, err
 	}
-	cl, err := newClient(brokers,
+	cl, err := kc.client(
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// Transaction markers are kept so that a partition whose last
 		// offsets are a marker is seen to reach its end.

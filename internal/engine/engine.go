@@ -17,6 +17,7 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -228,6 +229,13 @@ type Failures interface {
 	MetadataOf(rec *consumer.Record, id string) retrytopic.Metadata
 	// Policy returns the failure policy, with its defaults.
 	Policy() retrytopic.Policy
+	// PanicStack returns the log attribute that carries the stack of the
+	// handler panic err holds (guard.PanicError), the first time it is
+	// asked for rec (by identity); nil after that, and when err holds no
+	// panic. Route adds it to its lines; a scope that logs a record's
+	// failure itself (the Kafka scope's retry and dead-letter lines) adds
+	// it to its own, so that a panic's stack is logged once per record.
+	PanicStack(rec *consumer.Record, err error) []slog.Attr
 }
 
 // Observer dispatches a runner's hooks (Config.Hooks); every method is a

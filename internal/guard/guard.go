@@ -9,13 +9,13 @@ import (
 	"runtime/debug"
 )
 
-// Call runs fn and returns its error, or an error that carries the panic's
-// value and stack when fn panicked. An error whose Error method panics is
-// replaced by one that says so (see brokenError).
+// Call runs fn and returns its error, or a *PanicError that carries the
+// panic's value and stack when fn panicked. An error whose Error method
+// panics is replaced by one that says so (see brokenError).
 func Call(fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("kscope: handler panicked: %v\n%s", p, debug.Stack())
+			err = Recovered("kscope: handler panicked: ", p)
 		}
 	}()
 	if err = fn(); err != nil {
@@ -23,6 +23,27 @@ func Call(fn func() error) (err error) {
 	}
 	return err
 }
+
+// PanicError is a panic turned into an error. Its message is the panic's
+// value alone, so that the log lines of every attempt of a record stay
+// short; the stack is logged once per record, in an attribute of its own
+// (consumer's failure policy does that).
+type PanicError struct {
+	Value any
+	// Stack is the stack of the goroutine that panicked, where it did.
+	Stack []byte
+
+	prefix string
+}
+
+// Recovered returns the error of a panic of value p, recovered by the
+// caller's deferred function (the stack is taken there); its message is
+// prefix followed by p.
+func Recovered(prefix string, p any) *PanicError {
+	return &PanicError{Value: p, Stack: debug.Stack(), prefix: prefix}
+}
+
+func (e *PanicError) Error() string { return e.prefix + fmt.Sprint(e.Value) }
 
 // checked returns err, or a brokenError for it when its Error method
 // panics. The runner reads the message outside the guard (to log and route

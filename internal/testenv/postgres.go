@@ -43,6 +43,9 @@ type PostgresOptions struct {
 	// Settings are extra server settings (name → value), such as
 	// {"fsync": "off"} for tests that do not measure durability.
 	Settings map[string]string
+	// Port is the port the server listens on (on 127.0.0.1); 0 picks a
+	// free one.
+	Port int
 }
 
 // ErrNoPostgres says that no PostgreSQL is available, and how to provide one.
@@ -64,16 +67,27 @@ func StartPostgres(ctx context.Context, o PostgresOptions) (*Postgres, error) {
 		}
 		return &Postgres{URL: u, Kind: "container", stop: stop}, nil
 	}
-	bin, err := findPostgresBin()
+	bin, err := FindPostgresBin()
 	if err != nil {
 		return nil, err
 	}
 	return startLocal(ctx, bin, o)
 }
 
-// findPostgresBin finds initdb on PATH or in Debian's per-version directory
-// (the newest version wins).
-func findPostgresBin() (string, error) {
+// StartLocalPostgres starts a throwaway server from the PostgreSQL
+// binaries in directory bin (see [FindPostgresBin]), whatever DATABASE_URL
+// says: in a temporary directory, on 127.0.0.1, as the postgres user when
+// run as root. Close stops it and removes its directory; a watchdog does
+// so when this process ends without closing it.
+func StartLocalPostgres(ctx context.Context, bin string, o PostgresOptions) (*Postgres, error) {
+	return startLocal(ctx, bin, o)
+}
+
+// FindPostgresBin returns the directory of the PostgreSQL server binaries
+// (initdb, pg_ctl): initdb's on PATH, else Debian's per-version directory
+// /usr/lib/postgresql/<version>/bin (the newest version wins). It returns
+// ErrNoPostgres when there are none.
+func FindPostgresBin() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p), nil
 	}
@@ -118,10 +132,12 @@ func startLocal(ctx context.Context, bin string, o PostgresOptions) (*Postgres, 
 		cleanup()
 		return nil, fmt.Errorf("testenv: initdb: %w\n%s", err, out)
 	}
-	port, err := freePort()
-	if err != nil {
-		cleanup()
-		return nil, err
+	port := o.Port
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			cleanup()
+			return nil, err
+		}
 	}
 	settings := []string{
 		"-p", strconv.Itoa(port),

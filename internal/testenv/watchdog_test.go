@@ -29,7 +29,7 @@ func TestKilledTestBinaryLeavesNoServer(t *testing.T) {
 	if os.Getenv("DATABASE_URL") != "" {
 		t.Skip("DATABASE_URL names an external server: no throwaway server to check")
 	}
-	if _, err := findPostgresBin(); err != nil {
+	if _, err := FindPostgresBin(); err != nil {
 		t.Skip(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledTestBinaryLeavesNoServer$")
@@ -87,7 +87,7 @@ func stopLeftBehind(data string) {
 	if err != nil {
 		return
 	}
-	bin, _ := findPostgresBin()
+	bin, _ := FindPostgresBin()
 	p := &Postgres{bin: bin}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 {
 		p.cred = &syscall.Credential{Uid: st.Uid, Gid: st.Gid}
@@ -97,7 +97,7 @@ func stopLeftBehind(data string) {
 }
 
 func startLocalForTest() (*Postgres, error) {
-	bin, err := findPostgresBin()
+	bin, err := FindPostgresBin()
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,185 @@
+package kscopetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/sequence"
+)
+
+// scenario is one scenario of DB: run returns "" when its guarantee held,
+// what broke, or notApplicable(why).
+type scenario struct {
+	name string
+	run  func(h *harness) string
+}
+
+const noUndecodable = "the pipeline has no Undecodable: give it one that returns a record its handler rejects with consumer.DecodeError"
+
+func expect(cond bool, format string, args ...any) string {
+	if cond {
+		return ""
+	}
+	return fmt.Sprintf(format, args...)
+}
+
+var scenarios = []scenario{
+	{"success_then_commit", func(h *harness) string {
+		for i := range 10 {
+			h.produce(h.record(fmt.Sprintf("k%d", i), ""))
+		}
+		r := h.runner(nil)
+		if d := h.until(r, "10 effects and committed offsets", func() bool { return h.effects() >= 10 && h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 10, "%d effects for 10 records", h.effects())
+	}},
+	{"duplicate_delivery_skipped", func(h *harness) string {
+		a := h.record("k", "dup-1")
+		h.produce(a, &kgo.Record{Topic: a.Topic, Key: a.Key, Value: a.Value, Headers: a.Headers}, h.record("k2", ""))
+		r := h.runner(nil)
+		if d := h.until(r, "every delivery done", func() bool { return r.Stats().Done >= 3 && h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 2 && r.Stats().DB.Duplicates == 1, "%d effects, %d duplicates for one message delivered twice and one other", h.effects(), r.Stats().DB.Duplicates)
+	}},
+	{"crash_before_offset_commit", func(h *harness) string {
+		for i := range 10 {
+			h.produce(h.record(fmt.Sprintf("k%d", i), ""))
+		}
+		// Every offset commit fails: as far as Kafka knows, the consumer
+		// died before committing anything. A real broker cannot be told to
+		// fail; there the first runner's commits are undone once it has
+		// stopped, which leaves Kafka knowing as little.
+		fault, faultErr := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: h.group, Err: kerr.CoordinatorNotAvailable, Count: -1})
+		first := h.runner(func(c *consumer.Config) { c.DrainTimeout = 500 * time.Millisecond })
+		if d := h.until(first, "10 effects", func() bool { return h.effects() >= 10 }); d != "" {
+			return d
+		}
+		if faultErr == nil {
+			fault.Remove()
+		} else if err := h.rewind(); err != nil {
+			return err.Error()
+		}
+		second := h.runner(nil)
+		if d := h.until(second, "the redelivery", func() bool { return h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 10, "%d effects after the redelivery of 10 applied records", h.effects())
+	}},
+	{"retryable_failure_retried", func(h *harness) string {
+		rec := h.record("k", "flaky-1")
+		h.inject.failOn("flaky-1", func(n int) error {
+			if n <= 2 {
+				return consumer.Retryable(errors.New("kscopetest: injected transient failure"))
+			}
+			return nil
+		})
+		h.produce(rec)
+		r := h.runner(nil)
+		if d := h.until(r, "the record applied", func() bool { return h.effects() >= 1 && h.committed() }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 1 && h.callsOf("flaky-1") == 3, "%d effects, %d handler calls for a record failing twice then succeeding", h.effects(), h.callsOf("flaky-1"))
+	}},
+	{"non_retryable_failure_to_dlt", func(h *harness) string {
+		h.inject.failOn("bad-1", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) })
+		h.produce(h.record("k", "bad-1"), h.record("k2", ""))
+		r := h.runner(nil)
+		if d := h.until(r, "both records done", func() bool { return h.committed() && r.Stats().Done >= 2 }); d != "" {
+			return d
+		}
+		dlt := h.dlt()
+		return expect(h.effects() == 1 && len(dlt) == 1 && h.callsOf("bad-1") == 1, "%d effects, %d DLT records, %d calls of the failing record", h.effects(), len(dlt), h.callsOf("bad-1"))
+	}},
+	{"undecodable_record_to_dlt", func(h *harness) string {
+		if h.p.Undecodable == nil {
+			return notApplicable(noUndecodable)
+		}
+		bad := h.p.Undecodable()
+		bad.Topic, bad.Key = h.topic, []byte("k")
+		bad.Headers = setHeader(bad.Headers, h.idHeader(), "undecodable-1")
+		h.produce(bad, h.record("k2", ""))
+		r := h.runner(nil)
+		if d := h.until(r, "both records done", func() bool { return h.committed() && r.Stats().Done >= 2 }); d != "" {
+			return d
+		}
+		dlt := h.dlt()
+		return expect(h.effects() == 1 && len(dlt) == 1, "%d effects, %d DLT records for one undecodable and one good record", h.effects(), len(dlt))
+	}},
+	{"poison_bounded_then_dlt", func(h *harness) string {
+		h.inject.failOn("poison-1", func(int) error { return errors.New("kscopetest: injected failure, every time") })
+		h.produce(h.record("k", "poison-1"))
+		r := h.runner(nil)
+		budget := r.Config().Failures.UnknownAttempts
+		if d := h.until(r, "the poison dead-lettered", func() bool { return h.committed() && len(h.dlt()) == 1 }); d != "" {
+			return d
+		}
+		return expect(h.callsOf("poison-1") == budget && h.effects() == 0, "poison handled %d times (budget %d), %d effects", h.callsOf("poison-1"), budget, h.effects())
+	}},
+	{"out_of_order_versions", func(h *harness) string {
+		v := h.p.Options.Versions
+		switch {
+		case v == nil:
+			return notApplicable("the pipeline has no Options.Versions: no per-key version to check")
+		case v.Extract != nil:
+			return notApplicable("Options.Versions.Extract reads the versions, and the kit can only write them in a header; " +
+				"to have the kit check the gap policy, give it the pipeline with Versions.Header instead of Extract")
+		}
+		hdr := headerOr(v.Header, sequence.DefaultHeader)
+		mk := func(ver int) *kgo.Record {
+			r := h.record("versioned", "")
+			r.Headers = setHeader(r.Headers, hdr, strconv.Itoa(ver))
+			return r
+		}
+		h.produce(mk(1), mk(3), mk(2))
+		r := h.runner(nil)
+		want, wantDLT := 3, 0
+		if v.Gaps == sequence.DeadLetter {
+			want, wantDLT = 2, 1
+		}
+		if d := h.until(r, "the versions settled", func() bool { return h.committed() && h.effects() >= want && len(h.dlt()) >= wantDLT }); d != "" {
+			return d
+		}
+		return expect(h.effects() == want && len(h.dlt()) == wantDLT, "versions 1, 3, 2: %d effects and %d DLT records, want %d and %d", h.effects(), len(h.dlt()), want, wantDLT)
+	}},
+	{"batch_partial_failure", func(h *harness) string {
+		var recs []*kgo.Record
+		for i := range 20 {
+			recs = append(recs, h.record(fmt.Sprintf("k%d", i), fmt.Sprintf("batch-%d", i)))
+		}
+		h.inject.failOn("batch-7", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-batch")) })
+		h.produce(recs...)
+		r := h.runner(func(c *consumer.Config) { c.Shards = 1 })
+		if d := h.until(r, "the batch done", func() bool { return h.committed() && r.Stats().Done >= 20 }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 19 && len(h.dlt()) == 1, "%d effects and %d DLT records for a batch of 20 with one failing", h.effects(), len(h.dlt()))
+	}},
+	{"replay_no_new_effects", func(h *harness) string {
+		for i := range 10 {
+			h.produce(h.record(fmt.Sprintf("k%d", i), ""))
+		}
+		first := h.runner(nil)
+		if d := h.until(first, "the first pass", func() bool { return h.effects() >= 10 && h.committed() }); d != "" {
+			return d
+		}
+		if _, err := h.k.Admin().DeleteGroup(context.Background(), h.group); err != nil {
+			return fmt.Sprintf("resetting the group: %v", err)
+		}
+		replay := h.runner(nil)
+		if d := h.until(replay, "the replay", func() bool { return replay.Stats().Done >= 10 }); d != "" {
+			return d
+		}
+		return expect(h.effects() == 10 && replay.Stats().DB.Duplicates == 10, "after the replay: %d effects, %d duplicates", h.effects(), replay.Stats().DB.Duplicates)
+	}},
+}
