@@ -50,7 +50,7 @@ func TestBrokerHealthDown(t *testing.T) {
 		down     bool
 	}{
 		{ok: 6 * time.Second, fail: time.Second, down: true},
-		{ok: 4 * time.Second, fail: time.Second, down: false},        // not for 5 s yet
+		{ok: 4 * time.Second, fail: time.Second, down: false},       // not for 5 s yet
 		{ok: 20 * time.Second, fail: 30 * time.Second, down: false}, // idle, nothing failed since
 	} {
 		b.okAt.Store(at(c.ok))
