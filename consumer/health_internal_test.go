@@ -32,6 +32,12 @@ func TestHealthStuckPollLoop(t *testing.T) {
 		t.Fatalf("a loop away from polling for 3 minutes: live %v ready %v, reasons %v", h.Live, h.Ready, h.NotLive)
 	}
 	r.loopBeat.back()
+	r.failures = &failures{}
+	r.failures.hold.shards, r.failures.hold.err = 2, errors.New(`relation "inbox" does not exist`)
+	if h := r.Health(); !h.Live || h.Ready || !strings.Contains(strings.Join(h.NotReady, "\n"), `2 key-shards hold since`) || !strings.Contains(strings.Join(h.NotReady, "\n"), `"inbox"`) {
+		t.Fatalf("key-shards holding on a deployment error: live %v ready %v, reasons %v", h.Live, h.Ready, h.NotReady)
+	}
+	r.failures = nil
 	r.runEnds(nil)
 	if h := r.Health(); !h.Live || h.Ready {
 		t.Fatalf("after a clean stop: live %v ready %v, want live and not ready", h.Live, h.Ready)
