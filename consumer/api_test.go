@@ -52,10 +52,10 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 	slices.Sort(got)
 	want := []string{
 		"Class", "ClassOf", "Config", "ConfigError", "ConfigError.Error", "DBStats", "DecodeError",
-		"FailureStats", "Handler", "HandlerFunc", "HandlerFunc.Handle", "HoldStats",
+		"FailureStats", "Handler", "HandlerFunc", "HandlerFunc.Handle", "Health", "HoldStats",
 		"Identity", "Identity.Of", "KafkaStats", "Lateness", "New", "NullKeyPolicy", "Record",
 		"Record.Header", "Record.Revoked", "Retryable", "Runner", "Runner.Client",
-		"Runner.Close", "Runner.Config", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
+		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -30,6 +30,7 @@ func (r *Runner) pollLoop(ctx context.Context) {
 // kicks it (the first join of a transaction). It reports whether the
 // client was closed.
 func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
+	r.loopBeat.back()
 	if r.txs != nil {
 		// The scope prepares what was assigned since the last poll
 		// (restores its state) before the poll waits, so that its timers
@@ -49,7 +50,9 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 		return false
 	}
 	room, _ := r.roomNow()
+	r.loopBeat.wait()
 	fetches := r.cl.PollRecords(ctx, int(room))
+	r.loopBeat.back()
 	if fetches.IsClientClosed() {
 		return true
 	}
@@ -124,6 +127,8 @@ const pauseAfter = 100 * time.Millisecond
 func (r *Runner) waitForRoom(ctx context.Context) {
 	r.waiting.Store(true)
 	defer r.waiting.Store(false)
+	r.loopBeat.wait()
+	defer r.loopBeat.back()
 	// Workers wake the wait once half the capacity is free, not at each
 	// finished batch; the ticker finds a bound that holds (a held retry
 	// record that falls due takes its room back while the loop waits).

@@ -46,6 +46,7 @@ func (r *Runner) onCommit(res commit.Result) {
 
 func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	r.rebalances.Add(1)
+	r.joined.Store(true)
 	r.endUnreported(assigned)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -190,6 +191,7 @@ func (r *Runner) txnGone(sts []*partState, ps map[string][]int32) {
 // onLost commits nothing: another member may own the partitions already.
 func (r *Runner) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	r.rebalances.Add(1)
+	r.joined.Store(false)
 	r.obs.Rebalance("lost", count(lost))
 	sts := r.abandon(lost)
 	r.lost.Add(int64(len(sts)))

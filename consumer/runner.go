@@ -121,6 +121,13 @@ type Runner struct {
 	life        lifecycle.State
 	stopMu      sync.Mutex  // guards cl and failures, which exist while Run runs
 	fetchHealth fetchHealth // the poll loop's: fetching failing and recovering
+
+	// What Health reads: Run's state, the poll loop's beat, the brokers
+	// answering, and whether the member holds an assignment.
+	runHealth runHealth
+	loopBeat  loopBeat
+	brokers   brokerHealth
+	joined    atomic.Bool
 }
 
 // New returns an AtLeastOnce runner: every record is handled at least once
@@ -287,12 +294,14 @@ func (r *Runner) Client() *kgo.Client {
 // workers, lets running records finish within DrainTimeout, commits every
 // durable offset, leaves the group, and waits for every goroutine it
 // started. A canceled ctx is a clean stop: Run then returns nil.
-func (r *Runner) Run(ctx context.Context) error {
+func (r *Runner) Run(ctx context.Context) (err error) {
 	runCtx, end, err := r.life.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer end()
+	r.runBegins()
+	defer func() { r.runEnds(err) }()
 	for {
 		err, renew := r.session(ctx, runCtx)
 		if renew == nil {
@@ -311,6 +320,7 @@ func (r *Runner) Run(ctx context.Context) error {
 func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 	sessCtx, stop := context.WithCancel(runCtx)
 	defer stop()
+	r.sessionBegins()
 	r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	defer r.hardCancel()
 	cl, err := r.start(sessCtx)
@@ -442,6 +452,7 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsAssigned(r.onAssigned),
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
+		kgo.WithHooks(&r.brokers),
 		// A transactional runner consumes once its producer ID is
 		// initialised (newClient), so that it joins the group only then.
 		kgo.ConsumeTopics(r.consumedAtStart()...),

@@ -22,13 +22,13 @@ type Stats struct {
 	Failures         FailureStats
 	// Hold says whether key-shards hold their records because the
 	// deployment is wrong (a missing table, a refused privilege): see
-	// HoldStats. A readiness probe may report the runner not ready while
+	// HoldStats. [Runner.Health] reports the runner not ready while
 	// Hold.Shards is above 0.
 	Hold HoldStats
 	// Waiting says why Run has not started consuming, while it waits for
 	// what its scope needs at start: in the DB scope, a database that does
 	// not answer (with its address and the last error), for up to
-	// dbscope.Options.StartTimeout. Empty otherwise. A readiness probe
+	// dbscope.Options.StartTimeout. Empty otherwise. [Runner.Health]
 	// reports the runner not ready while it is set.
 	Waiting string
 	DB      DBStats    // the DB scope's counters (package dbscope); zero in the other scopes

@@ -20,6 +20,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -59,6 +60,8 @@ func main() {
 	if os.Getenv(roleEnv) != "" {
 		os.Exit(runConsumer())
 	}
+	flag.StringVar(&probesAddr, "probes", "", "serve the ledger consumer's Kubernetes probes, /livez and /readyz, on this address (such as :8081); none when empty")
+	flag.Parse()
 	code, err := run()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments demo:", err)
@@ -236,6 +239,10 @@ func run() (int, error) {
 	}
 	defer gw.Close()
 	env := []string{roleEnv + "=consumer", runEnv + "=" + devenv.RunID, "KAFKA_BROKERS=" + strings.Join(kafka.Brokers, ","), dbEnv + "=" + dbURL, gwEnv + "=" + gw.URL}
+	if probesAddr != "" {
+		env = append(env, probesEnv+"="+probesAddr)
+		fmt.Printf("ledger consumer probes: http://%s/livez and /readyz\n", probesAddr)
+	}
 	// The notification side: the outbox relay publishes payment.booked,
 	// the notifier consumes it. Both run as child processes too; the relay
 	// is SIGKILLed once a third of the events are out, and restarted.

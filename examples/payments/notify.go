@@ -143,6 +143,18 @@ func runChild(ctx context.Context, role string) error {
 		if err != nil {
 			return err
 		}
+		if addr := os.Getenv(probesEnv); addr != "" {
+			// Kubernetes probes for the ledger: /readyz is 503 until
+			// the member joined, and while the brokers do not answer;
+			// /livez turns 503 once Run returned an error.
+			ctx, stop := context.WithCancel(ctx)
+			wait, err := serveProbes(ctx, addr, r)
+			if err != nil {
+				stop()
+				return err
+			}
+			defer func() { stop(); wait() }() // once Run returned
+		}
 		return r.Run(ctx)
 	}
 	return fmt.Errorf("unknown role %q", role)
