@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -530,10 +531,14 @@ func (c *ApacheCluster) format(ctx context.Context, nd *apacheNode, clusterID st
 // storageTemplate is the bootstrap.checkpoint that kafka-storage format
 // writes into a node's data directory for the default configuration: the
 // feature levels of the release, the same for every cluster and node. It
-// is written once per process, by formatting a template node.
+// is written once per process, by formatting a template node. A release
+// whose format writes no bootstrap.checkpoint (Apache Kafka 4.4 writes its
+// bootstrap records into the metadata log's first snapshot instead) has
+// none: each node is then formatted by the tool.
 var storageTemplate struct {
 	once       sync.Once
 	checkpoint []byte
+	none       bool // the release's format writes no bootstrap.checkpoint
 	err        error
 }
 
@@ -562,9 +567,15 @@ func (c *ApacheCluster) formatFromTemplate(ctx context.Context, nd *apacheNode, 
 			return
 		}
 		storageTemplate.checkpoint, storageTemplate.err = os.ReadFile(filepath.Join(dir, "data", "bootstrap.checkpoint"))
+		if errors.Is(storageTemplate.err, fs.ErrNotExist) {
+			storageTemplate.none, storageTemplate.err = true, nil
+		}
 	})
 	if storageTemplate.err != nil {
 		return fmt.Errorf("testenv: formatting a template node of Apache Kafka: %w", storageTemplate.err)
+	}
+	if storageTemplate.none {
+		return c.format(ctx, nd, clusterID)
 	}
 	data := filepath.Join(nd.dir, "data")
 	if err := os.MkdirAll(data, 0o755); err != nil {
