@@ -10,10 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
@@ -103,24 +100,7 @@ func TestDBHeadLeftMidRouteWithManyBehind(t *testing.T) {
 				}
 				stop = run(t, r)
 			}
-			rt := retrytopic.RetryTopic(group, time.Second)
-			pf, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: rt, Err: kerr.TopicAuthorizationFailed, Count: -1})
-			if err != nil {
-				t.Skip(err)
-			}
-			failA.Store(false)
-			select {
-			case <-bFailed:
-			case <-time.After(time.Minute):
-				t.Fatal("B was not released")
-			}
-			if err := pf.Wait(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
-				t.Fatal(err)
-			}
-			testenv.WaitFor(t, time.Minute, "the partitions lost", func() bool { return r.Stats().LostPartitions > 0 })
+			pf := cutRouteByLoss(t, k, r, group, func() { failA.Store(false) }, bFailed)
 			testenv.WaitFor(t, time.Minute, "B left mid-route", func() bool {
 				_, waiting, heads := parkingRows(t, pool)
 				return heads == 1 && waiting == len(behind)

@@ -185,23 +185,7 @@ func TestDBReleasedHeadCutByLostPartitionIsRoutedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Minute, "B waiting", func() bool { return r.Stats().DB.Parked >= 1 })
-	rt := retrytopic.RetryTopic(group, time.Second)
-	pf, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: rt, Err: kerr.TopicAuthorizationFailed, Count: -1})
-	if err != nil {
-		t.Skip(err)
-	}
-	select {
-	case <-bFailed:
-	case <-time.After(time.Minute):
-		t.Fatal("B was not released")
-	}
-	if err := pf.Wait(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, time.Minute, "the partitions lost", func() bool { return r.Stats().LostPartitions > 0 })
+	pf := cutRouteByLoss(t, k, r, group, nil, bFailed)
 	// C is stored behind B by the only worker, once the release it ran
 	// gave up routing B.
 	if err := k.Produce(ctx, idRecord(topic, "k", "k/2", "C")); err != nil {
@@ -216,4 +200,35 @@ func TestDBReleasedHeadCutByLostPartitionIsRoutedAgain(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// cutRouteByLoss refuses every produce to the group's retry topic of one
+// second, calls release (when not nil: what lets B, the record behind the
+// key's head, be released), waits until B failed (bFailed) and its
+// produce was refused, then makes the member lose its partitions: B's
+// routing is cut short, and B is left as its key's head mid-route. It
+// returns the fault, for the test to remove.
+func cutRouteByLoss(t *testing.T, k *testenv.Kafka, r interface{ Stats() consumer.Stats }, group string, release func(), bFailed <-chan struct{}) *kfake.FaultHandle {
+	t.Helper()
+	rt := retrytopic.RetryTopic(group, time.Second)
+	pf, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: rt, Err: kerr.TopicAuthorizationFailed, Count: -1})
+	if err != nil {
+		t.Skip(err)
+	}
+	if release != nil {
+		release()
+	}
+	select {
+	case <-bFailed:
+	case <-time.After(time.Minute):
+		t.Fatal("B was not released")
+	}
+	if err := pf.Wait(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the partitions lost", func() bool { return r.Stats().LostPartitions > 0 })
+	return pf
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -72,23 +71,7 @@ func headLeftMidRoute(t *testing.T, role string, unordered bool) {
 	ctx := context.Background()
 	start := time.Now()
 	k := testenv.KafkaT(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	url := testenv.DatabaseT(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, effectsDDL); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			logParkingState(t, pool)
-		}
-	})
+	url, pool := parkingDB(t)
 	const topic = "payments"
 	group := "g-rel-midroute-" + role
 	if err := k.CreateTopic(ctx, topic, 1); err != nil {

@@ -34,23 +34,7 @@ func TestReliabilityOrderedRetriesKillsRedeliveries(t *testing.T) {
 		keys, perKey, nKills = 100, 20, 12
 	}
 	k := testenv.KafkaT(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	url := testenv.DatabaseT(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, effectsDDL); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			logParkingState(t, pool)
-		}
-	})
+	url, pool := parkingDB(t)
 	const topic, group = "payments", "g-rel-parking"
 	if err := k.CreateTopic(ctx, topic, 4); err != nil {
 		t.Fatal(err)
@@ -192,4 +176,30 @@ func logParkingState(t *testing.T, pool *pgxpool.Pool) {
 		rows.Close()
 		t.Logf("%s: %d rows shown", q.name, n)
 	}
+}
+
+// parkingDB returns the URL of a database for DB-scope children and a pool
+// on it, with kscope's tables and the effects table; a test that fails logs
+// what the parking tables hold.
+func parkingDB(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := testenv.DatabaseT(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, effectsDDL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logParkingState(t, pool)
+		}
+	})
+	return url, pool
 }
