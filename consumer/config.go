@@ -164,8 +164,10 @@ type Config struct {
 	Hooks []hook.Hook
 }
 
-// withDefaults returns c with zero fields set to their defaults.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with its zero fields set to the defaults every
+// runner applies (New, NewScoped and the scope packages' constructors), for
+// a scope that reads them before the runner is built.
+func (c Config) WithDefaults() Config {
 	if c.Shards == 0 {
 		c.Shards = DefaultShards
 	}

@@ -40,7 +40,7 @@ func (s *recordingScope) BatchLimits() (int, time.Duration) { return 8, 0 }
 func TestDispatchKeepsOffsetOrderAndLaysEachShardOutTogether(t *testing.T) {
 	const shards, n = 4, 500
 	sc := &recordingScope{}
-	r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, Shards: shards}.withDefaults(), sc)
+	r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, Shards: shards}.WithDefaults(), sc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,12 +18,13 @@ import (
 	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 // Failures applies a runner's failure policy (Config.Failures): it
 // classifies a handler error, decides between a retry, a skip and the
 // dead-letter topic, and produces dead-letter records. Scopes receive it
-// through [failureAware]; handlers never see it.
+// through scope.Engine; handlers never see it.
 type failures struct {
 	policy   retrytopic.Policy
 	group    string
@@ -41,16 +42,15 @@ type failures struct {
 	topics                                    bool
 }
 
-// failureAware and retryTopicUser: see internal/engine's FailureAware and
-// RetryTopicUser.
-type (
-	failureAware interface {
-		UseFailures(any) // a *failures
-	}
-	retryTopicUser interface {
-		UsesRetryTopics() bool
-	}
-)
+// engineOf is the scope.Engine a runner hands its scope: the failures of
+// its session, and its records' key-shards and stall watch.
+type engineOf struct{ f *failures }
+
+func (e engineOf) Failures() scope.Failures[*Record] { return e.f }
+func (e engineOf) Observer() scope.Observer[*Record] { return e.f.obs }
+func (e engineOf) Shard(r *Record) int               { return int(r.shard) }
+func (e engineOf) Handling(r *Record)                { handling(r) }
+func (e engineOf) Handled(r *Record)                 { handled(r) }
 
 // newDLTLog returns the limiter of a runner's dead-letter ERROR lines: 10
 // one by one every 10 seconds, the rest counted.

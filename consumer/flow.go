@@ -24,7 +24,7 @@ type doneBuf struct {
 	// What the stall watch reads (watchStalls): the batch the worker
 	// runs (nil when idle), a count of the batches begun, the records
 	// done since the batch began, and the record whose handler runs now
-	// when the scope says so (engine.Handling).
+	// when the scope says so (scope.Engine.Handling).
 	batch    []*Record
 	batches  uint64
 	finished int
@@ -150,7 +150,7 @@ func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*
 func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 	d := r.doneBufs[batch[0].shard]
 	d.begin(batch)
-	r.scope.Process(ctx, batch, d.fn)
+	r.unit.Process(ctx, batch, d.fn)
 	d.end()
 	var bytes int64
 	stopping := r.runCtx != nil && r.runCtx.Err() != nil
@@ -158,7 +158,7 @@ func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 		bytes += rec.size
 		if rec.state == recPending && ctx.Err() == nil && !rec.Revoked() && !stopping {
 			// Left undone while the partition is still ours.
-			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.scope, rec.Topic, rec.Partition, rec.Offset))
+			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.unit, rec.Topic, rec.Partition, rec.Offset))
 		}
 		rec.state = recDone
 	}

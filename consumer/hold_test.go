@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
@@ -86,7 +85,7 @@ func TestDelayTopicHoldsRecordsUntilDue(t *testing.T) {
 	}
 	s := &delayScope{topic: delay, maxDelay: 5 * time.Second, handled: map[string]time.Time{}}
 	cfg := baseConfig(t, k, "g-hold", src)
-	r, err := engine.NewRunner(cfg, s)
+	r, err := consumer.NewScoped(cfg, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,13 +153,13 @@ func TestDueOfClampsFarFutureTimes(t *testing.T) {
 		{"year 9999", time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), now},
 	}
 	for _, c := range cases {
-		got, ok := engine.DueOf(rec(c.due), now, maxDelay)
+		got, ok := consumer.DueOf(rec(c.due), now, maxDelay)
 		if !ok || !got.Equal(c.want) {
 			t.Errorf("%s: DueOf = %v, %v; want %v", c.name, got, ok, c.want)
 		}
 	}
 	// Read again after 9s (a rewind): the 15s header is 6s ahead now.
-	if got, _ := engine.DueOf(rec(now.Add(15*time.Second)), now.Add(9*time.Second), maxDelay); !got.Equal(now.Add(15 * time.Second)) {
+	if got, _ := consumer.DueOf(rec(now.Add(15*time.Second)), now.Add(9*time.Second), maxDelay); !got.Equal(now.Add(15 * time.Second)) {
 		t.Errorf("read again: DueOf = %v, want the header's own time", got)
 	}
 }

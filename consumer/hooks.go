@@ -10,7 +10,7 @@ import (
 )
 
 // Observer dispatches a runner's hooks. Scopes get theirs from
-// the runner's failures (internal/engine.ObserverOf); every method is a no-op (and allocation-free) when
+// the runner's failures (scope.Engine.Observer); every method is a no-op (and allocation-free) when
 // no hook implements its interface.
 type observer struct {
 	group     string

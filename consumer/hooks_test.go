@@ -10,11 +10,10 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/engine"
 )
 
 // observeAll runs every Observer call of a delivery's hot path.
-func observeAll(obs engine.Observer, r *consumer.Record, out *kgo.Record, err error) {
+func observeAll(obs *consumer.Observer, r *consumer.Record, out *kgo.Record, err error) {
 	ctx := obs.Start(context.Background(), r)
 	obs.Event(r, hook.EventRetry, "")
 	obs.Inject(obs.Context(ctx, r), out)
@@ -29,7 +28,7 @@ func observeAll(obs engine.Observer, r *consumer.Record, out *kgo.Record, err er
 // With no hooks configured, observability costs the hot path no
 // allocation.
 func TestNoHooksNoAllocations(t *testing.T) {
-	obs := engine.NewObserver("g", nil)
+	obs := consumer.NewObserver("g", nil)
 	r := &consumer.Record{Record: &kgo.Record{Topic: "orders", Key: []byte("k")}}
 	out := &kgo.Record{Topic: "g.kscope-dlt"}
 	err := errors.New("boom")
@@ -39,7 +38,7 @@ func TestNoHooksNoAllocations(t *testing.T) {
 }
 
 func BenchmarkObserverNoHooks(b *testing.B) {
-	obs := engine.NewObserver("g", nil)
+	obs := consumer.NewObserver("g", nil)
 	r := &consumer.Record{Record: &kgo.Record{Topic: "orders", Key: []byte("k")}}
 	out := &kgo.Record{Topic: "g.kscope-dlt"}
 	b.ReportAllocs()
@@ -60,7 +59,7 @@ func (h *recordHook) OnRecordEnd(context.Context, hook.RecordEnd) { h.ends++ }
 // A hook is found by the interfaces it implements; a delivery ends once.
 func TestHooksAreFoundByInterface(t *testing.T) {
 	h := &recordHook{}
-	obs := engine.NewObserver("g", []hook.Hook{h, "not a hook"})
+	obs := consumer.NewObserver("g", []hook.Hook{h, "not a hook"})
 	r := &consumer.Record{Record: &kgo.Record{Topic: "orders"}}
 	ctx := obs.Start(context.Background(), r)
 	if ctx.Value(h) != 1 || obs.Context(context.Background(), r) != ctx {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
@@ -161,7 +160,7 @@ func TestHeldRetryRecordIsNotLag(t *testing.T) {
 	lag := &lastLag{last: map[string]hook.Lag{}}
 	cfg := baseConfig(t, k, "g-laghold", src)
 	cfg.Hooks = []hook.Hook{lag}
-	r, err := engine.NewRunner(cfg, s)
+	r, err := consumer.NewScoped(cfg, s)
 	if err != nil {
 		t.Fatal(err)
 	}

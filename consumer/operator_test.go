@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -165,7 +164,7 @@ func TestWaitingRetryRecordsDoNotStarveTheSource(t *testing.T) {
 	s := &delayScope{topic: delay, maxDelay: 10 * time.Minute, handled: map[string]time.Time{}}
 	cfg := baseConfig(t, k, "g-starve", src)
 	cfg.MaxInFlightRecords = 4
-	r, err := engine.NewRunner(cfg, s)
+	r, err := consumer.NewScoped(cfg, s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func (p *panicStacks) forget(id string) {
 	p.mu.Unlock()
 }
 
-// PanicStack implements engine.Failures.
+// PanicStack implements scope.Failures.
 func (f *failures) PanicStack(rec *Record, err error) []slog.Attr {
 	return f.stacks.attrs(f.identity.Of(rec), err)
 }

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/kscope-dev/kscope/internal/backoff"
-	"github.com/kscope-dev/kscope/internal/engine/link"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 // The backoff of a failed round (a transaction that did not commit, a
@@ -30,7 +30,7 @@ const (
 // reports false when work was left undone: ctx ended, the partition of the
 // record the next round starts with (Round.Of) was revoked, or a round
 // said Stop.
-func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() link.Round[*Record]) bool {
+func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() scope.Round[*Record]) bool {
 	failed := 0      // rounds failed in a row
 	holding := false // the last round failed with Held: this key-shard counts in the hold
 	defer func() {
@@ -104,11 +104,11 @@ func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() 
 // Attempts runs one record's in-place retries on [failures.Rounds]: it
 // calls call for rec until it succeeds or the failure policy decides
 // something other than a retry in place (a skip, a retry topic, the
-// dead-letter topic), which the caller carries out; see link.Attempt for
+// dead-letter topic), which the caller carries out; see scope.Attempt for
 // what it returns. Before each retry the policy logs and counts it. OK is
 // false when rec was left undone: ctx ended, or rec's partition was
 // revoked, before an attempt or during the wait.
-func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done func(*Record), call func() error) (a link.Attempt) {
+func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done func(*Record), call func() error) (a scope.Attempt) {
 	if ctx.Err() != nil || rec.Revoked() {
 		return a
 	}
@@ -118,25 +118,25 @@ func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done 
 		a.OK = true
 		return a
 	}
-	a.OK = f.Rounds(ctx, done, func() link.Round[*Record] {
+	a.OK = f.Rounds(ctx, done, func() scope.Round[*Record] {
 		if a.N > 1 {
 			if a.Err = call(); a.Err == nil {
-				return link.Round[*Record]{}
+				return scope.Round[*Record]{}
 			}
 		}
 		if ctx.Err() != nil {
-			return link.Round[*Record]{Stop: true} // canceled mid-handler: the next owner handles it
+			return scope.Round[*Record]{Stop: true} // canceled mid-handler: the next owner handles it
 		}
 		if a.First.IsZero() {
 			a.First = time.Now()
 		}
 		a.Step = f.Decide(ctx, rec, a.Err, a.N, topics)
 		if a.Step.Action != retrytopic.ActionRetry {
-			return link.Round[*Record]{}
+			return scope.Round[*Record]{}
 		}
 		f.Route(ctx, rec, a.Err, a.Step, a.N, a.First) //nolint:errcheck // a retry in place: logs and counts only
 		a.N++
-		return link.Round[*Record]{More: true, Of: rec, Wait: a.Step.Delay}
+		return scope.Round[*Record]{More: true, Of: rec, Wait: a.Step.Delay}
 	})
 	return a
 }

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/kscope-dev/kscope/commit"
-	"github.com/kscope-dev/kscope/internal/engine/link"
 	"github.com/kscope-dev/kscope/partition"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 func roundsFailures() *failures {
@@ -45,9 +45,9 @@ func TestRoundsHandsOverDoneBetweenRounds(t *testing.T) {
 			t.Fatalf("done(%v): the loop only hands over (done(nil))", r)
 		}
 		flushes++
-	}, func() link.Round[*Record] {
+	}, func() scope.Round[*Record] {
 		rounds++
-		return link.Round[*Record]{More: rounds < 3}
+		return scope.Round[*Record]{More: rounds < 3}
 	})
 	if !ok || rounds != 3 || flushes != 2 {
 		t.Fatalf("ok=%v rounds=%d flushes=%d, want true 3 2", ok, rounds, flushes)
@@ -64,7 +64,7 @@ func TestRoundsBacksOffFailedRounds(t *testing.T) {
 	boom := errors.New("connection reset")
 	var gaps []time.Duration
 	last := time.Now()
-	script := []link.Round[*Record]{
+	script := []scope.Round[*Record]{
 		{More: true, Err: boom},
 		{More: true, Err: boom},
 		{More: true, Err: boom},                 // the third in a row: at least 200ms
@@ -73,7 +73,7 @@ func TestRoundsBacksOffFailedRounds(t *testing.T) {
 		{},
 	}
 	i := 0
-	ok := f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+	ok := f.Rounds(context.Background(), nil, func() scope.Round[*Record] {
 		now := time.Now()
 		if i > 0 {
 			gaps = append(gaps, now.Sub(last))
@@ -101,20 +101,20 @@ func TestRoundsStopsAtRevocation(t *testing.T) {
 	a := partition.NewAssignment(context.Background(), commit.NewPartition("t", 0))
 	rec := &Record{part: &partState{Assignment: a}}
 	start := time.Now()
-	ok := f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+	ok := f.Rounds(context.Background(), nil, func() scope.Round[*Record] {
 		go a.Revoke()
-		return link.Round[*Record]{More: true, Of: rec, Wait: time.Hour}
+		return scope.Round[*Record]{More: true, Of: rec, Wait: time.Hour}
 	})
 	if ok || time.Since(start) > 10*time.Second {
 		t.Fatalf("ok=%v after %v: a revoke must end the wait", ok, time.Since(start))
 	}
-	if f.Rounds(context.Background(), nil, func() link.Round[*Record] { return link.Round[*Record]{Stop: true} }) {
+	if f.Rounds(context.Background(), nil, func() scope.Round[*Record] { return scope.Round[*Record]{Stop: true} }) {
 		t.Fatal("a round that stops must report the work undone")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if f.Rounds(ctx, nil, func() link.Round[*Record] {
+	if f.Rounds(ctx, nil, func() scope.Round[*Record] {
 		cancel()
-		return link.Round[*Record]{More: true, Wait: time.Hour}
+		return scope.Round[*Record]{More: true, Wait: time.Hour}
 	}) {
 		t.Fatal("a canceled context must end the loop with the work undone")
 	}
@@ -128,33 +128,33 @@ func TestRoundsReportsHeldKeyShards(t *testing.T) {
 	f := roundsFailures()
 	missing := errors.New("relation \"t\" does not exist (SQLSTATE 42P01)")
 	var seen []int
-	inner := func() link.Round[*Record] {
+	inner := func() scope.Round[*Record] {
 		seen = append(seen, f.hold.stats().Shards)
-		return link.Round[*Record]{More: true, Err: missing, Held: true, Wait: time.Millisecond}
+		return scope.Round[*Record]{More: true, Err: missing, Held: true, Wait: time.Millisecond}
 	}
 	i := 0
-	f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+	f.Rounds(context.Background(), nil, func() scope.Round[*Record] {
 		i++
 		switch i {
 		case 1, 2:
-			return link.Round[*Record]{More: true, Err: missing, Held: true, Wait: time.Millisecond}
+			return scope.Round[*Record]{More: true, Err: missing, Held: true, Wait: time.Millisecond}
 		case 3:
 			// A second key-shard's loop meets the error while this one holds,
 			// and stops while it still fails.
 			n := 0
-			f.Rounds(context.Background(), nil, func() link.Round[*Record] {
+			f.Rounds(context.Background(), nil, func() scope.Round[*Record] {
 				if n++; n == 3 {
-					return link.Round[*Record]{Stop: true}
+					return scope.Round[*Record]{Stop: true}
 				}
 				return inner()
 			})
-			return link.Round[*Record]{More: true, Err: missing, Held: true}
+			return scope.Round[*Record]{More: true, Err: missing, Held: true}
 		case 4:
 			seen = append(seen, f.hold.stats().Shards)
-			return link.Round[*Record]{More: true} // the statement succeeds
+			return scope.Round[*Record]{More: true} // the statement succeeds
 		}
 		seen = append(seen, f.hold.stats().Shards)
-		return link.Round[*Record]{}
+		return scope.Round[*Record]{}
 	})
 	// Rounds 1-2 hold (1); the inner loop's rounds see 1 then 2; after
 	// it stopped, round 4 sees 1; round 5 sees 0.

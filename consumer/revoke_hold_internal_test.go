@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kscope-dev/kscope/scope"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -23,7 +24,10 @@ func (delayTxnScope) Process(_ context.Context, batch []*Record, done func(*Reco
 func (delayTxnScope) TxnConfig() (string, time.Duration, time.Duration, int) {
 	return "tx", time.Second, 10 * time.Second, 1000
 }
-func (delayTxnScope) UseTxn(any)                       {}
+
+var _ scope.Transactor[*Record] = delayTxnScope{} // the runner finds it by this interface
+
+func (delayTxnScope) UseTxn(scope.Txn[*Record])        {}
 func (delayTxnScope) TxnFlush() error                  { return nil }
 func (delayTxnScope) TxnEnded(bool)                    {}
 func (delayTxnScope) TxnAssigned(map[string][]int32)   {}
@@ -95,7 +99,7 @@ func TestRevokeMidDispatchLeavesNothingHeldOrPaused(t *testing.T) {
 // dispatch is driven by the test. Both stop when the test ends.
 func offlineRunner(t *testing.T, topics []string, sc workScope) (*Runner, *kgo.Client) {
 	t.Helper()
-	r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: topics, Shards: 4, Logger: slog.New(slog.DiscardHandler)}.withDefaults(), sc)
+	r, err := newRunner(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: topics, Shards: 4, Logger: slog.New(slog.DiscardHandler)}.WithDefaults(), sc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/kscope-dev/kscope/internal/lifecycle"
 	"github.com/kscope-dev/kscope/internal/txnerr"
 	"github.com/kscope-dev/kscope/partition"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 // ErrRunnerUsed is returned by Run on a runner that already ran or was
@@ -52,16 +53,16 @@ type partState struct {
 	active atomic.Int64
 	txc    *txnPart
 
-	bufs []*doneBuf // the runner's, per key-shard (engine.Handling)
+	bufs []*doneBuf // the runner's, per key-shard (scope.Engine.Handling)
 }
 
 // Runner consumes a group's partitions and hands each record to the
 // key-shard worker of its key. Build one with [New] (AtLeastOnce scope) or a
 // scope package's constructor, call Run, and Close when done.
 type Runner struct {
-	cfg   Config
-	scope workScope
-	log   *slog.Logger
+	cfg  Config
+	unit workScope
+	log  *slog.Logger
 
 	maxBatch int
 	linger   time.Duration
@@ -107,7 +108,7 @@ type Runner struct {
 
 	// A transactional runner's (the scope is a transactor): its session,
 	// the gate of its open transaction, and the transaction settings.
-	txs         transactor
+	txs         scope.Transactor[*Record]
 	sess        *kgo.GroupTransactSession
 	gate        *gate
 	txnID       string
@@ -145,17 +146,19 @@ func New(cfg Config, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &ConfigError{Struct: "consumer.New's handler", Reason: "is nil; pass the function that handles each record"}
 	}
-	return newRunner(cfg.withDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
+	return newRunner(cfg.WithDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
 }
 
-// newRunnerFor returns a runner for scope s, which kscope's scope packages
-// (dbscope, txn) pass through internal/engine.
-func newRunnerFor(cfg Config, s any) (*Runner, error) {
-	ws, ok := s.(workScope)
-	if !ok || ws == nil {
-		return nil, &ConfigError{Field: "scope", Reason: "is nil or has no Process method"}
+// NewScoped returns a runner for the unit of work s, with cfg's defaults
+// filled in: it is how the DB scope (dbscope.New), the Kafka scope (txn.New)
+// and a scope of a service's own plug into the runner. Package scope is the
+// contract s implements (scope.Scope and the optional interfaces the runner
+// looks for); a handler of the AtLeastOnce scope needs [New] instead.
+func NewScoped(cfg Config, s scope.Scope[*Record]) (*Runner, error) {
+	if s == nil {
+		return nil, &ConfigError{Struct: "consumer.NewScoped's scope", Reason: "is nil; pass the unit of work the runner runs (package scope)"}
 	}
-	return newRunner(cfg.withDefaults(), ws)
+	return newRunner(cfg.WithDefaults(), s)
 }
 
 func newRunner(cfg Config, s workScope) (*Runner, error) {
@@ -164,32 +167,32 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 	}
 	r := &Runner{
 		cfg:      cfg,
-		scope:    s,
+		unit:     s,
 		log:      cfg.Logger.With("group", cfg.Group),
 		obs:      newObserver(cfg.Group, cfg.Hooks),
 		maxBatch: 1,
 		parts:    make(map[tp]*partState),
 		room:     make(chan struct{}, 1),
 	}
-	if b, ok := s.(batcher); ok {
+	if b, ok := s.(scope.Batcher); ok {
 		r.maxBatch, r.linger = b.BatchLimits()
 		if r.maxBatch < 1 {
 			r.maxBatch = 1
 		}
 	}
-	if o, ok := s.(clientOptioner); ok {
+	if o, ok := s.(scope.ClientOptioner); ok {
 		r.extra = o.ClientOptions()
 	}
-	if d, ok := s.(delayer); ok {
+	if d, ok := s.(scope.Delayer); ok {
 		r.delays = d.DelayedTopics()
 	}
-	if t, ok := s.(transactor); ok {
+	if t, ok := s.(scope.Transactor[*Record]); ok {
 		var maxRecords int
 		r.txs = t
 		r.txnID, r.txnInterval, r.txnTimeout, maxRecords = t.TxnConfig()
 		r.gate = newGate(maxRecords)
 	}
-	if u, ok := s.(retryTopicUser); ok && u.UsesRetryTopics() {
+	if u, ok := s.(scope.RetryTopicUser); ok && u.UsesRetryTopics() {
 		r.retryTopics = true
 		if r.delays == nil {
 			r.delays = make(map[string]time.Duration)
@@ -232,7 +235,7 @@ func (r *Runner) Stats() Stats {
 	if r.txs != nil {
 		st.Kafka.Held = r.heldDue.Load()
 	}
-	if sr, ok := r.scope.(statsReporter); ok {
+	if sr, ok := r.unit.(scope.StatsReporter[Stats]); ok {
 		sr.ReportStats(&st)
 	}
 	return st
@@ -262,7 +265,7 @@ func (r *Runner) holdStats() HoldStats {
 // exist before the group starts consuming: the retry topics are consumed
 // too), and creates the Kafka client.
 func (r *Runner) start(runCtx context.Context) (*kgo.Client, error) {
-	if st, ok := r.scope.(starter); ok {
+	if st, ok := r.unit.(scope.Starter); ok {
 		if err := st.Start(runCtx); err != nil {
 			return nil, err
 		}
@@ -271,7 +274,7 @@ func (r *Runner) start(runCtx context.Context) (*kgo.Client, error) {
 	if r.txs != nil {
 		r.gate = newGate(r.gate.max) // a new session's: the last one's was closed
 	}
-	if _, ok := r.scope.(failureAware); ok {
+	if _, ok := r.unit.(scope.EngineUser[*Record]); ok {
 		if err := r.ensureFailureTopics(runCtx); err != nil {
 			return nil, err
 		}
@@ -344,8 +347,8 @@ func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 	}
 	f.cl = cl
 	r.stopMu.Unlock()
-	if fa, ok := r.scope.(failureAware); ok {
-		fa.UseFailures(f)
+	if u, ok := r.unit.(scope.EngineUser[*Record]); ok {
+		u.UseEngine(engineOf{f})
 	}
 	r.pool.Start()
 
@@ -362,7 +365,7 @@ func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 		defer bg.Done()
 		r.watchStalls(sessCtx)
 	}()
-	if b, ok := r.scope.(background); ok {
+	if b, ok := r.unit.(scope.Background); ok {
 		bg.Add(1)
 		go func() {
 			defer bg.Done()

@@ -5,10 +5,11 @@ import (
 	"sync/atomic"
 
 	"context"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"

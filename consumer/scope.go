@@ -4,11 +4,9 @@ import (
 	"context"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/guard"
-	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 // Handler handles one record in the AtLeastOnce scope. A nil error means the
@@ -23,33 +21,22 @@ type HandlerFunc func(ctx context.Context, r *Record) error
 // Handle calls f(ctx, r).
 func (f HandlerFunc) Handle(ctx context.Context, r *Record) error { return f(ctx, r) }
 
-// The interfaces a scope implements to plug into the runner. Their
-// contracts are documented on internal/engine's types of the same names
-// (Scope, Batcher, Background, Delayer, Starter, ClientOptioner,
-// StatsReporter), which
-// kscope's scope packages implement.
-type (
-	workScope interface {
-		Process(ctx context.Context, batch []*Record, done func(*Record))
-	}
-	batcher interface {
-		BatchLimits() (maxBatch int, linger time.Duration)
-	}
-	background interface {
-		RunBackground(ctx context.Context)
-	}
-	delayer interface {
-		DelayedTopics() map[string]time.Duration
-	}
-	starter interface {
-		Start(ctx context.Context) error
-	}
-	clientOptioner interface {
-		ClientOptions() []kgo.Opt
-	}
-	statsReporter interface {
-		ReportStats(st *Stats)
-	}
+// workScope is the scope a runner runs (package scope documents the
+// contract); the runner finds a scope's optional interfaces (scope.Batcher,
+// scope.Transactor, ...) by type assertion when it is built.
+type workScope = scope.Scope[*Record]
+
+// The scopes of this package, the DB scope and the Kafka scope implement
+// the contract's interfaces; these assertions make a changed signature a
+// compile error here, where the runner looks for them.
+var (
+	_ scope.Batcher             = (*atLeastOnce)(nil)
+	_ scope.EngineUser[*Record] = (*atLeastOnce)(nil)
+	_ scope.RetryTopicUser      = (*atLeastOnce)(nil)
+	_ scope.Engine[*Record]     = engineOf{}
+	_ scope.Failures[*Record]   = (*failures)(nil)
+	_ scope.Observer[*Record]   = (*observer)(nil)
+	_ scope.Txn[*Record]        = txnCtl{}
 )
 
 // atLeastOnce is the AtLeastOnce scope: a record is done once its handler
@@ -58,11 +45,15 @@ type (
 // policy, blocking only its key-shard; its offset is never committed past.
 type atLeastOnce struct {
 	h         Handler
-	f         *failures
+	f         scope.Failures[*Record]
+	obs       scope.Observer[*Record]
 	unordered bool
 }
 
-func (s *atLeastOnce) UseFailures(f any) { s.f = f.(*failures) }
+// UseEngine implements scope.EngineUser.
+func (s *atLeastOnce) UseEngine(e scope.Engine[*Record]) {
+	s.f, s.obs = e.Failures(), e.Observer()
+}
 
 // atLeastOnceBatch is how many queued records of one partition an
 // AtLeastOnce worker takes from its key-shard's queue at a time. The handler
@@ -71,7 +62,7 @@ func (s *atLeastOnce) UseFailures(f any) { s.f = f.(*failures) }
 // count and a worker wake-up per record.
 const atLeastOnceBatch = 64
 
-// BatchLimits implements batcher: batches form from what is already queued,
+// BatchLimits implements scope.Batcher: batches form from what is already queued,
 // with no lingering.
 func (s *atLeastOnce) BatchLimits() (int, time.Duration) { return atLeastOnceBatch, 0 }
 
@@ -81,7 +72,7 @@ func (s *atLeastOnce) BatchLimits() (int, time.Duration) { return atLeastOnceBat
 func (s *atLeastOnce) UsesRetryTopics() bool { return s.unordered }
 
 func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*Record)) {
-	obs := s.f.Observer()
+	obs := s.obs
 	for _, r := range batch {
 		if !s.deliver(ctx, obs, r, done) {
 			obs.End(r, hook.OutcomeAborted, nil)
@@ -92,7 +83,7 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 
 // deliver runs one record through the handler and the failure policy. It
 // reports false when the record was left undone (ctx done or revoked).
-func (s *atLeastOnce) deliver(ctx context.Context, obs *observer, r *Record, done func(*Record)) bool {
+func (s *atLeastOnce) deliver(ctx context.Context, obs scope.Observer[*Record], r *Record, done func(*Record)) bool {
 	hctx := obs.Start(ctx, r)
 	a := s.f.Attempts(ctx, r, s.unordered, done, func() error { return callHandler(hctx, s.h, r) })
 	if !a.OK {
@@ -106,23 +97,9 @@ func (s *atLeastOnce) deliver(ctx context.Context, obs *observer, r *Record, don
 	if err := s.f.Route(ctx, r, a.Err, a.Step, a.N, a.First); err != nil {
 		return false // ctx done while routing: not done, redelivered
 	}
-	obs.End(r, outcomeOf(a.Step.Action), a.Err)
+	obs.End(r, scope.OutcomeOf(a.Step.Action), a.Err)
 	done(r)
 	return true
-}
-
-// outcomeOf returns the outcome of a delivery whose failure ended in step
-// action a: skipped, retried (a retry topic) or dead-lettered.
-func outcomeOf(a retrytopic.Action) hook.Outcome {
-	switch a {
-	case retrytopic.ActionSkip:
-		return hook.OutcomeSkipped
-	case retrytopic.ActionRetryTopic:
-		return hook.OutcomeRetried
-	case retrytopic.ActionDeadLetter:
-		return hook.OutcomeDeadLettered
-	}
-	return hook.OutcomeAborted
 }
 
 // callHandler runs h and turns a panic into an error, so that one bad record

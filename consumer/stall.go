@@ -34,7 +34,7 @@ type stallRec struct {
 	partition int32
 	offset    int64
 	key       []byte // cut to maxLoggedKey bytes
-	inHandler bool   // the scope said its handler runs (engine.Handling)
+	inHandler bool   // the scope said its handler runs (scope.Engine.Handling)
 	batch     int    // records in the worker's batch
 }
 
@@ -107,7 +107,7 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 }
 
 // heldLocked returns the record the worker's batch holds: the one whose
-// handler runs, when the scope says (engine.Handling); else the first of
+// handler runs, when the scope says (scope.Engine.Handling); else the first of
 // the batch not done (the scopes that do not say report records done in
 // order as they handle them). d.mu is held and d.batch is not nil.
 func (d *doneBuf) heldLocked() stallRec {
@@ -164,7 +164,7 @@ func (r *Runner) endStall(i int, w *shardWatch, now time.Time, why string) {
 	r.obs.Stall(hook.Stall{Shard: i, Topic: w.rec.topic, Partition: w.rec.partition, Offset: w.rec.offset, For: d, Ended: true})
 }
 
-// handling marks rec's handler as running (engine.Handling), for a scope
+// handling marks rec's handler as running (scope.Engine.Handling), for a scope
 // that reports its records done only once their batch's transaction
 // commits: the stall watch then names the record whose handler has not
 // returned, rather than the first of the batch. handled marks it returned.

@@ -16,20 +16,6 @@ import (
 	"github.com/kscope-dev/kscope/partition"
 )
 
-// transactor is implemented by a scope whose effects commit in a Kafka
-// transaction together with the input offsets (the Kafka scope). Its
-// contract is documented on internal/engine's Transactor.
-type transactor interface {
-	TxnConfig() (id string, interval, timeout time.Duration, maxRecords int)
-	UseTxn(t any)
-	TxnFlush() error
-	TxnEnded(committed bool)
-	TxnAssigned(ps map[string][]int32)
-	TxnGone(ps map[string][]int32)
-	TxnPrepare(ctx context.Context) error
-	TxnTick(now time.Time) time.Time
-}
-
 // txnPart is what the last committed transaction recorded for one
 // partition ([commit.Done]); it outlives the partition's assignments when
 // an aborted transaction rewinds them. known is false until an offset was

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kscope-dev/kscope/commit"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 // gatedTxnScope is a transactional scope whose records of topic "t" finish
@@ -36,7 +37,10 @@ func (s *gatedTxnScope) Process(_ context.Context, batch []*Record, done func(*R
 func (*gatedTxnScope) TxnConfig() (string, time.Duration, time.Duration, int) {
 	return "tx", time.Second, 10 * time.Second, 1 << 20
 }
-func (*gatedTxnScope) UseTxn(any)                       {}
+
+var _ scope.Transactor[*Record] = (*gatedTxnScope)(nil) // the runner finds it by this interface
+
+func (*gatedTxnScope) UseTxn(scope.Txn[*Record])        {}
 func (*gatedTxnScope) TxnFlush() error                  { return nil }
 func (*gatedTxnScope) TxnEnded(bool)                    {}
 func (*gatedTxnScope) TxnAssigned(map[string][]int32)   {}

@@ -25,7 +25,7 @@ const consumerCheckMax = 20
 
 // consumerKnown reports whether the consumer has a row in one of the
 // tables of the scope's table prefix: whether it ran on them before.
-func (s *scope) consumerKnown(ctx context.Context) (bool, error) {
+func (s *dbScope) consumerKnown(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, consumerCheckTimeout)
 	defer cancel()
 	return hasConsumerRows(ctx, s.o.Pool, s.o.TablePrefix, s.o.Consumer)
@@ -57,7 +57,7 @@ func hasConsumerRows(ctx context.Context, db *pgxpool.Pool, p, consumer string) 
 // says what to set. When other consumers have inbox rows but nothing ties
 // them to these topics, it logs a warning that names them. A lookup that
 // fails is returned as err, which Start logs.
-func (s *scope) checkConsumerName(ctx context.Context) (*consumer.ConfigError, error) {
+func (s *dbScope) checkConsumerName(ctx context.Context) (*consumer.ConfigError, error) {
 	if !s.defaultConsumer {
 		return nil, nil
 	}

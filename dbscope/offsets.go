@@ -9,14 +9,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/partition"
 )
 
 // adjustOffsets loads the stored positions of newly assigned partitions and
 // moves the fetch start ahead of the committed Kafka offset when every shard
 // has applied past it.
-func (s *scope) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+func (s *dbScope) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	for topic, parts := range offsets {
 		ids := make([]int32, 0, len(parts))
 		for p := range parts {
@@ -85,9 +84,9 @@ func routingOf(shards int, nullKeys consumer.NullKeyPolicy) string {
 	return fmt.Sprintf("shards=%d nullkeys=%s hash=%016x", shards, nullKeys, h.Sum64())
 }
 
-func (s *scope) mark(r *consumer.Record) (int64, bool) {
+func (s *dbScope) mark(r *consumer.Record) (int64, bool) {
 	s.marksMu.Lock()
 	defer s.marksMu.Unlock()
-	m, ok := s.marks[shardKey{r.Topic, r.Partition, engine.ShardOf(r)}]
+	m, ok := s.marks[shardKey{r.Topic, r.Partition, s.eng.Shard(r)}]
 	return m, ok
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 )
 
 // Inbox statuses: what the inbox remembers of an identity's outcome.
@@ -79,7 +78,7 @@ func headerArrays(hs []kgo.RecordHeader) ([]string, [][]byte) {
 }
 
 // waitArgs are the arguments of sqlWait for record r of identity id.
-func (s *scope) waitArgs(topic string, r *consumer.Record, id string, version int64) []any {
+func (s *dbScope) waitArgs(topic string, r *consumer.Record, id string, version int64) []any {
 	keys, vals := headerArrays(r.Headers)
 	ts := r.Timestamp
 	if ts.IsZero() {
@@ -127,7 +126,7 @@ var errRoutedAgain = errors.New("kscope: routed again after a restart; the earli
 // being routed by this very copy when the process stopped: the same hop of
 // the retry topics, or the dead-letter topic. dead reports that it went
 // to the dead-letter topic.
-func (s *scope) reroute(ctx context.Context, r *consumer.Record, st inboxStatus) (dead bool, err error) {
+func (s *dbScope) reroute(ctx context.Context, r *consumer.Record, st inboxStatus) (dead bool, err error) {
 	if dead, err = s.rerouteOnly(ctx, r, st); err != nil || !dead {
 		return dead, err
 	}
@@ -137,7 +136,7 @@ func (s *scope) reroute(ctx context.Context, r *consumer.Record, st inboxStatus)
 // markDead records that the dead-letter topic acknowledged the record of
 // identity id: its inbox row says so, and its key (if it held one back) is
 // released.
-func (s *scope) markDead(ctx context.Context, id, topic string, key []byte) error {
+func (s *dbScope) markDead(ctx context.Context, id, topic string, key []byte) error {
 	return s.retryTx(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.sqlSetStatus, s.o.Consumer, []string{id}, []string{statusDead}, []int32{0}, []int32{0}, []string{""}); err != nil {
 			return err
@@ -151,25 +150,25 @@ func (s *scope) markDead(ctx context.Context, id, topic string, key []byte) erro
 }
 
 // retryTx runs fn in a transaction until it commits, on the runner's
-// retry loop (engine.Failures.Rounds): a failed transaction is retried
+// retry loop (scope.Failures.Rounds): a failed transaction is retried
 // after a growing backoff; only a done ctx stops it.
-func (s *scope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
+func (s *dbScope) retryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	var violation error
-	if s.f.Rounds(ctx, nil, func() engine.Round {
+	if s.f.Rounds(ctx, nil, func() round {
 		if err := pgx.BeginFunc(ctx, s.o.Pool, fn); err != nil {
 			if ctx.Err() != nil {
-				return engine.Round{Stop: true}
+				return round{Stop: true}
 			}
 			var cv *commitViolation
 			if errors.As(err, &cv) {
 				violation = cv // the caller runs fewer records (release)
-				return engine.Round{}
+				return round{}
 			}
 			s.txRetries.Add(1)
-			return engine.Round{More: true, Err: err, Held: s.deployment(err)}
+			return round{More: true, Err: err, Held: s.deployment(err)}
 		}
 		s.transactions.Add(1)
-		return engine.Round{}
+		return round{}
 	}) {
 		return violation
 	}

@@ -70,7 +70,7 @@ func (p parking) remove(k pairKey, id string) {
 
 // ordered reports whether a new failure makes its record its key's head,
 // later records of the key waiting behind it.
-func (s *scope) ordered() bool {
+func (s *dbScope) ordered() bool {
 	p := s.f.Policy()
 	return !p.Unordered && !p.DisableRetryTopics && len(p.Ladder) > 0
 }
@@ -79,7 +79,7 @@ func (s *scope) ordered() bool {
 // heads and waiting records of their keys: always in an ordered pipeline;
 // in one that is not, while the consumer may have such rows, left by a
 // deployment that was ordered (see parkWatch).
-func (s *scope) honours() bool {
+func (s *dbScope) honours() bool {
 	return s.ordered() || s.parkRows.maybe()
 }
 
@@ -161,7 +161,7 @@ func scanParking(rows pgx.Rows) (parking, error) {
 // no lock: only a transaction that already sees it busy (a head or waiting
 // records, both committed before any retry record of the key exists) can
 // change its state concurrently.
-func (s *scope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
+func (s *dbScope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
 	tx, fresh, busy, err := s.openTx(ctx, ids, work, metas, honour)
 	if err != nil {
 		return tx, fresh, nil, nil, nil, err
@@ -198,7 +198,7 @@ type busyKeys struct {
 // openTx is begin's first round trip: BEGIN, the inbox rows of ids (fresh
 // names those that are new), and, when the scope honours parking, which
 // keys of the batch are busy.
-func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, busy busyKeys, err error) {
+func (s *dbScope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, busy busyKeys, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	var topics []string
@@ -249,7 +249,7 @@ func (s *scope) openTx(ctx context.Context, ids []string, work []*consumer.Recor
 // loadState is begin's second round trip, when there is something to
 // read: it locks the busy keys and reads their parked heads and waiting
 // records, and reads the remembered outcomes of the ids seen before.
-func (s *scope) loadState(ctx context.Context, tx pgx.Tx, busy busyKeys, seenBefore []string) (known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
+func (s *dbScope) loadState(ctx context.Context, tx pgx.Tx, busy busyKeys, seenBefore []string) (known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
 	known, park, waiting = map[string]inboxStatus{}, parking{}, map[pairKey]bool{}
 	if len(seenBefore) == 0 && len(busy.keys) == 0 {
 		return known, park, waiting, nil

@@ -8,8 +8,8 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 // failure is what is known of one record's failures in this Process call.
@@ -29,11 +29,11 @@ type result struct {
 	release   bool            // the record was its key's head: the key's waiting records are released
 }
 
-// Process implements engine.Scope. The batch runs in rounds on the
-// runner's retry loop (engine.Failures.Rounds): each round is one
+// Process implements scope.Scope. The batch runs in rounds on the
+// runner's retry loop (scope.Failures.Rounds): each round is one
 // transaction over the records still pending, then what it decided is
 // carried out; see batchRun.round.
-func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
+func (s *dbScope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
 	obs := s.obs
 	for _, r := range batch {
 		obs.Start(ctx, r)
@@ -53,7 +53,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 
 // batchRun is one Process call's state across its rounds.
 type batchRun struct {
-	s       *scope
+	s       *dbScope
 	ctx     context.Context
 	done    func(*consumer.Record)
 	pending []*consumer.Record // in order; the next transaction takes pending[:limit]
@@ -75,15 +75,15 @@ type batchRun struct {
 // the rest, after the loop's backoff, which grows only while the same
 // record fails first (a batch whose records time out one by one is not
 // slowed down more and more).
-func (b *batchRun) round() engine.Round {
+func (b *batchRun) round() round {
 	s, ctx, pending := b.s, b.ctx, b.pending
 	if ctx.Err() != nil || pending[0].Revoked() {
-		return engine.Round{Stop: true}
+		return round{Stop: true}
 	}
 	work, res, stop, err := s.apply(ctx, pending[:b.limit], b.done, b.fails, b.calls)
 	if err != nil {
 		if ctx.Err() != nil {
-			return engine.Round{Stop: true}
+			return round{Stop: true}
 		}
 		s.txRetries.Add(1)
 		var te *transientError
@@ -93,19 +93,19 @@ func (b *batchRun) round() engine.Round {
 				b.limit = cut
 			}
 		}
-		return engine.Round{More: true, Of: pending[0], Err: err, Held: s.deployment(err)}
+		return round{More: true, Of: pending[0], Err: err, Held: s.deployment(err)}
 	}
 	rest := pending[b.limit:] // after a transient failure: not tried yet
 	kept, wait, release, ok := s.settle(ctx, work, res, b.fails, b.calls, b.done)
 	if !ok {
-		return engine.Round{Stop: true}
+		return round{Stop: true}
 	}
 	for _, k := range release {
 		if err := s.release(ctx, k.topic, k.key); err != nil {
-			return engine.Round{Stop: true}
+			return round{Stop: true}
 		}
 	}
-	next := engine.Round{Wait: wait}
+	next := round{Wait: wait}
 	if stop != nil {
 		delete(b.calls, stop.rec) // its next attempt calls the handler again
 		s.txRetries.Add(1)
@@ -135,7 +135,7 @@ type heldKey struct {
 // or dead-lettered, and done once the broker has it. It returns the keys
 // whose head resolved, to release their waiting records. ok is false when
 // ctx ended while routing.
-func (s *scope) settle(ctx context.Context, work []*consumer.Record, res []result, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (kept []*consumer.Record, wait time.Duration, release []heldKey, ok bool) {
+func (s *dbScope) settle(ctx context.Context, work []*consumer.Record, res []result, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (kept []*consumer.Record, wait time.Duration, release []heldKey, ok bool) {
 	obs := s.obs
 	for i, r := range work {
 		if res[i].release {
@@ -182,7 +182,7 @@ func (s *scope) settle(ctx context.Context, work []*consumer.Record, res []resul
 // routeFailed routes failed record r by its step and, unless it retries
 // in place, ends its delivery. A dead-lettered record is remembered by the
 // inbox, and its key (returned) has its waiting records released.
-func (s *scope) routeFailed(ctx context.Context, r *consumer.Record, res result, fails map[*consumer.Record]*failure) (retrytopic.Step, *heldKey, error) {
+func (s *dbScope) routeFailed(ctx context.Context, r *consumer.Record, res result, fails map[*consumer.Record]*failure) (retrytopic.Step, *heldKey, error) {
 	fi := fails[r]
 	if fi == nil {
 		fi = &failure{first: time.Now()}
@@ -204,7 +204,7 @@ func (s *scope) routeFailed(ctx context.Context, r *consumer.Record, res result,
 		}
 	}
 	if step.Action != retrytopic.ActionRetry {
-		out := engine.OutcomeOf(step.Action)
+		out := scope.OutcomeOf(step.Action)
 		if g := res.gap; (g == gapDetected || g == gapWaiting) && step.Action == retrytopic.ActionRetryTopic {
 			out = hook.OutcomeGap
 		}
@@ -217,7 +217,7 @@ func (s *scope) routeFailed(ctx context.Context, r *consumer.Record, res result,
 // takes: all of them for a QueueHandler, at most maxSavepoints for a
 // Handler, each of whose records may take a savepoint. (Records left out
 // would have their inbox rows inserted and deleted again.)
-func (s *scope) txLimit(n int) int {
+func (s *dbScope) txLimit(n int) int {
 	if s.qh == nil {
 		return min(n, maxSavepoints)
 	}
@@ -230,7 +230,7 @@ func (s *scope) txLimit(n int) int {
 // transient error, if any, that ended the transaction early (the records
 // before it committed; it and those after it were not tried). A non-nil
 // error means the transaction did not commit.
-func (s *scope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall) ([]*consumer.Record, []result, *transientError, error) {
+func (s *dbScope) apply(ctx context.Context, recs []*consumer.Record, done func(*consumer.Record), fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall) ([]*consumer.Record, []result, *transientError, error) {
 	work := recs[:0:0]
 	if s.o.StoreOffsets {
 		for _, r := range recs {
@@ -306,7 +306,7 @@ func withKnown(known map[int]error, i int, err error) map[int]error {
 // account counts and reports what a committed transaction did to each
 // record, and ends the deliveries of those done (applied, skipped,
 // duplicate, stale).
-func (s *scope) account(work []*consumer.Record, res []result, done func(*consumer.Record)) {
+func (s *dbScope) account(work []*consumer.Record, res []result, done func(*consumer.Record)) {
 	obs := s.obs
 	for i, r := range work {
 		switch res[i].gap {

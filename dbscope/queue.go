@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/guard"
 )
 
@@ -129,9 +128,9 @@ type queuedCall struct {
 
 // queue runs the queued handler for r, its statements going to q. It turns
 // a panic into an error.
-func (s *scope) queue(ctx context.Context, q *Queue, r *consumer.Record) error {
-	engine.Handling(r)
-	defer engine.Handled(r)
+func (s *dbScope) queue(ctx context.Context, q *Queue, r *consumer.Record) error {
+	s.eng.Handling(r)
+	defer s.eng.Handled(r)
 	err := guard.Call(func() error { return s.qh.Queue(ctx, q, r) })
 	if err != nil && s.f.Class(err) != consumer.ClassSkip {
 		return err

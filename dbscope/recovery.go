@@ -31,7 +31,7 @@ type recovery struct {
 // process is routing is left alone. In a pipeline that parks no new
 // failure, a pass first looks whether the consumer has parked or waiting
 // rows at all, and keeps s.parkRows up to date.
-func (s *scope) recoverParking(ctx context.Context, rec *recovery) {
+func (s *dbScope) recoverParking(ctx context.Context, rec *recovery) {
 	if err := s.recoverPass(ctx, rec); err != nil {
 		s.logRecover(ctx, err)
 		return
@@ -40,7 +40,7 @@ func (s *scope) recoverParking(ctx context.Context, rec *recovery) {
 }
 
 // recoverPass is one pass of recoverParking.
-func (s *scope) recoverPass(ctx context.Context, rec *recovery) error {
+func (s *dbScope) recoverPass(ctx context.Context, rec *recovery) error {
 	if !s.ordered() {
 		found, err := s.parkRows.scan(func() (found bool, err error) {
 			err = s.o.Pool.QueryRow(ctx, s.sqlHasParking, s.o.Consumer).Scan(&found)
@@ -97,7 +97,7 @@ func (s *scope) recoverPass(ctx context.Context, rec *recovery) error {
 // whose routing already reached the broker (applied, dead-lettered, or
 // routed on by a later hop since) only has its row deleted. A release of
 // this process that routes w meanwhile is left to finish.
-func (s *scope) recoverHead(ctx context.Context, w keyedWaiting) error {
+func (s *dbScope) recoverHead(ctx context.Context, w keyedWaiting) error {
 	var st inboxStatus
 	var again bool
 	if err := s.retryTx(ctx, func(tx pgx.Tx) error {
@@ -136,7 +136,7 @@ func (s *scope) recoverHead(ctx context.Context, w keyedWaiting) error {
 // recording anything: to the retry topic of its stage (within the current
 // ladder) or, when the outcome or the current policy says so (no retry
 // topics), to the dead-letter topic. dead reports the latter.
-func (s *scope) rerouteOnly(ctx context.Context, r *consumer.Record, st inboxStatus) (dead bool, err error) {
+func (s *dbScope) rerouteOnly(ctx context.Context, r *consumer.Record, st inboxStatus) (dead bool, err error) {
 	meta := s.f.Metadata(r)
 	attempt := max(1, st.attempt-meta.Attempt)
 	pol := s.f.Policy()
@@ -149,7 +149,7 @@ func (s *scope) rerouteOnly(ctx context.Context, r *consumer.Record, st inboxSta
 	return step.Action == retrytopic.ActionDeadLetter, s.f.Route(ctx, r, errRoutedAgain, step, attempt, time.Now())
 }
 
-func (s *scope) logRecover(ctx context.Context, err error) {
+func (s *dbScope) logRecover(ctx context.Context, err error) {
 	if ctx.Err() == nil {
 		s.log.Warn("kscope: releasing parked records failed; retrying later", "err", err)
 	}

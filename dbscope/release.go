@@ -10,8 +10,8 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/scope"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -31,7 +31,7 @@ import (
 // constraint that the records applied in a transaction broke is traced to
 // the first record whose writes break it, which fails with the violation
 // and becomes the head, as in a batch (scope.apply).
-func (s *scope) release(ctx context.Context, topic string, key []byte) error {
+func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
 	tries := map[string]int{}   // in-place attempts per identity
 	known := map[string]error{} // failures that aborted an earlier try, per identity
 	limit := maxSavepoints      // waiting records per transaction; fewer while a deferred constraint is traced
@@ -49,7 +49,7 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 		}
 	}()
 	var err error
-	ok := s.f.Rounds(ctx, nil, func() engine.Round {
+	ok := s.f.Rounds(ctx, nil, func() round {
 		var rel released
 		if err = s.retryTx(ctx, func(tx pgx.Tx) error {
 			var err error
@@ -63,7 +63,7 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 		}); err != nil {
 			var cv *commitViolation
 			if !errors.As(err, &cv) {
-				return engine.Round{Stop: true}
+				return round{Stop: true}
 			}
 			// The records applied broke a deferred constraint: run the
 			// transaction again over those before the middle one of them,
@@ -75,7 +75,7 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 			} else if len(cv.wrote) == 1 {
 				known[cv.ids[0]] = cv
 			}
-			return engine.Round{More: true}
+			return round{More: true}
 		}
 		limit = maxSavepoints
 		s.count(&rel)
@@ -93,12 +93,12 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 				first = time.Now()
 			}
 			if err = s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, first); err != nil {
-				return engine.Round{Stop: true}
+				return round{Stop: true}
 			}
 			if err = s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter); err != nil {
-				return engine.Round{Stop: true}
+				return round{Stop: true}
 			}
-			out := engine.OutcomeOf(rel.step.Action)
+			out := scope.OutcomeOf(rel.step.Action)
 			if rel.routedGap && rel.step.Action == retrytopic.ActionRetryTopic {
 				out = hook.OutcomeGap
 			}
@@ -106,13 +106,13 @@ func (s *scope) release(ctx context.Context, topic string, key []byte) error {
 			// Past a dead letter, the next waiting record is the key's
 			// head; one in the retry topics holds the key, unless new
 			// failures do not park (it did not become the head).
-			return engine.Round{More: rel.step.Action == retrytopic.ActionDeadLetter || !s.ordered()}
+			return round{More: rel.step.Action == retrytopic.ActionDeadLetter || !s.ordered()}
 		}
 		// A retry in place waits its delay; a full transaction may have
 		// left more waiting records. A release that met the key's head
 		// ends: another round would find the same head and change
 		// nothing.
-		return engine.Round{More: !rel.held && (rel.wait > 0 || rel.n >= maxSavepoints), Wait: rel.wait}
+		return round{More: !rel.held && (rel.wait > 0 || rel.n >= maxSavepoints), Wait: rel.wait}
 	})
 	if !ok && err == nil {
 		err = ctx.Err()
@@ -171,7 +171,7 @@ type releaseDeliveries map[string]*consumer.Record
 
 // count adds what a committed release transaction did to the scope's
 // counters.
-func (s *scope) count(rel *released) {
+func (s *dbScope) count(rel *released) {
 	s.applied.Add(rel.applied)
 	s.skipped.Add(rel.skipped)
 	s.stale.Add(rel.stale)
@@ -183,7 +183,7 @@ func (s *scope) count(rel *released) {
 
 // endReleased reports to the hooks what a committed release transaction
 // did: the version gaps it found and the deliveries it ended.
-func (s *scope) endReleased(rel *released) {
+func (s *dbScope) endReleased(rel *released) {
 	for _, g := range rel.gaps {
 		switch g.note {
 		case gapDetected, gapAccepted, gapDead:
@@ -203,7 +203,7 @@ func (s *scope) endReleased(rel *released) {
 // record whose failure aborted the transaction before its savepoint is
 // put in known, and the transaction fails: in the next one, that record
 // fails with that error without its handler being called.
-func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error, dl releaseDeliveries, limit int) (rel released, err error) {
+func (s *dbScope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error, dl releaseDeliveries, limit int) (rel released, err error) {
 	if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{topic}, [][]byte{key}); err != nil {
 		return rel, err
 	}
@@ -276,7 +276,7 @@ func (s *scope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []by
 
 // releaseOne applies the waiting record w in a release transaction. stop
 // reports that it failed: it retries in place, or it became the key's head.
-func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic string, key []byte, w *waitingRow, tries map[string]int, known map[string]error, dl releaseDeliveries, rel *released) (stop bool, err error) {
+func (s *dbScope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic string, key []byte, w *waitingRow, tries map[string]int, known map[string]error, dl releaseDeliveries, rel *released) (stop bool, err error) {
 	r := w.rec
 	if d, ok := dl[w.id]; ok {
 		r, w.rec = d, d // the delivery started in an earlier transaction
@@ -407,7 +407,7 @@ func (s *scope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topic 
 // routedFromWaiting ends the routing of a waiting record the broker
 // acknowledged: its row goes; a dead-lettered one's inbox row says so and
 // its key is free again.
-func (s *scope) routedFromWaiting(ctx context.Context, w *waitingRow, topic string, key []byte, dead bool) error {
+func (s *dbScope) routedFromWaiting(ctx context.Context, w *waitingRow, topic string, key []byte, dead bool) error {
 	return s.retryTx(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.sqlDeleteWaiting, []int64{w.seq}); err != nil {
 			return err
@@ -426,7 +426,7 @@ func (s *scope) routedFromWaiting(ctx context.Context, w *waitingRow, topic stri
 // applyReleased runs the handler for a record released from the waiting
 // table, its writes after a savepoint: a failure rolls back its writes
 // alone.
-func (s *scope) applyReleased(ctx context.Context, tx pgx.Tx, rtx *recordTx, r *consumer.Record) error {
+func (s *dbScope) applyReleased(ctx context.Context, tx pgx.Tx, rtx *recordTx, r *consumer.Record) error {
 	if s.qh != nil {
 		var q Queue
 		qerr := s.queue(ctx, &q, r)

@@ -14,9 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/scope"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -28,7 +28,7 @@ const (
 // Runner is a consumer.Runner in the DB scope.
 type Runner struct {
 	*consumer.Runner
-	s *scope
+	s *dbScope
 }
 
 // New returns a runner in the DB scope: every record's handler runs in a
@@ -84,14 +84,14 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 
 // newRunner builds a DB-scope runner around a Handler or a QueueHandler.
 func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Runner, error) {
-	s := &scope{h: h, qh: qh, o: o.withDefaults(cfg), useTopics: !cfg.Failures.DisableRetryTopics, defaultConsumer: o.Consumer == ""}
+	s := &dbScope{h: h, qh: qh, o: o.withDefaults(cfg), useTopics: !cfg.Failures.DisableRetryTopics, defaultConsumer: o.Consumer == ""}
 	o = s.o
 	oerr := o.validate()
 	if o.Versions != nil && cfg.Failures.Unordered {
 		oerr = errors.Join(oerr, &consumer.ConfigError{Struct: "dbscope.Options", Field: "Versions",
 			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
 	}
-	r, err := engine.NewRunner(cfg, s)
+	r, err := consumer.NewScoped(cfg, s)
 	if err = errors.Join(err, oerr); err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Run
 	return &Runner{Runner: r, s: s}, nil
 }
 
-type scope struct {
+type dbScope struct {
 	h      Handler
 	qh     QueueHandler // instead of h: the handler queues its statements
 	o      Options
@@ -132,8 +132,9 @@ type scope struct {
 	waiting                            startWait // what Start waits for (Stats.Waiting)
 	group                              string
 
-	f         engine.Failures
-	obs       engine.Observer
+	eng       scope.Engine[*consumer.Record]
+	f         scope.Failures[*consumer.Record]
+	obs       scope.Observer[*consumer.Record]
 	identity  consumer.Identity
 	useTopics bool
 
@@ -148,14 +149,13 @@ type scope struct {
 	inRoute  routeMarks // the waiting records this process's releases are routing now
 }
 
-// UseFailures implements engine.FailureAware.
-func (s *scope) UseFailures(f any) {
-	s.f = engine.AsFailures(f)
-	s.obs = engine.ObserverOf(s.f)
+// UseEngine implements scope.EngineUser.
+func (s *dbScope) UseEngine(e scope.Engine[*consumer.Record]) {
+	s.eng, s.f, s.obs = e, e.Failures(), e.Observer()
 }
 
-// UsesRetryTopics implements engine.RetryTopicUser.
-func (s *scope) UsesRetryTopics() bool { return s.useTopics }
+// UsesRetryTopics implements scope.RetryTopicUser.
+func (s *dbScope) UsesRetryTopics() bool { return s.useTopics }
 
 type shardKey struct {
 	topic     string
@@ -163,7 +163,7 @@ type shardKey struct {
 	shard     int
 }
 
-func (s *scope) init(cfg consumer.Config) {
+func (s *dbScope) init(cfg consumer.Config) {
 	o := s.o
 	s.identity = cfg.Identity
 	s.group = cfg.Group
@@ -229,7 +229,7 @@ func (s *scope) init(cfg consumer.Config) {
 	s.sqlWaitingHeadExists = `SELECT EXISTS (SELECT 1 FROM ` + p + `waiting WHERE id = $1 AND head)`
 }
 
-// Start implements engine.Starter: Run fails at once with a
+// Start implements scope.Starter: Run fails at once with a
 // [*SchemaError], which says to run [Migrate], when the database lacks
 // kscope's tables or a migration of this version, and with a
 // [*DatabaseError] when PostgreSQL refuses the runner (see
@@ -242,7 +242,7 @@ func (s *scope) init(cfg consumer.Config) {
 // waiting there (see checkTablePrefix), or, with Options.Consumer left to
 // default to the group id, under another group id whose records it would
 // apply again (see checkConsumerName).
-func (s *scope) Start(ctx context.Context) error {
+func (s *dbScope) Start(ctx context.Context) error {
 	if err := s.checkTables(ctx); err != nil {
 		return err
 	}
@@ -271,23 +271,23 @@ func (s *scope) Start(ctx context.Context) error {
 	return nil
 }
 
-// BatchLimits implements engine.Batcher.
-func (s *scope) BatchLimits() (int, time.Duration) { return s.o.BatchSize, s.o.BatchLinger }
+// BatchLimits implements scope.Batcher.
+func (s *dbScope) BatchLimits() (int, time.Duration) { return s.o.BatchSize, s.o.BatchLinger }
 
-// ClientOptions implements engine.ClientOptioner: with StoreOffsets, the
+// ClientOptions implements scope.ClientOptioner: with StoreOffsets, the
 // positions stored in the database are loaded on every assignment.
-func (s *scope) ClientOptions() []kgo.Opt {
+func (s *dbScope) ClientOptions() []kgo.Opt {
 	if !s.o.StoreOffsets {
 		return nil
 	}
 	return []kgo.Opt{kgo.AdjustFetchOffsetsFn(s.adjustOffsets)}
 }
 
-// RunBackground implements engine.Background: inbox retention and the
+// RunBackground implements scope.Background: inbox retention and the
 // recovery of parked records (see recoverParking), at start and every
 // releaseInterval, whatever the failure policy: rows an ordered
 // deployment left are finished by one that is not.
-func (s *scope) RunBackground(ctx context.Context) {
+func (s *dbScope) RunBackground(ctx context.Context) {
 	var cleanup <-chan time.Time
 	if s.o.InboxTTL > 0 {
 		t := time.NewTicker(s.o.CleanupInterval)
@@ -429,7 +429,7 @@ const lostWrites = "dbscope: the record is skipped, but a statement its handler 
 // error, which retries the transaction rather than failing the record: an
 // error the handler (or Policy.Classify) gave a class follows the failure
 // policy whatever it wraps.
-func (s *scope) transient(err error) bool {
+func (s *dbScope) transient(err error) bool {
 	return s.f.Class(err) == consumer.ClassUnknown && IsTransient(err)
 }
 
@@ -437,10 +437,10 @@ func (s *scope) transient(err error) bool {
 // deployment is wrong rather than the record (IsDeploymentError) and
 // neither the handler (a class mark) nor Policy.Classify classified it:
 // the transaction is retried with backoff and the key-shard holds
-// (engine.Round.Held), instead of the record being routed by the failure
+// (scope.Round.Held), instead of the record being routed by the failure
 // policy. A Classify that returns ok for it, whatever the class (unknown
 // included), makes it the record's failure again.
-func (s *scope) deployment(err error) bool {
+func (s *dbScope) deployment(err error) bool {
 	if !IsDeploymentError(err) {
 		return false
 	}
@@ -453,9 +453,9 @@ func (s *scope) deployment(err error) bool {
 }
 
 // call runs the handler and turns a panic into an error.
-func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-	engine.Handling(r)
-	defer engine.Handled(r)
+func (s *dbScope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+	s.eng.Handling(r)
+	defer s.eng.Handled(r)
 	return guard.Call(func() error { return s.h.Handle(ctx, tx, r) })
 }
 
@@ -467,7 +467,7 @@ func (s *scope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 // budget: a gap waits for its missing versions, not for attempts of a
 // handler. The same decision holds for a record consumed and for one
 // released from the waiting table. note says what is counted.
-func (s *scope) gapRoute(ctx context.Context, r *consumer.Record, m retrytopic.Metadata, gap *retrytopic.VersionGapError, attempt int) (step retrytopic.Step, note gapNote, herr error) {
+func (s *dbScope) gapRoute(ctx context.Context, r *consumer.Record, m retrytopic.Metadata, gap *retrytopic.VersionGapError, attempt int) (step retrytopic.Step, note gapNote, herr error) {
 	timedOut := !m.FirstFailure.IsZero() && time.Since(m.FirstFailure) > s.o.Versions.GapTimeout
 	pol := s.f.Policy()
 	if s.o.Versions.Gaps == sequence.DeadLetter || timedOut || pol.DisableRetryTopics || len(pol.Ladder) == 0 {
@@ -489,7 +489,7 @@ func (s *scope) gapRoute(ctx context.Context, r *consumer.Record, m retrytopic.M
 }
 
 // countGap counts what a record's transaction did about a version gap.
-func (s *scope) countGap(note gapNote) {
+func (s *dbScope) countGap(note gapNote) {
 	switch note {
 	case gapDetected:
 		s.gapsDetected.Add(1)
@@ -507,7 +507,7 @@ func (s *scope) countGap(note gapNote) {
 
 // checkVersion reads, with a row lock, the last applied version of key and
 // checks v against it.
-func (s *scope) checkVersion(ctx context.Context, tx pgx.Tx, topic string, key []byte, v int64) (sequence.Result, error) {
+func (s *dbScope) checkVersion(ctx context.Context, tx pgx.Tx, topic string, key []byte, v int64) (sequence.Result, error) {
 	var last int64
 	err := tx.QueryRow(ctx, s.sqlLoadVersion, s.o.Consumer, topic, key).Scan(&last)
 	switch {
@@ -518,3 +518,20 @@ func (s *scope) checkVersion(ctx context.Context, tx pgx.Tx, topic string, key [
 	}
 	return s.o.Versions.Check(v, last, true), nil
 }
+
+// round is what one round of the DB scope's work did, on the runner's
+// retry loop (scope.Failures.Rounds).
+type round = scope.Round[*consumer.Record]
+
+// The contract's interfaces the DB scope implements: a changed signature is
+// a compile error here, not a scope the runner silently runs without them.
+var (
+	_ scope.Scope[*consumer.Record]       = (*dbScope)(nil)
+	_ scope.EngineUser[*consumer.Record]  = (*dbScope)(nil)
+	_ scope.RetryTopicUser                = (*dbScope)(nil)
+	_ scope.Batcher                       = (*dbScope)(nil)
+	_ scope.Starter                       = (*dbScope)(nil)
+	_ scope.ClientOptioner                = (*dbScope)(nil)
+	_ scope.Background                    = (*dbScope)(nil)
+	_ scope.StatsReporter[consumer.Stats] = (*dbScope)(nil)
+)

@@ -102,7 +102,7 @@ func (w *startWait) get() string {
 // retried with backoff, logged, and reported in Stats.Waiting, for up to
 // Options.StartTimeout since the first failure; then, or at once for a
 // deployment error (IsDeploymentError), Run fails with a *DatabaseError.
-func (s *scope) checkTables(ctx context.Context) error {
+func (s *dbScope) checkTables(ctx context.Context) error {
 	if max := int(s.o.Pool.Config().MaxConns); max < s.shards {
 		s.log.Warn(fmt.Sprintf("kscope: the PostgreSQL pool has fewer connections than the runner has key-shards: workers wait for a connection "+
 			"and the pipeline runs at the pool's width; add pool_max_conns=%d to the database URL (or set pgxpool.Config.MaxConns to %d), "+

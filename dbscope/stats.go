@@ -2,9 +2,9 @@ package dbscope
 
 import "github.com/kscope-dev/kscope/consumer"
 
-// ReportStats implements engine.StatsReporter: the runner's Stats carry the
+// ReportStats implements scope.StatsReporter: the runner's Stats carry the
 // DB scope's counters in Stats.DB.
-func (s *scope) ReportStats(st *consumer.Stats) {
+func (s *dbScope) ReportStats(st *consumer.Stats) {
 	st.Waiting = s.waiting.get()
 	st.DB = consumer.DBStats{
 		Applied:       s.applied.Load(),

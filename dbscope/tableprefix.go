@@ -19,7 +19,7 @@ import (
 // the consumer's inbox rows it logs a warning: a replay or a redelivery of
 // what they deduplicated would be applied again. A lookup that fails is
 // returned as err, which Start logs.
-func (s *scope) checkTablePrefix(ctx context.Context) (*consumer.ConfigError, error) {
+func (s *dbScope) checkTablePrefix(ctx context.Context) (*consumer.ConfigError, error) {
 	ctx, cancel := context.WithTimeout(ctx, consumerCheckTimeout)
 	defer cancel()
 	// Every prefix Migrate ran with has its schema_migrations table.

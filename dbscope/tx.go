@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -24,7 +23,7 @@ import (
 // handler twice. A transient error raised by a record's handler with the
 // connection alive ends the transaction early: the records before it
 // commit, it and those after it are notTried, and it is returned as stop.
-func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
+func (s *dbScope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
 	b := &batchTx{s: s, ctx: ctx, work: work, ids: ids, fails: fails, calls: calls, known: known,
 		ordered: s.ordered(), honour: s.honours(), vers: s.o.Versions, cut: len(work)}
 	b.metas = make([]retrytopic.Metadata, len(work))
@@ -82,7 +81,7 @@ func (s *scope) runTx(ctx context.Context, work []*consumer.Record, ids []string
 // its start (inbox rows, parked heads, waiting keys) and what it decides
 // for each record. It lives for one runTx call.
 type batchTx struct {
-	s   *scope
+	s   *dbScope
 	ctx context.Context
 	tx  pgx.Tx
 	// committing: COMMIT was sent. The pool has the connection back then,
@@ -445,7 +444,7 @@ func (b *batchTx) commit() error {
 		}
 		if k > 0 {
 			r := b.work[k-1]
-			b.q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, engine.ShardOf(r), s.shards, r.Offset+1, s.routing)
+			b.q.Exec(s.sqlOffset, s.o.Consumer, r.Topic, r.Partition, s.eng.Shard(r), s.shards, r.Offset+1, s.routing)
 		}
 	}
 	if err := b.q.send(b.ctx, b.tx); err != nil {

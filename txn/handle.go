@@ -23,7 +23,7 @@ import (
 // reports false when rec was left undone: the runner stops, or rec's
 // assignment ended (its next owner, or this member after an abort's
 // rewind, handles it again).
-func (s *scope) handle(ctx context.Context, rec *consumer.Record, done func(*consumer.Record)) bool {
+func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func(*consumer.Record)) bool {
 	w := &work{rec: rec}
 	if w.stale(ctx) {
 		return false
@@ -49,7 +49,7 @@ func (s *scope) handle(ctx context.Context, rec *consumer.Record, done func(*con
 // join adds w to the open transaction, once one is open, and reports the
 // input record (if w has one: done is not nil) done in it. When w cannot
 // join, the deliveries it started end as aborted.
-func (s *scope) join(ctx context.Context, w *work, done func(*consumer.Record)) bool {
+func (s *kafkaScope) join(ctx context.Context, w *work, done func(*consumer.Record)) bool {
 	if w.stopped || w.stale(ctx) || !s.t.Join(w.rec) {
 		w.drop(s.obs)
 		return false
@@ -72,7 +72,7 @@ func (s *scope) join(ctx context.Context, w *work, done func(*consumer.Record)) 
 // outcome (success, skipped, retried, dead_lettered, or aborted when the
 // runner stops or the record is no longer wanted) and the last handler
 // error.
-func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) (hook.Outcome, error) {
+func (s *kafkaScope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) (hook.Outcome, error) {
 	if herr := s.unwritableOf(rec); herr != nil {
 		// An earlier transaction aborted because a record this input
 		// produced can never be written: the input fails, as Terminal.
@@ -116,7 +116,7 @@ func (s *scope) run(ctx, hctx context.Context, w *work, rec *consumer.Record, do
 // failed carries out step for rec, whose handling failed with err: a
 // skip, a retry topic or the dead-letter topic, in the transaction w
 // joins.
-func (s *scope) failed(ctx context.Context, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) (hook.Outcome, error) {
+func (s *kafkaScope) failed(ctx context.Context, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) (hook.Outcome, error) {
 	switch step.Action {
 	case retrytopic.ActionSkip:
 		s.f.Route(ctx, rec, err, step, attempt, first) //nolint:errcheck // logs and counts only
@@ -141,7 +141,7 @@ func (s *scope) failed(ctx context.Context, w *work, rec *consumer.Record, err e
 
 // deadLetter adds rec's dead-letter record to w: it becomes visible
 // exactly when the input's offset commits.
-func (s *scope) deadLetter(ctx context.Context, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) {
+func (s *kafkaScope) deadLetter(ctx context.Context, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) {
 	dl := s.f.DeadLetterRecord(rec, err, step, attempt, first)
 	s.route(ctx, w, rec, dl, "dlt", step.Class.String())
 	w.do(func(tx *txnState) { tx.dead.Add(1) })
@@ -152,7 +152,7 @@ func (s *scope) deadLetter(ctx context.Context, w *work, rec *consumer.Record, e
 }
 
 // route adds a retry or dead-letter record to w.
-func (s *scope) route(ctx context.Context, w *work, rec *consumer.Record, out *kgo.Record, kind, class string) {
+func (s *kafkaScope) route(ctx context.Context, w *work, rec *consumer.Record, out *kgo.Record, kind, class string) {
 	obs := s.obs
 	as := producedRoute
 	if kind == "dlt" {
@@ -170,7 +170,7 @@ func (s *scope) route(ctx context.Context, w *work, rec *consumer.Record, out *k
 // and applies, skips, parks or dead-letters it. The key's state changes
 // when w joins a transaction; until then only this key-shard's worker
 // reads it.
-func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) {
+func (s *kafkaScope) handleVersioned(ctx context.Context, w *work, rec *consumer.Record, done func(*consumer.Record)) {
 	vers := s.vs.cfg
 	f, obs := s.f, s.obs
 	hctx := w.start(ctx, obs, rec)
@@ -272,7 +272,7 @@ func (s *scope) handleVersioned(ctx context.Context, w *work, rec *consumer.Reco
 }
 
 // advance records v as the last applied version of rec's key.
-func (s *scope) advance(ctx context.Context, w *work, pv *partVersions, rec *consumer.Record, v int64) {
+func (s *kafkaScope) advance(ctx context.Context, w *work, pv *partVersions, rec *consumer.Record, v int64) {
 	key := string(rec.Key)
 	w.do(func(*txnState) { pv.setLast(key, v) })
 	s.changelog(ctx, w, rec.Topic, rec.Partition, append([]byte{kindVersion}, rec.Key...), []byte(strconv.FormatInt(v, 10)))
@@ -282,7 +282,7 @@ func (s *scope) advance(ctx context.Context, w *work, pv *partVersions, rec *con
 // version order, in the transaction rec joins. Of the records parked with
 // one version, the first that is applied (or skipped) applies it and the
 // rest are stale; a dead-lettered one leaves the version to the next.
-func (s *scope) releaseParked(ctx context.Context, w *work, pv *partVersions, rec *consumer.Record, v int64) {
+func (s *kafkaScope) releaseParked(ctx context.Context, w *work, pv *partVersions, rec *consumer.Record, v int64) {
 	key := string(rec.Key)
 	obs := s.obs
 	for {
@@ -327,7 +327,7 @@ func (s *scope) releaseParked(ctx context.Context, w *work, pv *partVersions, re
 // records parked with it, to the DLT, on its key-shard's worker (rec is
 // the synthetic record its task runs for, of its partition's current
 // assignment).
-func (s *scope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) {
+func (s *kafkaScope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) {
 	defer s.vs.expiring(p, false)
 	w := &work{rec: rec}
 	pv := s.vs.get(tp{p.Topic, p.Partition})
@@ -359,7 +359,7 @@ func (s *scope) expire(ctx context.Context, rec *consumer.Record, p *parkedRec) 
 // unparkable returns why rec cannot be parked (as the changelog record
 // with value val), or nil: an earlier transaction aborted because that
 // changelog record was refused, or it is larger than the producer writes.
-func (s *scope) unparkable(rec *consumer.Record, val []byte) error {
+func (s *kafkaScope) unparkable(rec *consumer.Record, val []byte) error {
 	if err := s.unwritableOf(rec); err != nil {
 		return err
 	}
@@ -371,7 +371,7 @@ func (s *scope) unparkable(rec *consumer.Record, val []byte) error {
 	return nil
 }
 
-func (s *scope) unpark(ctx context.Context, w *work, pv *partVersions, p *parkedRec) {
+func (s *kafkaScope) unpark(ctx context.Context, w *work, pv *partVersions, p *parkedRec) {
 	key := string(p.Key)
 	w.do(func(*txnState) { pv.setParked(key, p.Version, nil) })
 	s.changelog(ctx, w, p.Topic, p.Partition, parkedKey(p.Key, p.Version), nil)
@@ -379,7 +379,7 @@ func (s *scope) unpark(ctx context.Context, w *work, pv *partVersions, p *parked
 
 // changelog adds one changelog record to w, to the partition of the input
 // partition it belongs to.
-func (s *scope) changelog(ctx context.Context, w *work, topic string, p int32, key, value []byte) {
+func (s *kafkaScope) changelog(ctx context.Context, w *work, topic string, p int32, key, value []byte) {
 	rec := &kgo.Record{Topic: VersionsTopic(s.cfg.Group, topic), Partition: p, Key: key, Value: value}
 	input := w.rec
 	w.do(func(tx *txnState) {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/backoff"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/ratelog"
+	"github.com/kscope-dev/kscope/scope"
 )
 
 type tp struct {
@@ -43,12 +43,12 @@ func (c *counters) add(o *counters) {
 	c.timedOut.Add(o.timedOut.Load())
 }
 
-// scope is the Kafka scope's unit of work on the runner (an
-// engine.Transactor): it runs each record's handler, with in-place
+// kafkaScope is the Kafka scope's unit of work on the runner (a
+// scope.Transactor): it runs each record's handler, with in-place
 // retries, and adds the outputs, or the record's route, to the runner's
 // open transaction; the runner ends the transactions and commits the
 // offsets in them.
-type scope struct {
+type kafkaScope struct {
 	o      Options
 	h      Handler
 	cfg    consumer.Config
@@ -56,9 +56,9 @@ type scope struct {
 	vs     *versionStore // nil without Options.Versions
 	dltLog *ratelog.Limiter
 
-	f   engine.Failures // set before the workers start
-	obs engine.Observer
-	t   engine.Txn
+	f   scope.Failures[*consumer.Record] // set before the workers start
+	obs observer
+	t   scope.Txn[*consumer.Record]
 
 	cur *txnState // the open transaction's; replaced when it ends (no worker is joined then)
 
@@ -80,7 +80,7 @@ type scope struct {
 
 // init completes the scope with the runner's configuration (defaults
 // filled in).
-func (s *scope) init(cfg consumer.Config) {
+func (s *kafkaScope) init(cfg consumer.Config) {
 	s.cfg = cfg
 	s.log = cfg.Logger.With("group", cfg.Group, "scope", "kafka")
 	s.cur = &txnState{}
@@ -90,15 +90,15 @@ func (s *scope) init(cfg consumer.Config) {
 	}
 }
 
-// TxnConfig implements engine.Transactor.
-func (s *scope) TxnConfig() (string, time.Duration, time.Duration, int) {
+// TxnConfig implements scope.Transactor.
+func (s *kafkaScope) TxnConfig() (string, time.Duration, time.Duration, int) {
 	return s.o.TransactionalID, s.o.CommitInterval, s.o.TransactionTimeout, s.o.MaxRecords
 }
 
 // ClientOptions are the transactional producer's settings, the version
 // changelog's partitioner, and a fetch wait no longer than a few
 // transactions.
-func (s *scope) ClientOptions() []kgo.Opt {
+func (s *kafkaScope) ClientOptions() []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.TransactionalID(s.o.TransactionalID),
 		kgo.TransactionTimeout(s.o.TransactionTimeout),
@@ -112,23 +112,22 @@ func (s *scope) ClientOptions() []kgo.Opt {
 
 // BatchLimits: a worker takes the queued records of a partition together;
 // each is handled and joins a transaction on its own.
-func (s *scope) BatchLimits() (int, time.Duration) { return 64, 0 }
+func (s *kafkaScope) BatchLimits() (int, time.Duration) { return 64, 0 }
 
 // UsesRetryTopics: failing records go to the delayed retry topics only
 // with an Unordered policy (and no versions), as in the AtLeastOnce scope.
-func (s *scope) UsesRetryTopics() bool {
+func (s *kafkaScope) UsesRetryTopics() bool {
 	return s.cfg.Failures.Unordered && s.o.Versions == nil && len(s.cfg.Failures.RetryTopics()) > 0
 }
 
-// UseFailures implements engine.FailureAware.
-func (s *scope) UseFailures(f any) {
-	s.f = engine.AsFailures(f)
-	s.obs = engine.ObserverOf(s.f)
+// UseEngine implements scope.EngineUser.
+func (s *kafkaScope) UseEngine(e scope.Engine[*consumer.Record]) {
+	s.f, s.obs = e.Failures(), e.Observer()
 }
 
-// UseTxn implements engine.Transactor.
-func (s *scope) UseTxn(t any) {
-	s.t = engine.AsTxn(t)
+// UseTxn implements scope.Transactor.
+func (s *kafkaScope) UseTxn(t scope.Txn[*consumer.Record]) {
+	s.t = t
 	s.limit = producerLimit(s.t.Session().Client())
 	if s.vs != nil {
 		s.vs.setKick(s.t.Kick)
@@ -142,7 +141,7 @@ func (s *scope) UseTxn(t any) {
 // records that an earlier deployment with Versions parked behind a version
 // gap wait in a changelog (see checkNoParked); a changelog it cannot read
 // is logged, and the runner starts.
-func (s *scope) Start(ctx context.Context) error {
+func (s *kafkaScope) Start(ctx context.Context) error {
 	if s.vs != nil {
 		return ensureChangelogs(ctx, s.cfg)
 	}
@@ -160,7 +159,7 @@ func (s *scope) Start(ctx context.Context) error {
 }
 
 // Process handles a batch of one partition's records, one by one.
-func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
+func (s *kafkaScope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
 	for _, rec := range batch {
 		if !s.handle(ctx, rec, done) {
 			return // stopped, or the record's assignment ended: its next owner redoes it
@@ -171,7 +170,7 @@ func (s *scope) Process(ctx context.Context, batch []*consumer.Record, done func
 // TxnFlush waits for the produces of the transaction that ends and
 // returns the first that failed; see refusals for records the broker
 // refused as such.
-func (s *scope) TxnFlush() error {
+func (s *kafkaScope) TxnFlush() error {
 	s.cur.wg.Wait()
 	err := s.cur.failed()
 	if err == nil {
@@ -195,7 +194,7 @@ const refusedLimit = 3
 // record refused, or refusals no input can be blamed for in refusedLimit
 // transactions in a row, stop the runner: nothing of those transactions
 // commits, and nothing is lost.
-func (s *scope) refusals(tx *txnState, err error) error {
+func (s *kafkaScope) refusals(tx *txnState, err error) error {
 	tx.mu.Lock()
 	rs := tx.unwritable
 	tx.mu.Unlock()
@@ -253,7 +252,7 @@ func describeRefused(rs map[recKey]refusal) string {
 
 // unwritableOf returns why rec must fail without running its handler (a
 // record it produced was refused in an earlier transaction), or nil.
-func (s *scope) unwritableOf(rec *consumer.Record) error {
+func (s *kafkaScope) unwritableOf(rec *consumer.Record) error {
 	if rec.Offset < 0 {
 		return nil
 	}
@@ -278,7 +277,7 @@ func producerLimit(cl *kgo.Client) int64 {
 
 // TxnEnded accounts for the transaction that ended: the version store,
 // the records' outcomes and the counters; the next one starts afresh.
-func (s *scope) TxnEnded(committed bool) {
+func (s *kafkaScope) TxnEnded(committed bool) {
 	tx := s.cur
 	if s.vs != nil {
 		s.vs.end(committed)
@@ -308,7 +307,7 @@ func (s *scope) TxnEnded(committed bool) {
 
 // TxnAssigned notes partitions whose committed offsets were fetched: their
 // versions are restored before their records are handled.
-func (s *scope) TxnAssigned(ps map[string][]int32) {
+func (s *kafkaScope) TxnAssigned(ps map[string][]int32) {
 	if s.vs != nil {
 		s.vs.assigned(ps)
 	}
@@ -316,7 +315,7 @@ func (s *scope) TxnAssigned(ps map[string][]int32) {
 
 // TxnGone forgets the versions, and the unwritable inputs, of revoked or
 // lost partitions.
-func (s *scope) TxnGone(ps map[string][]int32) {
+func (s *kafkaScope) TxnGone(ps map[string][]int32) {
 	if s.vs != nil {
 		s.vs.drop(ps)
 	}
@@ -334,7 +333,7 @@ func (s *scope) TxnGone(ps map[string][]int32) {
 // changelog writes in the open transaction (which then aborts): it is
 // ended first, since restoring waits until no transaction is open on the
 // changelog.
-func (s *scope) TxnPrepare(ctx context.Context) error {
+func (s *kafkaScope) TxnPrepare(ctx context.Context) error {
 	if s.vs == nil || ctx.Err() != nil || len(s.vs.missing(s.cfg.Topics)) == 0 {
 		return nil
 	}
@@ -364,7 +363,7 @@ func (s *scope) TxnPrepare(ctx context.Context) error {
 // TxnTick sends the parked records that waited past GapTimeout to their
 // key-shards, which dead-letter them, and returns when the next one times
 // out.
-func (s *scope) TxnTick(now time.Time) time.Time {
+func (s *kafkaScope) TxnTick(now time.Time) time.Time {
 	if s.vs == nil {
 		return time.Time{}
 	}
@@ -378,7 +377,7 @@ func (s *scope) TxnTick(now time.Time) time.Time {
 
 // ReportStats fills in the Kafka scope's counters; Done counts the input
 // records committed, Commits the transactions committed.
-func (s *scope) ReportStats(st *consumer.Stats) {
+func (s *kafkaScope) ReportStats(st *consumer.Stats) {
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
 	k := &st.Kafka
@@ -388,3 +387,18 @@ func (s *scope) ReportStats(st *consumer.Stats) {
 	k.GapsHealed, k.GapsAccepted, k.GapsTimedOut = s.c.gapsHealed.Load(), s.c.gapsAccepted.Load(), s.c.timedOut.Load()
 	st.Done, st.Commits = k.Records, k.Committed
 }
+
+// observer dispatches the runner's hooks.
+type observer = scope.Observer[*consumer.Record]
+
+// The contract's interfaces the Kafka scope implements: a changed
+// signature is a compile error here.
+var (
+	_ scope.Transactor[*consumer.Record]  = (*kafkaScope)(nil)
+	_ scope.EngineUser[*consumer.Record]  = (*kafkaScope)(nil)
+	_ scope.RetryTopicUser                = (*kafkaScope)(nil)
+	_ scope.Batcher                       = (*kafkaScope)(nil)
+	_ scope.ClientOptioner                = (*kafkaScope)(nil)
+	_ scope.Starter                       = (*kafkaScope)(nil)
+	_ scope.StatsReporter[consumer.Stats] = (*kafkaScope)(nil)
+)

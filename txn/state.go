@@ -11,7 +11,6 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/kafkaerr"
 )
 
@@ -72,7 +71,7 @@ type delivery struct {
 }
 
 // end notes how rec's delivery ends if the transaction commits.
-func (t *txnState) end(obs engine.Observer, rec *consumer.Record, out hook.Outcome, err error) {
+func (t *txnState) end(obs observer, rec *consumer.Record, out hook.Outcome, err error) {
 	if obs.Ended(rec) {
 		return
 	}
@@ -82,7 +81,7 @@ func (t *txnState) end(obs engine.Observer, rec *consumer.Record, out hook.Outco
 }
 
 // finish ends the transaction's observed deliveries.
-func (t *txnState) finish(obs engine.Observer, committed bool) {
+func (t *txnState) finish(obs observer, committed bool) {
 	for _, d := range t.ends {
 		if !committed {
 			d.out = hook.OutcomeAborted
@@ -166,7 +165,7 @@ func (w *work) do(f func(tx *txnState)) { w.fx = append(w.fx, f) }
 
 // start begins a delivery of rec (obs.Start) that ends with this work.
 // Without record hooks nothing starts, and nothing is kept.
-func (w *work) start(ctx context.Context, obs engine.Observer, rec *consumer.Record) context.Context {
+func (w *work) start(ctx context.Context, obs observer, rec *consumer.Record) context.Context {
 	ctx = obs.Start(ctx, rec)
 	if !obs.Ended(rec) {
 		w.started = append(w.started, rec)
@@ -176,7 +175,7 @@ func (w *work) start(ctx context.Context, obs engine.Observer, rec *consumer.Rec
 
 // drop ends, as aborted, the deliveries of this work that have not
 // ended: nothing of it joins a transaction.
-func (w *work) drop(obs engine.Observer) {
+func (w *work) drop(obs observer) {
 	for _, rec := range w.started {
 		if !obs.Ended(rec) {
 			obs.End(rec, hook.OutcomeAborted, nil)

@@ -100,7 +100,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/engine"
 	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -243,7 +242,7 @@ func (o Options) validate() error {
 // is that large is dead-lettered at once.
 type Runner struct {
 	*consumer.Runner
-	s *scope
+	s *kafkaScope
 }
 
 // New returns a Kafka-scope runner. cfg is the consumer configuration:
@@ -265,10 +264,9 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 		errs = append(errs, &consumer.ConfigError{Struct: "txn.Options", Field: "Versions",
 			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
 	}
-	s := &scope{o: o, h: h, dltLog: ratelog.New(10, 10*time.Second)}
-	full, _ := engine.CheckConfig(cfg) // NewRunner reports its errors
-	s.init(full)
-	r, err := engine.NewRunner(cfg, s)
+	s := &kafkaScope{o: o, h: h, dltLog: ratelog.New(10, 10*time.Second)}
+	s.init(cfg.WithDefaults()) // NewScoped reports the config's errors
+	r, err := consumer.NewScoped(cfg, s)
 	if err := errors.Join(append(errs, err)...); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,153 @@
+package scope
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// Engine is what the runner gives an [EngineUser].
+type Engine[R any] interface {
+	// Failures is the runner's failure policy (consumer.Config.Failures)
+	// and its one retry loop.
+	Failures() Failures[R]
+	// Observer dispatches the runner's hooks (consumer.Config.Hooks).
+	Observer() Observer[R]
+	// Shard returns the key-shard r was routed to.
+	Shard(r R) int
+	// Handling tells the runner's stall watch
+	// (consumer.Config.StallWarning) that r's handler runs now, and
+	// Handled that it returned. A scope that reports its records done only
+	// once their batch's transaction commits calls them around each
+	// handler call, so that a stall names the record whose handler has not
+	// returned; a scope that reports each record done as it handles it
+	// needs neither.
+	Handling(r R)
+	Handled(r R)
+}
+
+// Failures applies a runner's failure policy (consumer.Config.Failures):
+// it classifies a handler error, decides between a retry in place, a retry
+// topic, a skip and the dead-letter topic, and produces the records that
+// carry a failure.
+type Failures[R any] interface {
+	// Class classifies err under the policy.
+	Class(err error) retrytopic.Class
+	// Decide returns what follows a failed attempt of rec, counting the
+	// attempts of earlier hops (rec's headers) plus attempt, those made on
+	// this hop. topics says whether the record may go to a retry topic.
+	// It has no effect: Route carries the decision out.
+	Decide(ctx context.Context, rec R, err error, attempt int, topics bool) retrytopic.Step
+	// Route carries out step for rec: for a skip it logs and counts; for
+	// a retry topic or the dead-letter topic it produces the record with
+	// its failure metadata and waits for the broker's acknowledgement,
+	// retrying with backoff until it succeeds or ctx is done. Only then
+	// may the scope call done(rec): a record routed is never lost.
+	Route(ctx context.Context, rec R, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error
+	// Rounds is the runner's one retry loop: it calls round until a round
+	// says there is no more (Round.More false) and reports whether it
+	// ended with its work done (false: ctx ended, Round.Of's partition
+	// was revoked, or a round said Stop). Between two rounds it calls
+	// done(nil) (when done is not nil) and waits, holding the caller's
+	// key-shard and nothing else: Round.Wait, or after a failed round
+	// (Round.Err) a backoff that grows while rounds fail in a row, and
+	// logs the failure.
+	Rounds(ctx context.Context, done func(R), round func() Round[R]) bool
+	// Attempts is a record's retry in place, on Rounds: it calls call
+	// for rec until it succeeds or the policy decides something other
+	// than a retry in place (a skip, a retry topic, the dead-letter
+	// topic), which the caller carries out with Route. Before each retry
+	// the policy logs and counts it.
+	Attempts(ctx context.Context, rec R, topics bool, done func(R), call func() error) Attempt
+	// DeadLetterRecord and RetryTopicRecord return the record that carries
+	// rec to the dead-letter topic or to step's retry topic, for a scope
+	// that produces it itself (the Kafka scope, in its transaction).
+	DeadLetterRecord(rec R, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record
+	RetryTopicRecord(rec R, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record
+	// Metadata returns the failure metadata rec carries (on its first hop,
+	// its own coordinates and identity).
+	Metadata(rec R) retrytopic.Metadata
+	// MetadataOf is Metadata for a record whose identity (id) the caller
+	// has already computed.
+	MetadataOf(rec R, id string) retrytopic.Metadata
+	// Policy returns the failure policy, with its defaults.
+	Policy() retrytopic.Policy
+	// PanicStack returns the log attribute that carries the stack of the
+	// handler panic err holds, the first time it is asked for rec (by
+	// identity); nil after that, and when err holds no panic. Route adds
+	// it to its lines; a scope that logs a record's failure itself (the
+	// Kafka scope's retry and dead-letter lines) adds it to its own, so
+	// that a panic's stack is logged once per record.
+	PanicStack(rec R, err error) []slog.Attr
+}
+
+// Round is what one round of a scope's work did ([Failures].Rounds).
+type Round[R any] struct {
+	More bool // there is a next round
+	// Of is the record the next round starts with: its partition's
+	// revocation stops the loop (the zero R: only ctx does).
+	Of   R
+	Wait time.Duration // the wait before the next round: a retry in place's delay
+	// Err says the round failed: it is logged, and the next one waits the
+	// loop's growing backoff.
+	Err error
+	// Progress, with Err, says some of the round's records were done
+	// first: the backoff starts over.
+	Progress bool
+	// Held, with Err, says the error is the deployment's, not the
+	// record's (a missing table, a refused permission): the key-shard is
+	// reported as holding, in consumer.Stats.Hold and to hook.HoldHook,
+	// until a round of the loop succeeds or the loop ends.
+	Held bool
+	// Stop says the round left records undone (ctx ended while it carried
+	// out a decision): the loop ends.
+	Stop bool
+}
+
+// Attempt is how a record's attempts on one hop ended ([Failures].Attempts).
+type Attempt struct {
+	Err   error           // the handler's last error; nil when it succeeded
+	Step  retrytopic.Step // for a failure: what the failure policy decided
+	N     int             // the attempts made on this hop
+	First time.Time       // when the first of them failed
+	OK    bool            // false: the record was left undone (stopped, or its partition revoked)
+}
+
+// Observer dispatches a runner's hooks (consumer.Config.Hooks); every
+// method is a no-op, and allocation-free, when no hook implements its
+// interface.
+type Observer[R any] interface {
+	// Start begins a delivery of r (hook.RecordHook) and returns the
+	// context the hooks returned; Context returns it again later.
+	Start(ctx context.Context, r R) context.Context
+	Context(ctx context.Context, r R) context.Context
+	// End ends r's delivery with out, once; Ended reports whether it ended.
+	End(r R, out hook.Outcome, err error)
+	Ended(r R) bool
+	// Event reports a step of r's delivery (hook.EventHook).
+	Event(r R, ev hook.Event, detail string)
+	// Inject adds the trace context of ctx to an output record's headers.
+	Inject(ctx context.Context, out *kgo.Record)
+	// Route reports a record a scope sent to a retry or dead-letter topic
+	// itself (hook.RouteHook); Failures.Route reports its own.
+	Route(r hook.Route)
+}
+
+// OutcomeOf returns the outcome of a delivery whose failure ended in step
+// action a: skipped, retried (a retry topic) or dead-lettered.
+func OutcomeOf(a retrytopic.Action) hook.Outcome {
+	switch a {
+	case retrytopic.ActionSkip:
+		return hook.OutcomeSkipped
+	case retrytopic.ActionRetryTopic:
+		return hook.OutcomeRetried
+	case retrytopic.ActionDeadLetter:
+		return hook.OutcomeDeadLettered
+	}
+	return hook.OutcomeAborted
+}

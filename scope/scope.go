@@ -1,0 +1,93 @@
+package scope
+
+import (
+	"context"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Scope turns the records of one key-shard into durable effects.
+//
+// Process receives records of one partition assignment, in offset order,
+// and is never called concurrently for one key-shard. It calls done(r) once
+// r's effect is durable, from its own goroutine and before it returns; the
+// runner commits a partition's offset only up to the lowest record not yet
+// done. The runner may keep done reports to hand them to the watermark
+// together (never past an offset commit); done(nil) hands over those kept
+// so far at once, and a scope calls it before it waits (a backoff, a slow
+// call). Process must not return while a record of a live assignment is
+// not done, unless ctx is canceled (the assignment was lost, its drain
+// timeout passed, or the runner stopped); records left undone are
+// redelivered to the partition's next owner, so an effect made durable
+// without done must be one the scope recognises when the record comes
+// again (an inbox row, say).
+type Scope[R any] interface {
+	Process(ctx context.Context, batch []R, done func(R))
+}
+
+// Batcher is implemented by a Scope that wants batches of more than one
+// record: up to maxBatch records of one partition, waiting at most linger
+// to fill a batch.
+type Batcher interface {
+	BatchLimits() (maxBatch int, linger time.Duration)
+}
+
+// Background is implemented by a Scope that has periodic work to do while
+// the runner runs (an inbox cleanup, say). The runner calls RunBackground
+// in a goroutine of its own when a session starts, cancels ctx when it
+// ends, and waits for it to return.
+type Background interface {
+	RunBackground(ctx context.Context)
+}
+
+// Delayer is implemented by a Scope that consumes delay topics: a record
+// of one of them that carries a retrytopic.HeaderDue time in the future is
+// held, with its partition paused, until that time; later records of the
+// partition wait behind it. A handler never sleeps for it. The value is
+// the longest delay records of that topic may carry: a due time further
+// out (forged or corrupt) is treated as that far out, so it cannot block
+// the partition. The runner consumes the delay topics besides
+// consumer.Config.Topics.
+type Delayer interface {
+	DelayedTopics() map[string]time.Duration
+}
+
+// Starter is implemented by a Scope that checks what it needs before the
+// runner consumes anything (its database tables, say). Run calls Start
+// before it creates a Kafka client and returns its error, unless Run's
+// context ended meanwhile (then Run returns nil, a clean stop).
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
+// ClientOptioner is implemented by a Scope that needs options on the
+// runner's Kafka client, such as an offset adjustment on assignment. They
+// are applied after consumer.Config.ClientOptions and before kscope's own.
+type ClientOptioner interface {
+	ClientOptions() []kgo.Opt
+}
+
+// StatsReporter is implemented by a Scope that keeps counters of its own:
+// the runner's Stats calls ReportStats to fill in the scope's section
+// (consumer.Stats.DB).
+type StatsReporter[S any] interface {
+	ReportStats(st *S)
+}
+
+// EngineUser is implemented by a Scope that uses what the runner offers
+// beyond done: its failure policy, its hooks, a record's key-shard, its
+// stall watch ([Engine]). The runner hands it the engine each time a
+// session starts, before any record is dispatched, and makes sure the
+// dead-letter topic exists.
+type EngineUser[R any] interface {
+	UseEngine(e Engine[R])
+}
+
+// RetryTopicUser is implemented by an [EngineUser] that sends failing
+// records to the delayed retry topics (when it returns true): the runner
+// then creates them if missing and consumes them too, holding each record
+// until its due time.
+type RetryTopicUser interface {
+	UsesRetryTopics() bool
+}
