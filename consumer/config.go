@@ -222,6 +222,37 @@ func (c Config) validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
+	seen := c.validateSources(bad)
+	c.validateBounds(bad)
+	for _, pr := range c.Failures.Problems() {
+		bad("Failures."+pr.Field, "%s", pr.Reason)
+	}
+	// A dead letter the runner consumes is handled again, fails again and
+	// is dead-lettered again, without end (a retry topic of the group is
+	// consumed whether or not the policy names it).
+	if dlt := c.Failures.DeadLetterTopic; seen[dlt] {
+		bad("Failures.DeadLetterTopic", "%q is one of Topics: its records would be handled and dead-lettered again without end; name a topic the runner does not consume", dlt)
+	} else if _, ok := retrytopic.RetryTopicDelay(c.Group, dlt); ok {
+		bad("Failures.DeadLetterTopic", "%q is named as one of group %s's retry topics, which the runner consumes: its records would be handled and dead-lettered again without end; name it otherwise (default %s)", dlt, c.Group, retrytopic.DLTopic(c.Group))
+	}
+	if len(errs) == 0 {
+		// Let the client reject options it cannot use (a bad TLS or SASL
+		// setup, say) at construction rather than at Run. A client that is
+		// not told to consume does not connect.
+		opts := append(append([]kgo.Opt{}, c.ClientOptions...), kgo.SeedBrokers(c.Brokers...))
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			bad("ClientOptions", "rejected by the Kafka client: %v", err)
+		} else {
+			cl.Close()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateSources checks where the runner consumes from (brokers, group,
+// topics), reports each problem to bad, and returns the topics it saw.
+func (c Config) validateSources(bad func(field, format string, args ...any)) (seen map[string]bool) {
 	if len(c.Brokers) == 0 {
 		bad("Brokers", "no seed broker given; set it to at least one host:port, such as localhost:9092")
 	}
@@ -237,7 +268,7 @@ func (c Config) validate() error {
 	if len(c.Topics) == 0 {
 		bad("Topics", "no topic given; set it to the topics to consume")
 	}
-	seen := make(map[string]bool, len(c.Topics))
+	seen = make(map[string]bool, len(c.Topics))
 	for _, t := range c.Topics {
 		switch {
 		case strings.TrimSpace(t) == "":
@@ -247,6 +278,12 @@ func (c Config) validate() error {
 		}
 		seen[t] = true
 	}
+	return seen
+}
+
+// validateBounds checks the runner's bounds, timeouts and policies, and
+// reports each problem to bad.
+func (c Config) validateBounds(bad func(field, format string, args ...any)) {
 	if c.Shards < 0 || c.Shards > maxShards {
 		bad("Shards", "is %d; set it between 1 and %d (0 selects %d)", c.Shards, maxShards, DefaultShards)
 	}
@@ -274,28 +311,4 @@ func (c Config) validate() error {
 	if c.NullKeys != NullKeyOrdered && c.NullKeys != NullKeySpread {
 		bad("NullKeys", "is %s; use NullKeyOrdered or NullKeySpread", c.NullKeys)
 	}
-	for _, pr := range c.Failures.Problems() {
-		bad("Failures."+pr.Field, "%s", pr.Reason)
-	}
-	// A dead letter the runner consumes is handled again, fails again and
-	// is dead-lettered again, without end (a retry topic of the group is
-	// consumed whether or not the policy names it).
-	if dlt := c.Failures.DeadLetterTopic; seen[dlt] {
-		bad("Failures.DeadLetterTopic", "%q is one of Topics: its records would be handled and dead-lettered again without end; name a topic the runner does not consume", dlt)
-	} else if _, ok := retrytopic.RetryTopicDelay(c.Group, dlt); ok {
-		bad("Failures.DeadLetterTopic", "%q is named as one of group %s's retry topics, which the runner consumes: its records would be handled and dead-lettered again without end; name it otherwise (default %s)", dlt, c.Group, retrytopic.DLTopic(c.Group))
-	}
-	if len(errs) == 0 {
-		// Let the client reject options it cannot use (a bad TLS or SASL
-		// setup, say) at construction rather than at Run. A client that is
-		// not told to consume does not connect.
-		opts := append(append([]kgo.Opt{}, c.ClientOptions...), kgo.SeedBrokers(c.Brokers...))
-		cl, err := kgo.NewClient(opts...)
-		if err != nil {
-			bad("ClientOptions", "rejected by the Kafka client: %v", err)
-		} else {
-			cl.Close()
-		}
-	}
-	return errors.Join(errs...)
 }

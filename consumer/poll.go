@@ -176,39 +176,14 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	st := r.state(topic, part)
 	if st == nil || st.Revoked() {
 		// Not ours (any more): the owner consumes them.
-		for _, rec := range recs {
-			bytes += recordSize(rec)
-		}
-		return n, bytes
+		return n, sizeOf(recs)
 	}
 	if hwm > 0 {
 		st.hwm.Store(hwm)
 	}
 	st.polledTo.Store(recs[len(recs)-1].Offset + 1)
-	var first int
-	if maxDelay, delayed := r.delays[topic]; delayed && r.obs.WantsLag() {
-		// A delay-topic record is behind only once it is due: its lag in
-		// seconds counts from its due time, not from when it was written.
-		now := time.Now()
-		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
-			ts := recs[i].Timestamp
-			if due, ok := dueOfKafka(recs[i], now, maxDelay); ok && due.After(ts) {
-				ts = due
-			}
-			return recs[i].Offset, recs[i].LeaderEpoch, ts.UnixMilli()
-		})
-	} else if r.obs.WantsLag() {
-		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
-			return recs[i].Offset, recs[i].LeaderEpoch, recs[i].Timestamp.UnixMilli()
-		})
-	} else {
-		first = st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
-			return recs[i].Offset, recs[i].LeaderEpoch, 0
-		})
-	}
-	for _, rec := range recs[:first] {
-		bytes += recordSize(rec)
-	}
+	first := r.addToWatermark(st, topic, recs)
+	bytes = sizeOf(recs[:first])
 	recs = recs[first:]
 	if len(recs) > 0 && st.txc != nil {
 		var skipped int64
@@ -218,32 +193,8 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	if len(recs) == 0 {
 		return n, bytes
 	}
-	// One block for the poll's records of this partition: one allocation
-	// instead of one per record. The block holds each key-shard's records
-	// together, in offset order, so that a worker walks its records in
-	// consecutive memory rather than one in every few hundred bytes.
-	block := make([]Record, len(recs))
-	_, delayed := r.delays[topic]
-	th := partition.HashTopic(topic)
-	// The first pass reads each record once (its key, size and offset);
-	// the second lays the block out from what the first kept.
-	route, next := r.routeBuf(len(recs))
-	var added int64
-	for i, rec := range recs {
-		if rec.Attrs.IsControl() {
-			// A transaction marker: no record to deliver, only an offset
-			// the committed position must pass.
-			markers = append(markers, rec.Offset)
-			bytes += recordSize(rec)
-			route[i] = routed{shard: -1}
-			continue
-		}
-		s := int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))
-		size := recordSize(rec)
-		added += size
-		route[i] = routed{offset: rec.Offset, size: size, shard: s}
-		next[s+1]++
-	}
+	route, next, markers, added, markerBytes := r.routePoll(recs)
+	bytes += markerBytes
 	bounded := st.txc != nil
 	if markers != nil {
 		if !bounded {
@@ -256,18 +207,12 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 			return n, bytes
 		}
 	}
-	for s := 1; s < len(next); s++ {
-		next[s] += next[s-1]
-	}
-	for i, rt := range route {
-		kr := &block[next[rt.shard]]
-		next[rt.shard]++
-		*kr = Record{Record: recs[i], part: st, size: rt.size, offset: rt.offset, shard: rt.shard}
-	}
+	block := layOut(st, recs, route, next)
 	bytes += added
 	storeMax(&r.maxInflight, r.inflight.Add(int64(len(recs))))
 	storeMax(&r.maxInflightBytes, r.inflightBytes.Add(added))
 	r.polled.Add(int64(len(recs)))
+	_, delayed := r.delays[topic]
 	var now time.Time
 	if delayed || bounded {
 		if beforeHoldHook != nil {
@@ -285,9 +230,100 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 		}
 		now = time.Now()
 	}
-	// next[s] is now where shard s's records end and shard s+1's start:
-	// shifted by one, it holds their starts again, to walk the poll in
-	// offset order.
+	r.queueByShard(st, block, route, next, delayed || bounded, bounded, now)
+	if bounded && markers != nil {
+		r.markersPolledLocked(st, markers)
+	}
+	r.dispatchQueued(st)
+	return n, bytes
+}
+
+// sizeOf returns the bytes of recs, for the in-flight bound.
+func sizeOf(recs []*kgo.Record) (bytes int64) {
+	for _, rec := range recs {
+		bytes += recordSize(rec)
+	}
+	return bytes
+}
+
+// addToWatermark adds a poll's records of st to its watermark, with the
+// timestamps lag is measured from when a hook wants lag, and returns how
+// many of the first ones the watermark had seen before (a rewind's
+// refetch).
+func (r *Runner) addToWatermark(st *partState, topic string, recs []*kgo.Record) int {
+	if maxDelay, delayed := r.delays[topic]; delayed && r.obs.WantsLag() {
+		// A delay-topic record is behind only once it is due: its lag in
+		// seconds counts from its due time, not from when it was written.
+		now := time.Now()
+		return st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+			ts := recs[i].Timestamp
+			if due, ok := dueOfKafka(recs[i], now, maxDelay); ok && due.After(ts) {
+				ts = due
+			}
+			return recs[i].Offset, recs[i].LeaderEpoch, ts.UnixMilli()
+		})
+	}
+	if r.obs.WantsLag() {
+		return st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+			return recs[i].Offset, recs[i].LeaderEpoch, recs[i].Timestamp.UnixMilli()
+		})
+	}
+	return st.Watermark.AddAll(len(recs), func(i int) (int64, int32, int64) {
+		return recs[i].Offset, recs[i].LeaderEpoch, 0
+	})
+}
+
+// routePoll is the first pass over a poll's records of one partition: it
+// reads each record once (its key, size and offset) and notes its key-shard
+// in route, counts each shard's records in next (shifted by one), and
+// returns the offsets of the transaction markers among them (with their
+// bytes: they carry no record to deliver, only an offset the committed
+// position must pass) and the bytes of the others.
+func (r *Runner) routePoll(recs []*kgo.Record) (route []routed, next []int, markers []int64, added, markerBytes int64) {
+	th := partition.HashTopic(recs[0].Topic)
+	route, next = r.routeBuf(len(recs))
+	for i, rec := range recs {
+		if rec.Attrs.IsControl() {
+			markers = append(markers, rec.Offset)
+			markerBytes += recordSize(rec)
+			route[i] = routed{shard: -1}
+			continue
+		}
+		s := int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))
+		size := recordSize(rec)
+		added += size
+		route[i] = routed{offset: rec.Offset, size: size, shard: s}
+		next[s+1]++
+	}
+	return route, next, markers, added, markerBytes
+}
+
+// layOut returns one block for a poll's records of st: one allocation
+// instead of one per record. The block holds each key-shard's records
+// together, in offset order, so that a worker walks its records in
+// consecutive memory rather than one in every few hundred bytes. next
+// holds each shard's count shifted by one (routePoll); layOut leaves in
+// it where each shard's records end.
+func layOut(st *partState, recs []*kgo.Record, route []routed, next []int) []Record {
+	block := make([]Record, len(recs))
+	for s := 1; s < len(next); s++ {
+		next[s] += next[s-1]
+	}
+	for i, rt := range route {
+		kr := &block[next[rt.shard]]
+		next[rt.shard]++
+		*kr = Record{Record: recs[i], part: st, size: rt.size, offset: rt.offset, shard: rt.shard}
+	}
+	return block
+}
+
+// queueByShard walks block in offset order and queues each record on its
+// key-shard's dispatch buffer, unless hold keeps it (holding: a delay
+// topic's record not due yet, or one past the transactional bound);
+// bounded counts each queued record active. next holds where each shard's
+// records end (layOut); st.holdMu is held when holding.
+func (r *Runner) queueByShard(st *partState, block []Record, route []routed, next []int, holding, bounded bool, now time.Time) {
+	// Shifted by one, next holds the shards' starts again.
 	for i := len(next) - 1; i > 0; i-- {
 		next[i] = next[i-1]
 	}
@@ -295,7 +331,7 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	for _, rt := range route {
 		kr := &block[next[rt.shard]]
 		next[rt.shard]++
-		if (delayed || bounded) && r.hold(st, kr, now) {
+		if holding && r.hold(st, kr, now) {
 			continue
 		}
 		if bounded {
@@ -303,9 +339,10 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 		}
 		r.shardBuf[kr.shard] = append(r.shardBuf[kr.shard], kr)
 	}
-	if bounded && markers != nil {
-		r.markersPolledLocked(st, markers)
-	}
+}
+
+// dispatchQueued hands each key-shard's queued records of st to its worker.
+func (r *Runner) dispatchQueued(st *partState) {
 	for shard, q := range r.shardBuf {
 		if len(q) == 0 {
 			continue
@@ -314,7 +351,6 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 		clear(q)
 		r.shardBuf[shard] = q[:0]
 	}
-	return n, bytes
 }
 
 // beforeHoldHook, when set by a test, runs in dispatchAll just before it

@@ -333,59 +333,12 @@ func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 		}
 		return err, nil
 	}
-	r.stopMu.Lock()
-	r.cl = cl
-	r.stopMu.Unlock()
-	if r.txs == nil {
-		r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
-	}
-	r.stopMu.Lock()
-	f := r.failures
-	if f == nil {
-		f = &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog()}
-		r.failures = f
-	}
-	f.cl = cl
-	r.stopMu.Unlock()
-	if u, ok := r.unit.(scope.EngineUser[*Record]); ok {
-		u.UseEngine(engineOf{f})
-	}
+	f := r.useClient(cl)
 	r.pool.Start()
-
-	var bg sync.WaitGroup
-	if r.txs == nil {
-		bg.Add(1)
-		go func() {
-			defer bg.Done()
-			r.commitLoop(sessCtx)
-		}()
-	}
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		r.watchStalls(sessCtx)
-	}()
-	if b, ok := r.unit.(scope.Background); ok {
-		bg.Add(1)
-		go func() {
-			defer bg.Done()
-			b.RunBackground(sessCtx)
-		}()
-	}
-
+	bg := r.startBackground(sessCtx)
 	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "shards", r.cfg.Shards, "transactional_id", r.txnID)
 	if r.txs != nil {
-		if lerr := r.txnLoop(sessCtx); lerr != nil {
-			switch {
-			case !errors.Is(lerr, errRenewSession) || runCtx.Err() != nil:
-				r.setFatal(lerr)
-			case !r.renewedAt.IsZero() && time.Since(r.renewedAt) < renewAfter:
-				r.setFatal(r.renewedTooSoon(lerr))
-			default:
-				r.renewedAt = time.Now()
-				renew = lerr
-			}
-		}
+		renew = r.txnSession(sessCtx, runCtx)
 	} else {
 		r.pollLoop(sessCtx)
 	}
@@ -404,6 +357,65 @@ func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 		return err, nil
 	}
 	return nil, renew
+}
+
+// useClient makes cl the session's client: the offset committer of a
+// runner that commits on its own, and the session's failures, which the
+// scope is handed (scope.EngineUser) before any record is dispatched.
+func (r *Runner) useClient(cl *kgo.Client) *failures {
+	r.stopMu.Lock()
+	r.cl = cl
+	r.stopMu.Unlock()
+	if r.txs == nil {
+		r.committer = commit.NewCommitter(cl, r.tracker, r.onCommit)
+	}
+	r.stopMu.Lock()
+	f := r.failures
+	if f == nil {
+		f = &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog()}
+		r.failures = f
+	}
+	f.cl = cl
+	r.stopMu.Unlock()
+	if u, ok := r.unit.(scope.EngineUser[*Record]); ok {
+		u.UseEngine(engineOf{f})
+	}
+	return f
+}
+
+// startBackground starts the session's background work: the offset
+// commit loop (unless the runner commits in transactions), the stall
+// watch and the scope's own (scope.Background). They stop when ctx ends;
+// the caller waits for them.
+func (r *Runner) startBackground(ctx context.Context) *sync.WaitGroup {
+	var bg sync.WaitGroup
+	if r.txs == nil {
+		bg.Go(func() { r.commitLoop(ctx) })
+	}
+	bg.Go(func() { r.watchStalls(ctx) })
+	if b, ok := r.unit.(scope.Background); ok {
+		bg.Go(func() { b.RunBackground(ctx) })
+	}
+	return &bg
+}
+
+// txnSession runs a transactional session's loop. An error that needs a
+// new session (errRenewSession) is returned, unless the runner stops or
+// the last renewal was less than renewAfter ago; any other ends the runner.
+func (r *Runner) txnSession(sessCtx, runCtx context.Context) (renew error) {
+	lerr := r.txnLoop(sessCtx)
+	switch {
+	case lerr == nil:
+		return nil
+	case !errors.Is(lerr, errRenewSession) || runCtx.Err() != nil:
+		r.setFatal(lerr)
+	case !r.renewedAt.IsZero() && time.Since(r.renewedAt) < renewAfter:
+		r.setFatal(r.renewedTooSoon(lerr))
+	default:
+		r.renewedAt = time.Now()
+		return lerr
+	}
+	return nil
 }
 
 // renewedTooSoon is the error that stops a transactional runner whose

@@ -44,31 +44,9 @@ const renewAfter = time.Minute
 // (which a producer fenced meanwhile survives only until the next
 // transaction begins).
 func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration, j joined) (committed, reloaded bool, err error) {
-	try := kgo.TryCommit
-	ferr := r.txs.TxnFlush()
-	if errors.Is(ferr, kerr.ProducerFenced) || errors.Is(ferr, kerr.InvalidProducerEpoch) {
-		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // fenced: nothing of ours can commit
-		return false, false, r.txnFenced(ferr, open())
-	}
-	if errors.Is(ferr, txnerr.ErrUnwritable) {
-		// The scope cannot tell which input to fail, or cannot dead-letter
-		// it: retrying would abort the same way forever.
-		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
-		r.commitErrs.Add(1)
-		return false, false, fmt.Errorf("kscope: the transaction was aborted (transactional id %s): %w", r.txnID, ferr)
-	}
-	if kafkaerr.Fatal(ferr) {
-		// Refused by the broker's ACLs: every retry would be refused
-		// too. Nothing of the transaction commits; the next owner of its
-		// partitions consumes its records again.
-		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
-		r.commitErrs.Add(1)
-		return false, false, fmt.Errorf("kscope: the transaction was aborted because the broker refused a write in it (transactional id %s); "+
-			"grant this client write access to the topic it names and start the runner again: %w", r.txnID, ferr)
-	}
-	if ferr != nil {
-		try = kgo.TryAbort
-		r.log.Warn("kscope: aborting the transaction; its records are consumed again", "err", ferr)
+	try, err := r.flushTxn(ctx, open)
+	if err != nil {
+		return false, false, err
 	}
 	r.flushDone()
 	endCtx, points := r.txnOffsets(context.WithoutCancel(ctx))
@@ -85,24 +63,9 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration, j
 		try = kgo.TryAbort
 		r.log.Info("kscope: a partition's assignment ended while the transaction was open; aborting it, and its records are consumed again")
 	}
-	endCtx, cancel := context.WithTimeout(endCtx, r.txnTimeout)
-	defer cancel()
-	committed, err = r.sess.End(endCtx, try)
-	var unsettled error // ending a transaction asked to commit failed: it may have committed all the same
-	if err != nil && r.txnRecovered(endCtx, err) {
-		if try == kgo.TryCommit {
-			unsettled = err
-		}
-		committed, reloaded, err = false, true, nil
-	}
+	committed, reloaded, unsettled, err := r.endSession(endCtx, try, open)
 	if err != nil {
-		if terr := r.txnTimedOut(open(), err); terr != nil {
-			return false, false, terr
-		}
-		if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
-			return false, false, r.txnFenced(err, open())
-		}
-		return false, false, fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.txnID, err)
+		return false, false, err
 	}
 	if unsettled != nil && len(points) == 0 && j.inputs == 0 && !j.tasks {
 		// Nothing joined it: no input record, no scheduled task, so no
@@ -116,42 +79,118 @@ func (r *Runner) commitOrAbort(ctx context.Context, open func() time.Duration, j
 		unsettled = nil
 	}
 	if unsettled != nil {
-		readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.txnTimeout)
-		committed, err = r.committedAfterAll(readCtx, points, unsettled)
-		cancel()
-		if err != nil {
-			return false, reloaded, err
-		}
-		if committed {
-			// The broker committed it; the client, which took it for
-			// failed, went back to the offsets before it. Every
-			// partition rewinds to what it committed, and the records
-			// it holds are skipped when fetched again.
-			for _, pt := range points {
-				pt.part.set(pt.done)
-			}
-			r.commits.Add(1)
-			r.obs.Commit(len(points), nil)
-			r.log.Warn("kscope: ending the transaction failed, but the broker had committed it; consuming goes on from what it committed", "err", unsettled)
-			r.rewindAll()
-			return true, reloaded, nil
-		}
+		committed, err = r.settleUnsettled(ctx, points, unsettled)
+		return committed, reloaded, err
 	}
-	if committed {
-		for _, pt := range points {
-			pt.part.set(pt.done)
+	r.installOutcome(committed, points)
+	return committed, reloaded, nil
+}
+
+// flushTxn waits for the produces of the transaction that ends and says
+// how to end it: commit, or abort when a produce failed in a way the next
+// transaction may not. A fenced producer, an output no input can be
+// blamed for (txnerr.ErrUnwritable) and a write the broker's ACLs refuse
+// end the runner: the transaction is aborted and the error returned.
+func (r *Runner) flushTxn(ctx context.Context, open func() time.Duration) (kgo.TransactionEndTry, error) {
+	ferr := r.txs.TxnFlush()
+	if errors.Is(ferr, kerr.ProducerFenced) || errors.Is(ferr, kerr.InvalidProducerEpoch) {
+		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // fenced: nothing of ours can commit
+		return kgo.TryAbort, r.txnFenced(ferr, open())
+	}
+	if errors.Is(ferr, txnerr.ErrUnwritable) {
+		// The scope cannot tell which input to fail, or cannot dead-letter
+		// it: retrying would abort the same way forever.
+		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
+		r.commitErrs.Add(1)
+		return kgo.TryAbort, fmt.Errorf("kscope: the transaction was aborted (transactional id %s): %w", r.txnID, ferr)
+	}
+	if kafkaerr.Fatal(ferr) {
+		// Refused by the broker's ACLs: every retry would be refused
+		// too. Nothing of the transaction commits; the next owner of its
+		// partitions consumes its records again.
+		r.sess.End(context.WithoutCancel(ctx), kgo.TryAbort) //nolint:errcheck // the runner stops either way
+		r.commitErrs.Add(1)
+		return kgo.TryAbort, fmt.Errorf("kscope: the transaction was aborted because the broker refused a write in it (transactional id %s); "+
+			"grant this client write access to the topic it names and start the runner again: %w", r.txnID, ferr)
+	}
+	if ferr != nil {
+		r.log.Warn("kscope: aborting the transaction; its records are consumed again", "err", ferr)
+		return kgo.TryAbort, nil
+	}
+	return kgo.TryCommit, nil
+}
+
+// endSession ends the transaction as try says. An end that failed in a way
+// the producer survives is aborted (reloaded); when it was asked to commit,
+// unsettled is its error: it may have committed all the same. A fenced
+// producer or a timed-out transaction is err.
+func (r *Runner) endSession(endCtx context.Context, try kgo.TransactionEndTry, open func() time.Duration) (committed, reloaded bool, unsettled, err error) {
+	endCtx, cancel := context.WithTimeout(endCtx, r.txnTimeout)
+	defer cancel()
+	committed, err = r.sess.End(endCtx, try)
+	if err != nil && r.txnRecovered(endCtx, err) {
+		if try == kgo.TryCommit {
+			unsettled = err
 		}
-		r.commits.Add(1)
-		r.obs.Commit(len(points), nil)
-		if r.obs.WantsLag() {
-			r.reportLag()
+		return false, true, unsettled, nil
+	}
+	if err != nil {
+		if terr := r.txnTimedOut(open(), err); terr != nil {
+			return false, false, nil, terr
 		}
-	} else {
+		if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+			return false, false, nil, r.txnFenced(err, open())
+		}
+		return false, false, nil, fmt.Errorf("kscope: ending the transaction (transactional id %s): %w", r.txnID, err)
+	}
+	return committed, false, nil, nil
+}
+
+// settleUnsettled reads back whether a transaction whose end failed
+// (unsettled) committed, and installs what the broker holds: the
+// partitions' committed states, and a rewind to them either way.
+func (r *Runner) settleUnsettled(ctx context.Context, points map[tp]txnPoint, unsettled error) (bool, error) {
+	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.txnTimeout)
+	committed, err := r.committedAfterAll(readCtx, points, unsettled)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	if !committed {
+		r.installOutcome(false, points)
+		return false, nil
+	}
+	// The broker committed it; the client, which took it for failed, went
+	// back to the offsets before it. Every partition rewinds to what it
+	// committed, and the records it holds are skipped when fetched again.
+	for _, pt := range points {
+		pt.part.set(pt.done)
+	}
+	r.commits.Add(1)
+	r.obs.Commit(len(points), nil)
+	r.log.Warn("kscope: ending the transaction failed, but the broker had committed it; consuming goes on from what it committed", "err", unsettled)
+	r.rewindAll()
+	return true, nil
+}
+
+// installOutcome counts and reports a transaction's end: committed, the
+// partitions' committed states move to its points; aborted, every
+// partition rewinds to its committed state.
+func (r *Runner) installOutcome(committed bool, points map[tp]txnPoint) {
+	if !committed {
 		r.commitErrs.Add(1)
 		r.obs.Commit(len(points), errAborted)
 		r.rewindAll()
+		return
 	}
-	return committed, reloaded, nil
+	for _, pt := range points {
+		pt.part.set(pt.done)
+	}
+	r.commits.Add(1)
+	r.obs.Commit(len(points), nil)
+	if r.obs.WantsLag() {
+		r.reportLag()
+	}
 }
 
 // txnRecovered aborts a transaction whose commit failed in a way the

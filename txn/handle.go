@@ -211,46 +211,7 @@ func (s *kafkaScope) handleVersioned(ctx context.Context, w *work, rec *consumer
 		return
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.Wait:
 		obs.Event(rec, hook.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
-		parked := pv.parkedAt(key, v)
-		if parked != nil && parked.holds(rec, s.cfg.Identity) {
-			ended(hook.OutcomeGap, nil) // a redelivery of a parked record stays parked as it was
-			return
-		}
-		p := &parkedRec{Version: v, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
-			Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
-		stored := p
-		if parked != nil {
-			// Another record with the version of a parked one: it waits
-			// with it, and ends stale, applied in its place, or
-			// dead-lettered with it.
-			stored = parked.with(p)
-			s.log.Warn("kscope: a record has the version of a parked record of its key; it waits with it",
-				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "version", v,
-				"parked", fmt.Sprintf("%s[%d]@%d", parked.Topic, parked.Partition, parked.Offset))
-		}
-		val, err := json.Marshal(stored)
-		if err != nil {
-			err = fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
-			w.do(func(tx *txnState) {
-				tx.fail(err)
-				tx.end(obs, rec, hook.OutcomeAborted, err)
-			})
-			return
-		}
-		if herr := s.unparkable(rec, val); herr != nil {
-			// Its changelog record can never be written: the record
-			// cannot wait for its gap to heal and goes to the DLT, as
-			// with Gaps: sequence.DeadLetter.
-			s.deadLetter(ctx, w, rec, herr, f.Decide(ctx, rec, herr, 1, false), 1, now)
-			ended(hook.OutcomeDeadLettered, herr)
-			return
-		}
-		w.do(func(tx *txnState) {
-			pv.setParked(key, v, stored)
-			tx.gapsDetected.Add(1)
-		})
-		s.changelog(ctx, w, rec.Topic, rec.Partition, parkedKey(rec.Key, v), val)
-		ended(hook.OutcomeGap, nil)
+		s.parkGap(ctx, w, rec, pv, v, now, ended)
 		return
 	case check.Outcome == sequence.Gap:
 		obs.Event(rec, hook.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
@@ -388,4 +349,54 @@ func (s *kafkaScope) changelog(ctx context.Context, w *work, topic string, p int
 }
 func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) error {
 	return guard.Call(func() error { return h.Handle(ctx, r, out) })
+}
+
+// parkGap parks rec, whose version v is ahead of its key's next one, until
+// the gap heals (Gaps: sequence.Wait): its changelog record joins the
+// transaction w joins. A redelivery of a parked record stays parked as it
+// was; a record with the version of a parked one waits with it. A record
+// whose changelog record can never be written goes to the dead-letter
+// topic instead. ended ends the delivery in the transaction.
+func (s *kafkaScope) parkGap(ctx context.Context, w *work, rec *consumer.Record, pv *partVersions, v int64, now time.Time, ended func(hook.Outcome, error)) {
+	obs, key := s.obs, string(rec.Key)
+	parked := pv.parkedAt(key, v)
+	if parked != nil && parked.holds(rec, s.cfg.Identity) {
+		ended(hook.OutcomeGap, nil) // a redelivery of a parked record stays parked as it was
+		return
+	}
+	p := &parkedRec{Version: v, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Timestamp: rec.Timestamp,
+		Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Since: now}
+	stored := p
+	if parked != nil {
+		// Another record with the version of a parked one: it waits
+		// with it, and ends stale, applied in its place, or
+		// dead-lettered with it.
+		stored = parked.with(p)
+		s.log.Warn("kscope: a record has the version of a parked record of its key; it waits with it",
+			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "version", v,
+			"parked", fmt.Sprintf("%s[%d]@%d", parked.Topic, parked.Partition, parked.Offset))
+	}
+	val, err := json.Marshal(stored)
+	if err != nil {
+		err = fmt.Errorf("encoding the parked record of %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
+		w.do(func(tx *txnState) {
+			tx.fail(err)
+			tx.end(obs, rec, hook.OutcomeAborted, err)
+		})
+		return
+	}
+	if herr := s.unparkable(rec, val); herr != nil {
+		// Its changelog record can never be written: the record
+		// cannot wait for its gap to heal and goes to the DLT, as
+		// with Gaps: sequence.DeadLetter.
+		s.deadLetter(ctx, w, rec, herr, s.f.Decide(ctx, rec, herr, 1, false), 1, now)
+		ended(hook.OutcomeDeadLettered, herr)
+		return
+	}
+	w.do(func(tx *txnState) {
+		pv.setParked(key, v, stored)
+		tx.gapsDetected.Add(1)
+	})
+	s.changelog(ctx, w, rec.Topic, rec.Partition, parkedKey(rec.Key, v), val)
+	ended(hook.OutcomeGap, nil)
 }
