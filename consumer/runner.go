@@ -57,8 +57,10 @@ type partState struct {
 }
 
 // Runner consumes a group's partitions and hands each record to the
-// key-shard worker of its key. Build one with [New] (AtLeastOnce scope) or a
-// scope package's constructor, call Run, and Close when done.
+// key-shard worker of its key. Build one with [New] (AtLeastOnce scope), a
+// scope package's constructor (dbscope.New, txn.New) or [NewScoped] (a scope
+// of a service's own, on package scope's contract), call Run, and Close when
+// done.
 type Runner struct {
 	cfg  Config
 	unit workScope
