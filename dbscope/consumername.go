@@ -64,17 +64,7 @@ func (s *dbScope) checkConsumerName(ctx context.Context) (*consumer.ConfigError,
 	ctx, cancel := context.WithTimeout(ctx, consumerCheckTimeout)
 	defer cancel()
 	p, name, topics := s.o.TablePrefix, s.o.Consumer, s.topics
-	// The inbox's consumers, one index probe each (a loose index scan of
-	// its primary key), and those of the tables that name topics.
-	rows, err := s.o.Pool.Query(ctx, `WITH RECURSIVE c AS (
-			(SELECT consumer FROM `+p+`inbox ORDER BY consumer LIMIT 1)
-			UNION ALL
-			SELECT (SELECT i.consumer FROM `+p+`inbox AS i WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1) FROM c WHERE c.consumer IS NOT NULL)
-		SELECT consumer FROM c WHERE consumer IS NOT NULL AND consumer <> $1 LIMIT $2`, name, consumerCheckMax)
-	if err != nil {
-		return nil, err
-	}
-	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	others, err := s.otherConsumers(ctx)
 	if err != nil || len(others) == 0 {
 		return nil, err
 	}
@@ -84,36 +74,17 @@ func (s *dbScope) checkConsumerName(ctx context.Context) (*consumer.ConfigError,
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	committed := func(group string) (bool, error) {
-		got, err := adm.FetchOffsetsForTopics(ctx, group, topics...)
-		if err == nil {
-			err = got.Error()
-		}
-		if errors.Is(err, kerr.GroupIDNotFound) {
-			return false, nil // no such group (kfake says so; Kafka returns no offsets)
-		}
-		if err != nil {
-			return false, err
-		}
-		some := false
-		got.Each(func(o kadm.OffsetResponse) { some = some || o.At >= 0 })
-		return some, nil
-	}
-	if mine, err := committed(s.group); err != nil || mine {
+	if mine, err := groupCommitted(ctx, adm, s.group, topics); err != nil || mine {
 		return nil, err // not the group's first start
 	}
 	var why []string
 	var first string
 	for _, c := range others {
-		var stored bool
-		err := s.o.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+p+`offsets WHERE consumer = $1 AND topic = ANY($2::text[]))
-			OR EXISTS (SELECT 1 FROM `+p+`parked WHERE consumer = $1 AND topic = ANY($2::text[]))
-			OR EXISTS (SELECT 1 FROM `+p+`waiting WHERE consumer = $1 AND topic = ANY($2::text[]))
-			OR EXISTS (SELECT 1 FROM `+p+`key_versions WHERE consumer = $1 AND topic = ANY($2::text[]))`, c, topics).Scan(&stored)
+		stored, err := storesTopics(ctx, s.o.Pool, p, c, topics)
 		if err != nil {
 			return nil, err
 		}
-		group, err := committed(c)
+		group, err := groupCommitted(ctx, adm, c, topics)
 		if err != nil {
 			return nil, err
 		}
@@ -136,6 +107,59 @@ func (s *dbScope) checkConsumerName(ctx context.Context) (*consumer.ConfigError,
 			"set Consumer explicitly to silence this", "consumer", name, "topics", topics, "other_consumers", others)
 		return nil, nil
 	}
+	return s.renamedError(why, first), nil
+}
+
+// otherConsumers returns the inbox's consumers other than this one, at
+// most consumerCheckMax of them: one index probe each (a loose index scan
+// of its primary key).
+func (s *dbScope) otherConsumers(ctx context.Context) ([]string, error) {
+	p := s.o.TablePrefix
+	rows, err := s.o.Pool.Query(ctx, `WITH RECURSIVE c AS (
+			(SELECT consumer FROM `+p+`inbox ORDER BY consumer LIMIT 1)
+			UNION ALL
+			SELECT (SELECT i.consumer FROM `+p+`inbox AS i WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1) FROM c WHERE c.consumer IS NOT NULL)
+		SELECT consumer FROM c WHERE consumer IS NOT NULL AND consumer <> $1 LIMIT $2`, s.o.Consumer, consumerCheckMax)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// groupCommitted reports whether group has a committed offset on one of
+// topics; a group that does not exist has none.
+func groupCommitted(ctx context.Context, adm *kadm.Client, group string, topics []string) (bool, error) {
+	got, err := adm.FetchOffsetsForTopics(ctx, group, topics...)
+	if err == nil {
+		err = got.Error()
+	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return false, nil // no such group (kfake says so; Kafka returns no offsets)
+	}
+	if err != nil {
+		return false, err
+	}
+	some := false
+	got.Each(func(o kadm.OffsetResponse) { some = some || o.At >= 0 })
+	return some, nil
+}
+
+// storesTopics reports whether consumer's stored offsets, parked or
+// waiting records or key versions, in the tables of prefix p, name one
+// of topics.
+func storesTopics(ctx context.Context, db *pgxpool.Pool, p, consumer string, topics []string) (bool, error) {
+	var stored bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+p+`offsets WHERE consumer = $1 AND topic = ANY($2::text[]))
+			OR EXISTS (SELECT 1 FROM `+p+`parked WHERE consumer = $1 AND topic = ANY($2::text[]))
+			OR EXISTS (SELECT 1 FROM `+p+`waiting WHERE consumer = $1 AND topic = ANY($2::text[]))
+			OR EXISTS (SELECT 1 FROM `+p+`key_versions WHERE consumer = $1 AND topic = ANY($2::text[]))`, consumer, topics).Scan(&stored)
+	return stored, err
+}
+
+// renamedError is the *consumer.ConfigError on Options.Consumer for a
+// consumer that most likely replaces another: why names the consumers tied
+// to its topics, first is the first of them.
+func (s *dbScope) renamedError(why []string, first string) *consumer.ConfigError {
 	return &consumer.ConfigError{Struct: "dbscope.Options", Field: "Consumer", Reason: fmt.Sprintf(
 		"is not set, so it is the group id %q, which has no row in the inbox, and the group has no committed offset on %s: the runner would start "+
 			"from the reset offset (the earliest by default) and apply again every record that consumer %s applied and Kafka still holds, "+
@@ -143,5 +167,5 @@ func (s *dbScope) checkConsumerName(ctx context.Context) (*consumer.ConfigError,
 			"retry topics, the dead-letter topic and offsets are named by it, and the records %q left in its retry topics, with those parked "+
 			"behind them, are handled only by a member of group %q. Otherwise set Consumer to %q, so that what it applied is not applied again. "+
 			"If this is another pipeline that must apply these records too, set Consumer to %q",
-		s.group, strings.Join(topics, ", "), strings.Join(why, ", consumer "), s.group, first, first, first, first, first, s.group)}, nil
+		s.group, strings.Join(s.topics, ", "), strings.Join(why, ", consumer "), s.group, first, first, first, first, first, s.group)}
 }

@@ -10,8 +10,8 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/scope"
+	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
 
@@ -61,20 +61,10 @@ func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
 			}
 			return err
 		}); err != nil {
-			var cv *commitViolation
-			if !errors.As(err, &cv) {
+			if !traceViolation(err, &limit, known) {
 				return round{Stop: true}
 			}
-			// The records applied broke a deferred constraint: run the
-			// transaction again over those before the middle one of them,
-			// until one record is left, which then fails with the
-			// violation (as in scope.apply).
 			err = nil
-			if len(cv.wrote) > 1 {
-				limit = cv.wrote[len(cv.wrote)/2]
-			} else if len(cv.wrote) == 1 {
-				known[cv.ids[0]] = cv
-			}
 			return round{More: true}
 		}
 		limit = maxSavepoints
@@ -87,15 +77,7 @@ func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
 			_ = s.f.Route(ctx, rt.rec, rt.err, rt.step, rt.attempt, time.Now())
 		}
 		if rel.routed != nil {
-			attempt := tries[rel.routed.id] + 1
-			first := rel.first
-			if first.IsZero() {
-				first = time.Now()
-			}
-			if err = s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, first); err != nil {
-				return round{Stop: true}
-			}
-			if err = s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter); err != nil {
+			if err = s.routeReleased(ctx, &rel, topic, key, tries); err != nil {
 				return round{Stop: true}
 			}
 			out := scope.OutcomeOf(rel.step.Action)
@@ -118,6 +100,39 @@ func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
 		err = ctx.Err()
 	}
 	return err
+}
+
+// traceViolation reports whether err, a release transaction's failure,
+// is a deferred constraint that the records applied broke. Then the
+// transaction runs again over those before the middle one of them (limit
+// is lowered), until one record is left, which is put in known to fail
+// with the violation (as in scope.apply).
+func traceViolation(err error, limit *int, known map[string]error) bool {
+	var cv *commitViolation
+	if !errors.As(err, &cv) {
+		return false
+	}
+	if len(cv.wrote) > 1 {
+		*limit = cv.wrote[len(cv.wrote)/2]
+	} else if len(cv.wrote) == 1 {
+		known[cv.ids[0]] = cv
+	}
+	return true
+}
+
+// routeReleased routes the record that a committed release transaction
+// made the key's head, to the retry topics or the DLT, and ends the
+// routing of its waiting row once the broker has it.
+func (s *dbScope) routeReleased(ctx context.Context, rel *released, topic string, key []byte, tries map[string]int) error {
+	attempt := tries[rel.routed.id] + 1
+	first := rel.first
+	if first.IsZero() {
+		first = time.Now()
+	}
+	if err := s.f.Route(ctx, rel.routed.rec, rel.routedErr, rel.step, attempt, first); err != nil {
+		return err
+	}
+	return s.routedFromWaiting(ctx, rel.routed, topic, key, rel.step.Action == retrytopic.ActionDeadLetter)
 }
 
 // released is what one release transaction did.
@@ -310,22 +325,7 @@ func (s *dbScope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topi
 			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeStale, err: nil})
 			return false, nil
 		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
-			// It has waited for the missing versions since it was stored
-			// behind its key's head: GapTimeout counts from then, so
-			// records behind a gap that never fills time out together
-			// with the head, not one GapTimeout after another.
-			gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: w.version}
-			m := s.f.Metadata(r)
-			if m.FirstFailure.IsZero() {
-				m.FirstFailure = w.since
-			}
-			var st retrytopic.Step
-			var note gapNote
-			st, note, herr = s.gapRoute(ctx, r, m, gap, tries[w.id]+1)
-			gapStep = &st
-			rel.first = m.FirstFailure
-			rel.gaps = append(rel.gaps, releasedGap{r, note, gap.Error()})
-			rel.routedGap = true
+			gapStep, herr = s.releaseGap(ctx, w, r, check, tries, rel)
 		}
 		hctx = sequence.WithResult(hctx, check)
 	}
@@ -344,23 +344,59 @@ func (s *dbScope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topi
 		return true, herr
 	}
 	if herr == nil || s.f.Class(herr) == consumer.ClassSkip {
-		if s.o.Versions != nil {
-			if _, err := tx.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, topic, key, w.version); err != nil {
-				return true, err
-			}
-		}
-		rel.up.add(w.id, statusApplied, 0, 0, "")
-		rel.done = append(rel.done, w.seq)
-		rel.wrote = true
-		if herr != nil {
-			rel.skipped++ // a business skip: its writes commit
-			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeSkipped, err: herr})
-		} else {
-			rel.applied++
-			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeSuccess, err: nil})
-		}
-		return false, nil
+		return s.releaseApplied(ctx, tx, topic, key, w, r, herr, rel)
 	}
+	return s.releaseFailed(ctx, tx, topic, key, w, r, herr, gapStep, tries, rel)
+}
+
+// releaseGap decides where the waiting record w (delivered as r), whose
+// version is past a gap that is not accepted, goes: the step of its route
+// and the error it fails with.
+func (s *dbScope) releaseGap(ctx context.Context, w *waitingRow, r *consumer.Record, check sequence.Result, tries map[string]int, rel *released) (*retrytopic.Step, error) {
+	// It has waited for the missing versions since it was stored
+	// behind its key's head: GapTimeout counts from then, so
+	// records behind a gap that never fills time out together
+	// with the head, not one GapTimeout after another.
+	gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: w.version}
+	m := s.f.Metadata(r)
+	if m.FirstFailure.IsZero() {
+		m.FirstFailure = w.since
+	}
+	st, note, herr := s.gapRoute(ctx, r, m, gap, tries[w.id]+1)
+	rel.first = m.FirstFailure
+	rel.gaps = append(rel.gaps, releasedGap{r, note, gap.Error()})
+	rel.routedGap = true
+	return &st, herr
+}
+
+// releaseApplied records the waiting record w (delivered as r) as applied
+// in a release transaction, its handler's writes kept: with no error, or
+// herr a business skip. With versions, its version becomes its key's last.
+func (s *dbScope) releaseApplied(ctx context.Context, tx pgx.Tx, topic string, key []byte, w *waitingRow, r *consumer.Record, herr error, rel *released) (stop bool, err error) {
+	if s.o.Versions != nil {
+		if _, err := tx.Exec(ctx, s.sqlSaveVersion, s.o.Consumer, topic, key, w.version); err != nil {
+			return true, err
+		}
+	}
+	rel.up.add(w.id, statusApplied, 0, 0, "")
+	rel.done = append(rel.done, w.seq)
+	rel.wrote = true
+	if herr != nil {
+		rel.skipped++ // a business skip: its writes commit
+		rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeSkipped, err: herr})
+	} else {
+		rel.applied++
+		rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeSuccess, err: nil})
+	}
+	return false, nil
+}
+
+// releaseFailed decides, in a release transaction, what becomes of the
+// waiting record w (delivered as r) that failed with herr: the step
+// gapStep when a version gap decided it, else the failure policy's. It is
+// retried in place (stop), skipped, or it becomes the key's head (stop),
+// to be routed once the transaction commits.
+func (s *dbScope) releaseFailed(ctx context.Context, tx pgx.Tx, topic string, key []byte, w *waitingRow, r *consumer.Record, herr error, gapStep *retrytopic.Step, tries map[string]int, rel *released) (stop bool, err error) {
 	var st retrytopic.Step
 	if gapStep != nil {
 		st = *gapStep

@@ -107,124 +107,183 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 	}
 	pub.pos.Store(pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
-	maxBytes, _ := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	tp := &txnProducer{cl: cl, txnID: txnID, log: log, pos: pos}
+	tp.maxBytes, _ = cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
 	poll := time.NewTimer(0)
 	defer poll.Stop()
-	for attempt := 0; ctx.Err() == nil; {
-		rows, err := pub.read(ctx, pos)
-		if err == nil {
-			pub.misplaced(log, rows)
+	// A step that hands on no rows or no batch (a failure waited out,
+	// nothing to publish, ctx done) begins the loop again, which ends once
+	// ctx is done.
+	for ctx.Err() == nil {
+		rows, ok := pub.nextRows(ctx, tp, poll)
+		if !ok {
+			continue
 		}
+		batch, ok, err := pub.nextBatch(ctx, tp, rows)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil, nil
-			}
-			attempt++
-			d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-			log.Warn("kscope: outbox relay: reading the outbox failed; retrying", "err", err, "retry_in", d)
-			if !backoff.Sleep(ctx, d) {
-				return nil, nil
-			}
+			return nil, err
+		}
+		if !ok {
 			continue
-		}
-		if len(rows) == 0 {
-			if !pub.idle(ctx, pos, poll) {
-				return nil, nil
-			}
-			continue
-		}
-		// A row Kafka refused for good is moved to the dead-letter table
-		// (deleted from the outbox in the same statement); then a
-		// transaction that carries nothing but the position moves the
-		// partition past it. Whatever happens between the two (the
-		// transaction fails, the relay stops, an operator requeues the
-		// row), the outbox no longer holds the row: it is never read,
-		// published or dead-lettered again, and a requeued copy is the
-		// only one published.
-		var batch []row
-		if pub.doomed != nil && pub.doomed.seq != rows[0].seq {
-			pub.doomed = nil // the position passed it meanwhile
-		}
-		if pub.doomed == nil && !ValidTopic(rows[0].topic) {
-			// No broker takes it: no need to ask.
-			pub.doomed = &refusal{seq: rows[0].seq, err: fmt.Errorf("kscope: %q is not a Kafka topic name (at most 249 of a-z A-Z 0-9 . _ -)", rows[0].topic)}
-		}
-		dead := pub.doomed
-		if dead != nil {
-			if err := pub.deadLetter(ctx, rows[0], dead.err); err != nil {
-				if errors.As(err, new(*dbscope.SchemaError)) {
-					return nil, fmt.Errorf("kscope: outbox relay: Kafka refuses the row %s for good, and it cannot be moved to the dead-letter table (it stays in the outbox, unpublished, and the partition waits): %w",
-						pub.ident(rows[0]), err)
-				}
-				if ctx.Err() != nil {
-					return nil, nil
-				}
-				attempt++
-				d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-				log.Warn("kscope: outbox relay: writing a refused row to the dead-letter table failed; retrying", "id", pub.ident(rows[0]), "err", err, "retry_in", d)
-				if !backoff.Sleep(ctx, d) {
-					return nil, nil
-				}
-				continue
-			}
-			pub.deadLettered(log, dead, rows[0])
-		} else {
-			batch = pub.batch(rows, maxBytes)
 		}
 		last := rows[0].seq
 		if len(batch) > 0 {
 			last = batch[len(batch)-1].seq
 		}
 		rowErrs, err := pub.send(ctx, cl, batch, last)
-		switch {
-		case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
-			return nil, fmt.Errorf("kscope: outbox relay: the broker refused this relay its transactional id %s "+
-				"(grant this client Write and Describe on it, then start the relay again): %w", txnID, err)
-		case errors.Is(err, errFenced):
-			log.Warn("kscope: outbox relay: the producer was fenced", "err", err)
-			return err, nil
-		case err != nil:
-			if ctx.Err() != nil {
-				return nil, nil
+		if err != nil {
+			if renew, err := pub.sendFailed(ctx, tp, batch, rowErrs, err); renew != nil || err != nil {
+				return renew, err
 			}
-			r.aborts.Add(1)
-			if pub.failed(log, batch, rowErrs, err) {
-				attempt++
-				d := backoff.Delay(attempt, 100*time.Millisecond, 10*time.Second)
-				if !backoff.Sleep(ctx, d) {
-					return nil, nil
-				}
-			}
-			// A transaction that ended in a definite answer other than a
-			// fence (INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING: the
-			// coordinator expired the transactional id) leaves franz-go's
-			// producer failed for good, every later call answering that
-			// error: a new producer takes the partition over instead of
-			// this one being retried forever.
-			if _, _, perr := cl.ProducerID(ctx); perr != nil {
-				if ctx.Err() != nil {
-					return nil, nil
-				}
-				return fmt.Errorf("initialising the producer again: %w", perr), nil
-			}
-			// A commit the broker applied without the relay hearing it
-			// (the answer lost, or later than the relay waited) moved the
-			// position: read it again rather than publish its rows twice.
-			if pos, ok, err = pub.takeOver(ctx, cl, log); !ok {
-				return nil, err
-			}
-			pub.pos.Store(pos)
 			continue
 		}
-		attempt = 0
-		pos = last
-		pub.pos.Store(pos)
-		r.published.Add(int64(len(batch)))
-		r.transactions.Add(1)
-		pub.committed(log, last)
-		pub.prune(ctx, pos)
+		pub.advance(ctx, tp, batch, last)
 	}
 	return nil, nil
+}
+
+// txnProducer is the transactional producer a publisher publishes its
+// partition with, and how far that publishing is.
+type txnProducer struct {
+	cl       *kgo.Client
+	txnID    string
+	log      *slog.Logger
+	maxBytes func(string) int32 // the producer's kgo.ProducerBatchMaxBytesFn, if set
+	pos      int64              // the position its committed transactions reached
+	attempt  int                // the failures in a row, for the backoff
+}
+
+// backOff waits before the next try after a failure, longer with each
+// failure in a row, and logs msg with args and the wait unless msg is
+// empty. It reports false when ctx ended first.
+func (tp *txnProducer) backOff(ctx context.Context, msg string, args ...any) bool {
+	tp.attempt++
+	d := backoff.Delay(tp.attempt, 100*time.Millisecond, 10*time.Second)
+	if msg != "" {
+		tp.log.Warn(msg, append(args, "retry_in", d)...)
+	}
+	return backoff.Sleep(ctx, d)
+}
+
+// nextRows reads the rows after the position, and checks that they are of
+// the partition. ok is false when reading failed (it waited before the
+// next try), when there are none (it waited for a writer's wake-up or the
+// poll interval), or when ctx ended.
+func (pub *publisher) nextRows(ctx context.Context, tp *txnProducer, poll *time.Timer) (rows []row, ok bool) {
+	rows, err := pub.read(ctx, tp.pos)
+	if err == nil {
+		pub.misplaced(tp.log, rows)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			tp.backOff(ctx, "kscope: outbox relay: reading the outbox failed; retrying", "err", err)
+		}
+		return nil, false
+	}
+	if len(rows) == 0 {
+		pub.idle(ctx, tp.pos, poll) // false only once ctx ended
+		return nil, false
+	}
+	return rows, true
+}
+
+// nextBatch returns the rows of the next transaction, out of rows. When
+// the row at their head is one Kafka refused for good, it moves that row
+// to the dead-letter table instead, and the transaction carries no row,
+// only the position past it. ok is false when moving the row failed (it
+// waited before the next try) or ctx ended; err is the failure that
+// retrying cannot heal: the database lacks the dead-letter table.
+func (pub *publisher) nextBatch(ctx context.Context, tp *txnProducer, rows []row) (batch []row, ok bool, err error) {
+	// A row Kafka refused for good is moved to the dead-letter table
+	// (deleted from the outbox in the same statement); then a
+	// transaction that carries nothing but the position moves the
+	// partition past it. Whatever happens between the two (the
+	// transaction fails, the relay stops, an operator requeues the
+	// row), the outbox no longer holds the row: it is never read,
+	// published or dead-lettered again, and a requeued copy is the
+	// only one published.
+	if pub.doomed != nil && pub.doomed.seq != rows[0].seq {
+		pub.doomed = nil // the position passed it meanwhile
+	}
+	if pub.doomed == nil && !ValidTopic(rows[0].topic) {
+		// No broker takes it: no need to ask.
+		pub.doomed = &refusal{seq: rows[0].seq, err: fmt.Errorf("kscope: %q is not a Kafka topic name (at most 249 of a-z A-Z 0-9 . _ -)", rows[0].topic)}
+	}
+	dead := pub.doomed
+	if dead == nil {
+		return pub.batch(rows, tp.maxBytes), true, nil
+	}
+	if err := pub.deadLetter(ctx, rows[0], dead.err); err != nil {
+		if errors.As(err, new(*dbscope.SchemaError)) {
+			return nil, false, fmt.Errorf("kscope: outbox relay: Kafka refuses the row %s for good, and it cannot be moved to the dead-letter table (it stays in the outbox, unpublished, and the partition waits): %w",
+				pub.ident(rows[0]), err)
+		}
+		if ctx.Err() == nil {
+			tp.backOff(ctx, "kscope: outbox relay: writing a refused row to the dead-letter table failed; retrying", "id", pub.ident(rows[0]), "err", err)
+		}
+		return nil, false, nil
+	}
+	pub.deadLettered(tp.log, dead, rows[0])
+	return nil, true, nil
+}
+
+// sendFailed handles a transaction that failed with err. It returns an
+// error that retrying cannot heal (the broker refused the transactional
+// id), or renew when a new producer must take the partition over (this one
+// was fenced, or cannot go on). Otherwise, after waiting when the failure
+// calls for it, the producer reads the position again, and both are nil:
+// publishing goes on.
+func (pub *publisher) sendFailed(ctx context.Context, tp *txnProducer, batch []row, rowErrs []error, err error) (renew, fatal error) {
+	switch {
+	case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
+		return nil, fmt.Errorf("kscope: outbox relay: the broker refused this relay its transactional id %s "+
+			"(grant this client Write and Describe on it, then start the relay again): %w", tp.txnID, err)
+	case errors.Is(err, errFenced):
+		tp.log.Warn("kscope: outbox relay: the producer was fenced", "err", err)
+		return err, nil
+	}
+	if ctx.Err() != nil {
+		return nil, nil
+	}
+	pub.r.aborts.Add(1)
+	if pub.failed(tp.log, batch, rowErrs, err) && !tp.backOff(ctx, "") {
+		return nil, nil
+	}
+	// A transaction that ended in a definite answer other than a
+	// fence (INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING: the
+	// coordinator expired the transactional id) leaves franz-go's
+	// producer failed for good, every later call answering that
+	// error: a new producer takes the partition over instead of
+	// this one being retried forever.
+	if _, _, perr := tp.cl.ProducerID(ctx); perr != nil {
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		return fmt.Errorf("initialising the producer again: %w", perr), nil
+	}
+	// A commit the broker applied without the relay hearing it
+	// (the answer lost, or later than the relay waited) moved the
+	// position: read it again rather than publish its rows twice.
+	pos, ok, err := pub.takeOver(ctx, tp.cl, tp.log)
+	if !ok {
+		return nil, err // nil once ctx ended
+	}
+	tp.pos = pos
+	pub.pos.Store(pos)
+	return nil, nil
+}
+
+// advance moves the position to last, that of the transaction that
+// committed batch, counts it, and deletes the rows it passed.
+func (pub *publisher) advance(ctx context.Context, tp *txnProducer, batch []row, last int64) {
+	r := pub.r
+	tp.attempt = 0
+	tp.pos = last
+	pub.pos.Store(last)
+	r.published.Add(int64(len(batch)))
+	r.transactions.Add(1)
+	pub.committed(tp.log, last)
+	pub.prune(ctx, last)
 }
 
 // prune deletes the rows the position has passed; a failure is retried

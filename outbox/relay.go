@@ -279,13 +279,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
-	if err := r.checkTables(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	if err := r.ensurePositionTopic(ctx); err != nil {
+	if err := r.prepare(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -319,8 +313,23 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return workers.fatal()
 	}
-	// A group on the position topic assigns the partitions: partition p of
-	// the position topic is outbox partition p.
+	return r.runGroup(ctx, lctx, &wg, workers)
+}
+
+// prepare checks the outbox tables and creates or checks the position
+// topic, before anything is published.
+func (r *Relay) prepare(ctx context.Context) error {
+	if err := r.checkTables(ctx); err != nil {
+		return err
+	}
+	return r.ensurePositionTopic(ctx)
+}
+
+// runGroup publishes the partitions that a group on the position topic
+// assigns to this relay (partition p of the position topic is outbox
+// partition p) until ctx ends or a worker fails; the group's watch runs
+// in wg until lctx ends.
+func (r *Relay) runGroup(ctx, lctx context.Context, wg *sync.WaitGroup, workers *workers) error {
 	onGone := func(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
 		for _, p := range ps[r.o.PositionTopic] {
 			workers.stop(int(p))

@@ -89,7 +89,6 @@ type Metadata struct {
 // go to the DLT, never block it. The returned OriginalKey shares r's memory
 // (its key, or its header), cut to MaxKeyLength.
 func FromRecord(r *kgo.Record, id string) (Metadata, error) {
-	header := func(k string) ([]byte, bool) { return lastHeader(r.Headers, k) }
 	m := Metadata{
 		ID:                id,
 		OriginalTopic:     r.Topic,
@@ -102,41 +101,68 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	if len(r.Headers) == 0 {
 		return m, nil // a first hop without headers: nothing more to read
 	}
-	var errs []error
-	bad := func(h string, v []byte) {
-		errs = append(errs, fmt.Errorf("retrytopic: header %s has a malformed value %q", h, truncateBytes(v, 40)))
-	}
-	if t, ok := header(HeaderOriginalTopic); ok && len(t) > 0 {
-		p, pok := header(HeaderOriginalPartition)
-		o, ook := header(HeaderOriginalOffset)
+	d := headerDecoder{hs: r.Headers}
+	d.origin(&m)
+	d.failures(&m)
+	d.routing(&m)
+	return m, errors.Join(d.errs...)
+}
+
+// headerDecoder reads a record's kscope headers into Metadata, field by
+// field, and collects an error for each malformed one.
+type headerDecoder struct {
+	hs   []kgo.RecordHeader
+	errs []error
+}
+
+// header returns the value of the last header named k.
+func (d *headerDecoder) header(k string) ([]byte, bool) { return lastHeader(d.hs, k) }
+
+// bad records that header h has the malformed value v.
+func (d *headerDecoder) bad(h string, v []byte) {
+	d.errs = append(d.errs, fmt.Errorf("retrytopic: header %s has a malformed value %q", h, truncateBytes(v, 40)))
+}
+
+// origin reads where the record was first consumed: its original topic,
+// partition and offset (together, or not at all), timestamp and key.
+func (d *headerDecoder) origin(m *Metadata) {
+	if t, ok := d.header(HeaderOriginalTopic); ok && len(t) > 0 {
+		p, pok := d.header(HeaderOriginalPartition)
+		o, ook := d.header(HeaderOriginalOffset)
 		pv, perr := strconv.ParseInt(string(p), 10, 32)
 		ov, oerr := strconv.ParseInt(string(o), 10, 64)
 		if pok && ook && perr == nil && oerr == nil && pv >= 0 && ov >= 0 && utf8.Valid(t) {
 			m.OriginalTopic, m.OriginalPartition, m.OriginalOffset = string(t), int32(pv), ov
 		} else {
-			bad(HeaderOriginalTopic, t)
+			d.bad(HeaderOriginalTopic, t)
 		}
 	}
-	if v, ok := header(HeaderOriginalTimestamp); ok {
+	if v, ok := d.header(HeaderOriginalTimestamp); ok {
 		if t, ok := parseMillis(v); ok {
 			m.OriginalTimestamp = t
 		} else {
-			bad(HeaderOriginalTimestamp, v)
+			d.bad(HeaderOriginalTimestamp, v)
 		}
 	}
-	if v, ok := header(HeaderOriginalKey); ok {
+	if v, ok := d.header(HeaderOriginalKey); ok {
 		m.OriginalKey = clip(v, MaxKeyLength)
 	}
-	if v, ok := header(HeaderGroup); ok {
+}
+
+// failures reads the record's failures: the group, the attempt count, the
+// first and last failure times, the due time, and the latest error and
+// its class.
+func (d *headerDecoder) failures(m *Metadata) {
+	if v, ok := d.header(HeaderGroup); ok {
 		m.Group = truncate(string(v), 255)
 	}
-	if v, ok := header(HeaderAttempt); ok {
+	if v, ok := d.header(HeaderAttempt); ok {
 		n, err := strconv.Atoi(string(v))
 		switch {
 		case err != nil && len(v) > 0 && allDigits(v):
 			m.Attempt = MaxAttempt // too large to parse: forged
 		case err != nil || n < 0:
-			bad(HeaderAttempt, v)
+			d.bad(HeaderAttempt, v)
 		default:
 			m.Attempt = min(n, MaxAttempt)
 		}
@@ -145,49 +171,53 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 		h string
 		t *time.Time
 	}{{HeaderFirstFailure, &m.FirstFailure}, {HeaderLastFailure, &m.LastFailure}, {HeaderDue, &m.Due}} {
-		if v, ok := header(f.h); ok {
+		if v, ok := d.header(f.h); ok {
 			if t, ok := parseMillis(v); ok {
 				*f.t = t
 			} else {
-				bad(f.h, v)
+				d.bad(f.h, v)
 			}
 		}
 	}
-	if v, ok := header(HeaderError); ok {
+	if v, ok := d.header(HeaderError); ok {
 		m.Error = truncate(string(v), MaxErrorLength)
 	}
-	if v, ok := header(HeaderErrorClass); ok {
+	if v, ok := d.header(HeaderErrorClass); ok {
 		if c, ok := ParseClass(string(v)); ok {
 			m.Class = c
 		} else {
-			bad(HeaderErrorClass, v)
+			d.bad(HeaderErrorClass, v)
 		}
 	}
-	if v, ok := header(HeaderStage); ok {
+}
+
+// routing reads where the record was routed: its retry-topic stage,
+// whether it is parked, and the version gap it was routed for.
+func (d *headerDecoder) routing(m *Metadata) {
+	if v, ok := d.header(HeaderStage); ok {
 		n, err := strconv.Atoi(string(v))
 		if err != nil || n < 0 || n > maxStage {
-			bad(HeaderStage, v)
+			d.bad(HeaderStage, v)
 		} else {
 			m.Stage = n
 		}
 	}
-	if v, ok := header(HeaderParked); ok {
+	if v, ok := d.header(HeaderParked); ok {
 		m.Parked = string(v) == "1"
 	}
 	for _, f := range []struct {
 		h string
 		n *int64
 	}{{HeaderVersionExpected, &m.ExpectedVersion}, {HeaderVersionActual, &m.ActualVersion}} {
-		if v, ok := header(f.h); ok {
+		if v, ok := d.header(f.h); ok {
 			n, err := strconv.ParseInt(string(v), 10, 64)
 			if err != nil || n < 0 {
-				bad(f.h, v)
+				d.bad(f.h, v)
 			} else {
 				*f.n = n
 			}
 		}
 	}
-	return m, errors.Join(errs...)
 }
 
 // Headers returns the record headers for m: every header of orig that is not

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -145,6 +144,8 @@ func keyJSON(k []byte) (*string, string) {
 	return nil, hex.EncodeToString(k)
 }
 
+// dltList runs dlt list: it reads the dead-letter topic and prints the
+// records the filters select, then what it noticed and the totals.
 func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	topic, err := f.dltTopic()
 	if err != nil {
@@ -165,82 +166,108 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 
-	var (
-		n, shown int
-		tw       *tabwriter.Writer
-		enc      = json.NewEncoder(e.stdout)
-		copies   = map[string]int{} // identity -> records seen
-		repeated []string           // identities seen more than once, in order
-		bare     int                // records without kscope's failure headers
-	)
+	l := &dltLister{e: e, flt: flt, asJSON: asJSON, enc: json.NewEncoder(e.stdout), copies: map[string]int{}}
 	if !asJSON {
-		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		l.tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	}
-	held, err := scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error {
-		m, derr := decode(r)
-		if !flt.match(r, m) {
-			return nil
-		}
-		n++
-		if !hasHeader(r, retrytopic.HeaderErrorClass) {
-			bare++
-		}
-		warnDecode(e.stderr, r, derr)
-		copies[m.ID]++
-		if copies[m.ID] == 2 {
-			repeated = append(repeated, m.ID)
-		}
-		if asJSON {
-			k, kh := keyJSON(r.Key)
-			return enc.Encode(listEntry{
-				Copy:  copies[m.ID],
-				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-				Timestamp: timeText(r.Timestamp), Key: k, KeyHex: kh,
-				metadataJSON: toMetadataJSON(m, derr),
-			})
-		}
-		if copies[m.ID] > 1 {
-			return nil // listed at its first record; counted below
-		}
-		shown++
-		if shown == 1 {
-			fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tATTEMPT\tCLASS\tLAST FAILURE\tORIGINAL\tERROR")
-		}
-		last := timeText(m.LastFailure)
-		if last == "" {
-			last = "-"
-		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%s\t%s/%d/%d\t%s\n",
-			r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.Attempt, m.Class, last,
-			m.OriginalTopic, m.OriginalPartition, m.OriginalOffset, cell(m.Error, listErrorWidth))
-		if n%listFlushEvery == 0 {
-			return tw.Flush()
-		}
-		return nil
-	})
-	if tw != nil {
-		if ferr := tw.Flush(); err == nil {
+	held, err := scan(ctx, kc, adm, topic, rng, l.record)
+	if l.tw != nil {
+		if ferr := l.tw.Flush(); err == nil {
 			err = ferr
 		}
 	}
 	if err != nil {
 		return err
 	}
+	l.finish(topic, held)
+	return nil
+}
+
+// dltLister prints the records of a dead-letter topic, as a table or as
+// JSON lines, and counts them by identity.
+type dltLister struct {
+	e        *env
+	flt      *recordFilter
+	asJSON   bool
+	n, shown int               // records selected, and rows in the table
+	tw       *tabwriter.Writer // the table; nil with --json
+	enc      *json.Encoder
+	copies   map[string]int // identity -> records seen
+	repeated []string       // identities seen more than once, in order
+	bare     int            // records without kscope's failure headers
+}
+
+// record prints one record the scan read, when the filters select it:
+// as a JSON line, or as a table row at its identity's first record.
+func (l *dltLister) record(r *kgo.Record) error {
+	m, derr := decode(r)
+	if !l.flt.match(r, m) {
+		return nil
+	}
+	l.n++
+	if !hasHeader(r, retrytopic.HeaderErrorClass) {
+		l.bare++
+	}
+	warnDecode(l.e.stderr, r, derr)
+	l.copies[m.ID]++
+	if l.copies[m.ID] == 2 {
+		l.repeated = append(l.repeated, m.ID)
+	}
+	if l.asJSON {
+		k, kh := keyJSON(r.Key)
+		return l.enc.Encode(listEntry{
+			Copy:  l.copies[m.ID],
+			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+			Timestamp: timeText(r.Timestamp), Key: k, KeyHex: kh,
+			metadataJSON: toMetadataJSON(m, derr),
+		})
+	}
+	if l.copies[m.ID] > 1 {
+		return nil // listed at its first record; counted below
+	}
+	return l.row(r, m)
+}
+
+// row writes r's table row, the header before the first; the table is
+// flushed every listFlushEvery records.
+func (l *dltLister) row(r *kgo.Record, m retrytopic.Metadata) error {
+	tw := l.tw
+	l.shown++
+	if l.shown == 1 {
+		fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tATTEMPT\tCLASS\tLAST FAILURE\tORIGINAL\tERROR")
+	}
+	last := timeText(m.LastFailure)
+	if last == "" {
+		last = "-"
+	}
+	fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%s\t%s/%d/%d\t%s\n",
+		r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.Attempt, m.Class, last,
+		m.OriginalTopic, m.OriginalPartition, m.OriginalOffset, cell(m.Error, listErrorWidth))
+	if l.n%listFlushEvery == 0 {
+		return tw.Flush()
+	}
+	return nil
+}
+
+// finish warns on stderr of the records held back and of records that do
+// not look dead-lettered by kscope, and ends the table with the totals and
+// the identities seen more than once.
+func (l *dltLister) finish(topic string, held []heldBack) {
+	e := l.e
 	for _, h := range held {
 		fmt.Fprintf(e.stderr, "warning: %s\n", h)
 	}
-	if bare > 0 {
+	if l.bare > 0 {
 		fmt.Fprintf(e.stderr, "warning: %d of %s in %s carry no kscope failure headers (class, error, original topic): "+
 			"it does not look like a kscope dead-letter topic (those are named <group>.kscope-dlt); their class is shown as unknown. Check --topic or --group.\n",
-			bare, plural(n, "record"), topic)
+			l.bare, plural(l.n, "record"), topic)
 	}
-	if !asJSON {
-		fmt.Fprintf(e.stdout, "%s in %s, %s\n", plural(n, "record"), topic, plural(len(copies), "identity"))
-		for _, id := range repeated {
-			fmt.Fprintf(e.stdout, "  %s: %d records (dead-lettered again after a crash between the DLT's acknowledgement and its inbox row)\n", id, copies[id])
+	if !l.asJSON {
+		fmt.Fprintf(e.stdout, "%s in %s, %s\n", plural(l.n, "record"), topic, plural(len(l.copies), "identity"))
+		for _, id := range l.repeated {
+			fmt.Fprintf(e.stdout, "  %s: %d records (dead-lettered again after a crash between the DLT's acknowledgement and its inbox row)\n", id, l.copies[id])
 		}
 	}
-	return nil
 }
 
 // keyText renders a key for the table: text when printable, "(null)", or
@@ -308,253 +335,6 @@ func printable(b []byte, multiline bool) bool {
 		return false
 	}
 	return true
-}
-
-func dltShowCmd() *command {
-	return &command{
-		name:    "dlt show",
-		summary: "print one dead-letter record in full: key, headers, value, metadata",
-		usage: `
-Usage:
-  kscope dlt show (--topic T | --group G) --partition P --offset O [--max-value N] [--json]
-
-Prints one record of a dead-letter topic: its key, every header (printable
-text as is, anything else as hex), its value (as text when it is printable
-UTF-8, else as a hex dump; cut to --max-value bytes) and the kscope failure
-metadata decoded from its headers.
-
-Examples:
-  kscope dlt show --group payments --partition 0 --offset 42
-  kscope dlt show --topic payments.kscope-dlt --partition 0 --offset 42 --max-value 0 --json
-`,
-		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
-			f := declareDLTFlags(fs, false)
-			offset := fs.Int64("offset", -1, "the record's offset (required)")
-			maxValue := fs.Int("max-value", 4096, "print at most this many bytes of the value (0: all)")
-			asJSON := fs.Bool("json", false, "print the record as one JSON object")
-			return func(ctx context.Context) error { return dltShow(ctx, e, f, *offset, *maxValue, *asJSON) }
-		},
-	}
-}
-
-// showEntry is dlt show --json.
-type showEntry struct {
-	Topic          string       `json:"topic"`
-	Partition      int32        `json:"partition"`
-	Offset         int64        `json:"offset"`
-	Timestamp      string       `json:"timestamp"`
-	Key            *string      `json:"key"`
-	KeyHex         string       `json:"key_hex,omitempty"`
-	Headers        []headerJSON `json:"headers"`
-	Value          *string      `json:"value"`
-	ValueHex       string       `json:"value_hex,omitempty"`
-	ValueSize      int          `json:"value_size"`
-	ValueTruncated bool         `json:"value_truncated,omitempty"`
-	Metadata       metadataJSON `json:"metadata"`
-}
-
-type headerJSON struct {
-	Key      string  `json:"key"`
-	Value    *string `json:"value,omitempty"`
-	ValueHex string  `json:"value_hex,omitempty"`
-}
-
-func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue int, asJSON bool) error {
-	topic, err := f.dltTopic()
-	if err != nil {
-		return err
-	}
-	if *f.partition < 0 || offset < 0 {
-		return usagef("give the record with --partition and --offset (see them with 'kscope dlt list')")
-	}
-	if maxValue < 0 {
-		return usagef("--max-value must be 0 (no limit) or more, got %d", maxValue)
-	}
-	f.fromOffset, f.toOffset = &offset, &offset
-	rng, _, err := f.selection()
-	if err != nil {
-		return err
-	}
-	kc, err := e.kafka(*f.brokers, f.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, err := kc.client()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-
-	bs, err := bounds(ctx, adm, kc, topic, rng)
-	if err != nil {
-		return err
-	}
-	if b := bs[rng.partition]; b.begin > offset {
-		return fmt.Errorf("offset %d of %s partition %d no longer exists: the partition starts at %d (older records were deleted by retention)", offset, topic, rng.partition, b.begin)
-	} else if b.begin >= b.end && b.heldTo > offset {
-		return fmt.Errorf("offset %d of %s partition %d is held back by a transaction open since offset %d: a read-committed reader sees it once the transaction ends", offset, topic, rng.partition, b.end)
-	} else if b.begin >= b.end {
-		return fmt.Errorf("offset %d of %s partition %d is not written yet: the partition ends at %d", offset, topic, rng.partition, b.end)
-	}
-	var found *kgo.Record
-	_, err = scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error {
-		if r.Offset == offset {
-			found = r
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if found == nil {
-		return fmt.Errorf("no record at offset %d of %s partition %d: the offset holds a transaction marker, an aborted record or a compacted-away record", offset, topic, rng.partition)
-	}
-	m, derr := decode(found)
-	if asJSON {
-		return json.NewEncoder(e.stdout).Encode(showJSON(found, m, derr, maxValue))
-	}
-	showText(e.stdout, found, m, derr, maxValue)
-	return nil
-}
-
-func cutValue(v []byte, maxValue int) ([]byte, bool) {
-	if maxValue > 0 && len(v) > maxValue {
-		return v[:maxValue], true
-	}
-	return v, false
-}
-
-func showJSON(r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int) showEntry {
-	k, kh := keyJSON(r.Key)
-	s := showEntry{
-		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-		Timestamp: timeText(r.Timestamp), Key: k, KeyHex: kh,
-		Headers:   []headerJSON{},
-		ValueSize: len(r.Value),
-		Metadata:  toMetadataJSON(m, derr),
-	}
-	s.Headers = headersJSON(r.Headers)
-	s.Value, s.ValueHex, s.ValueTruncated = valueJSON(r.Value, maxValue)
-	return s
-}
-
-// headersJSON returns headers as JSON shows them: as text where they are,
-// else in hex.
-func headersJSON(hs []kgo.RecordHeader) []headerJSON {
-	out := []headerJSON{}
-	for _, h := range hs {
-		hj := headerJSON{Key: h.Key}
-		if printable(h.Value, true) {
-			v := string(h.Value)
-			hj.Value = &v
-		} else {
-			hj.ValueHex = hex.EncodeToString(h.Value)
-		}
-		out = append(out, hj)
-	}
-	return out
-}
-
-// valueJSON returns a record's value, cut to maxValue bytes, as JSON shows
-// it: as text where it is, else in hex; and whether it was cut.
-func valueJSON(value []byte, maxValue int) (text *string, hexValue string, cut bool) {
-	if value == nil {
-		return nil, "", false
-	}
-	v, cut := cutValue(value, maxValue)
-	if tv := textCut(v, cut); printable(tv, true) {
-		t := string(tv)
-		return &t, "", cut
-	}
-	return nil, hex.EncodeToString(v), cut
-}
-
-// textCut returns v, without the incomplete UTF-8 sequence a cut may have
-// left at its end.
-func textCut(v []byte, cut bool) []byte {
-	if !cut {
-		return v
-	}
-	for i := 0; i < utf8.UTFMax-1 && len(v) > 0 && !utf8.Valid(v); i++ {
-		v = v[:len(v)-1]
-	}
-	return v
-}
-
-// headersText prints headers, one a line: as text where they are, else
-// in hex.
-func headersText(w io.Writer, hs []kgo.RecordHeader) {
-	for _, h := range hs {
-		if printable(h.Value, true) {
-			fmt.Fprintf(w, "  %s: %s\n", h.Key, escape(string(h.Value)))
-		} else {
-			fmt.Fprintf(w, "  %s: 0x%s (binary)\n", h.Key, hex.EncodeToString(h.Value))
-		}
-	}
-}
-
-// valueText prints a record's value, cut to maxValue bytes: as text where
-// it is, else as a hex dump.
-func valueText(w io.Writer, value []byte, maxValue int) {
-	if value == nil {
-		fmt.Fprintf(w, "value:      (null)\n")
-		return
-	}
-	v, cut := cutValue(value, maxValue)
-	note := ""
-	if cut {
-		note = fmt.Sprintf(", first %d shown (raise --max-value, 0 for all)", len(v))
-	}
-	if tv := textCut(v, cut); printable(tv, true) {
-		fmt.Fprintf(w, "value:      %d bytes, text%s\n%s\n", len(value), note, tv)
-	} else {
-		fmt.Fprintf(w, "value:      %d bytes, binary%s\n%s", len(value), note, hex.Dump(v))
-	}
-}
-
-func showText(w io.Writer, r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int) {
-	fmt.Fprintf(w, "topic:      %s\npartition:  %d\noffset:     %d\ntimestamp:  %s\n", r.Topic, r.Partition, r.Offset, timeText(r.Timestamp))
-	fmt.Fprintf(w, "key:        %s\n", keyText(r.Key))
-	fmt.Fprintf(w, "headers:    %d\n", len(r.Headers))
-	headersText(w, r.Headers)
-	valueText(w, r.Value, maxValue)
-	fmt.Fprintf(w, "metadata:\n")
-	row := func(k, v string) {
-		if v == "" {
-			v = "-"
-		}
-		fmt.Fprintf(w, "  %-19s %s\n", k+":", v)
-	}
-	row("id", m.ID)
-	row("group", m.Group)
-	row("attempt", strconv.Itoa(m.Attempt))
-	row("class", m.Class.String())
-	row("error", escape(m.Error))
-	row("first failure", timeText(m.FirstFailure))
-	row("last failure", timeText(m.LastFailure))
-	row("original", fmt.Sprintf("%s/%d/%d", m.OriginalTopic, m.OriginalPartition, m.OriginalOffset))
-	row("original timestamp", timeText(m.OriginalTimestamp))
-	row("original key", keyTextOrEmpty(m.OriginalKey))
-	if !m.Due.IsZero() {
-		row("due", timeText(m.Due))
-	}
-	if m.Stage >= 0 {
-		row("stage", strconv.Itoa(m.Stage))
-	}
-	if m.Parked {
-		row("parked", "yes: waited behind an earlier record of its key")
-	}
-	if derr != nil {
-		row("decode warning", derr.Error())
-	}
-}
-
-func keyTextOrEmpty(k []byte) string {
-	if k == nil {
-		return ""
-	}
-	return keyText(k)
 }
 
 // hasHeader reports whether r carries a header named key.

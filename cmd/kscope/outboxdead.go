@@ -411,13 +411,34 @@ func deadChange(ctx context.Context, e *env, o *deadOpts) error {
 		return err
 	}
 	rep := selectDead(o, listed, e.args)
-	apply := o.yes && !o.dryRun
-	var failed error
+	failed := applyDead(ctx, dl, o, rep)
+	result := deadProblems(o, rep, failed)
+	if result != nil {
+		rep.Error = result.Error()
+	}
+	if o.asJSON {
+		if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
+			return err
+		}
+		return result
+	}
+	printDeadChange(e.stdout, o, rep)
+	return result
+}
+
+// applyDead requeues or discards the rows of rep not skipped, in order,
+// when --yes is given without --dry-run, marking each done or why it is
+// skipped. It stops at the first failure, which it returns.
+func applyDead(ctx context.Context, dl *deadTable, o *deadOpts, rep *deadReport) error {
+	if !o.yes || o.dryRun {
+		return nil
+	}
 	for i := range rep.Rows {
 		r := &rep.Rows[i]
-		if r.Skipped != "" || !apply {
+		if r.Skipped != "" {
 			continue
 		}
+		var err error
 		if o.verb == "requeue" {
 			var q outbox.Requeued
 			q, err = dl.Requeue(ctx, r.ID, o.topic)
@@ -430,15 +451,19 @@ func deadChange(ctx context.Context, e *env, o *deadOpts) error {
 			continue
 		}
 		if err != nil {
-			failed = fmt.Errorf("%s %s failed: %w; %s before it; it and the rows after it are still in the dead-letter table: fix the cause and run the command again",
+			return fmt.Errorf("%s %s failed: %w; %s before it; it and the rows after it are still in the dead-letter table: fix the cause and run the command again",
 				o.verb, r.ID, err, plural(rep.Done, "row "+o.done))
-			break
 		}
 		r.Done = true
 		rep.Done++
 	}
+	return nil
+}
 
-	// What was not done, and why, fails the command.
+// deadProblems returns the error that fails the command, naming what was
+// not done and why: identities not found, rows skipped, and the failure
+// that stopped the changes; nil when everything was done.
+func deadProblems(o *deadOpts, rep *deadReport, failed error) error {
 	var problems []string
 	if len(rep.NotFound) > 0 {
 		where := "the dead-letter table"
@@ -459,19 +484,10 @@ func deadChange(ctx context.Context, e *env, o *deadOpts) error {
 	if failed != nil {
 		problems = append(problems, failed.Error())
 	}
-	var result error
-	if len(problems) > 0 {
-		result = errors.New(strings.Join(problems, "; "))
-		rep.Error = result.Error()
+	if len(problems) == 0 {
+		return nil
 	}
-	if o.asJSON {
-		if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
-			return err
-		}
-		return result
-	}
-	printDeadChange(e.stdout, o, rep)
-	return result
+	return errors.New(strings.Join(problems, "; "))
 }
 
 // selectDead returns the report of the rows of listed that o selects (ids,

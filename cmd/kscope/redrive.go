@@ -50,11 +50,8 @@ var routingHeaders = map[string]bool{
 // springPrefix starts Spring Kafka's dead-letter headers, dropped too.
 const springPrefix = "kafka_dlt-"
 
-func dltRedriveCmd() *command {
-	return &command{
-		name:    "dlt redrive",
-		summary: "re-publish dead-letter records to their source topic or the first retry topic",
-		usage: `
+// dltRedriveUsage is dlt redrive's synopsis, description and examples.
+const dltRedriveUsage = `
 Usage:
   kscope dlt redrive (--topic T | --group G) --to source|retry [filters] [--dry-run]
 
@@ -118,7 +115,13 @@ Examples:
   kscope dlt redrive --group payments --to source --class retryable --rate 50
   kscope dlt redrive --group payments --to retry --partition 0 --from-offset 1200
   kscope dlt redrive --group payments --to source --id order-42 --by alice
-`,
+`
+
+func dltRedriveCmd() *command {
+	return &command{
+		name:    "dlt redrive",
+		summary: "re-publish dead-letter records to their source topic or the first retry topic",
+		usage:   dltRedriveUsage,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
 			f := declareDLTFlags(fs, true)
 			o := &redriveOpts{}
@@ -195,34 +198,34 @@ func (st *redriveStats) progress(verb string, r *kgo.Record, now time.Time) stri
 	return line
 }
 
-func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error {
-	topic, err := f.dltTopic()
-	if err != nil {
-		return err
-	}
-	rng, flt, err := f.selection()
-	if err != nil {
-		return err
-	}
+// retryTopic checks --to, --ladder-first and --rate, and returns the
+// group's first retry topic with --to retry ("" with --to source).
+func (o *redriveOpts) retryTopic(group string) (string, error) {
 	var retryTopic string
 	switch o.to {
 	case "source":
 	case "retry":
-		if *f.group == "" {
-			return usagef("--to retry needs --group: the retry topics are per consumer group")
+		if group == "" {
+			return "", usagef("--to retry needs --group: the retry topics are per consumer group")
 		}
 		if o.ladderFirst <= 0 {
-			return usagef("--ladder-first must be a positive duration such as 5s, got %v", o.ladderFirst)
+			return "", usagef("--ladder-first must be a positive duration such as 5s, got %v", o.ladderFirst)
 		}
-		retryTopic = retrytopic.RetryTopic(*f.group, o.ladderFirst)
+		retryTopic = retrytopic.RetryTopic(group, o.ladderFirst)
 	case "":
-		return usagef("say where to send the records: --to source (their original topic) or --to retry (the group's first retry topic)")
+		return "", usagef("say where to send the records: --to source (their original topic) or --to retry (the group's first retry topic)")
 	default:
-		return usagef("unknown --to %q: use source or retry", o.to)
+		return "", usagef("unknown --to %q: use source or retry", o.to)
 	}
 	if o.rate < 0 {
-		return usagef("--rate must be 0 (no limit) or more, got %v", o.rate)
+		return "", usagef("--rate must be 0 (no limit) or more, got %v", o.rate)
 	}
+	return retryTopic, nil
+}
+
+// auditor returns who redrives, for the audit header: --by, else $USER,
+// else the current user's name.
+func (o *redriveOpts) auditor(e *env) (string, error) {
 	by := o.by
 	if by == "" {
 		by = e.getenv("USER")
@@ -233,7 +236,51 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		}
 	}
 	if by == "" {
-		return usagef("cannot tell who you are for the audit header: set --by")
+		return "", usagef("cannot tell who you are for the audit header: set --by")
+	}
+	return by, nil
+}
+
+// redriver is one run of dlt redrive: the dead-letter topic it reads,
+// where it sends each record, the clients it reads and sends with, and
+// what it has sent so far.
+type redriver struct {
+	e          *env
+	o          *redriveOpts
+	kc         *kafkaConn
+	adm        *kadm.Client
+	cl         *kgo.Client
+	topic      string // the dead-letter topic
+	retryTopic string // with --to retry, the target of every record
+	by         string // who redrives, for the audit header
+	flt        *recordFilter
+	tick       <-chan time.Time // paces the sends at --rate; nil: no limit
+	checked    map[string]error // target topics checked to exist
+	// sentIDs are the identities sent: a record dead-lettered twice (a
+	// consumer killed between the DLT's acknowledgement and the
+	// transaction that records it) is sent once, its first copy.
+	sentIDs map[string]bool
+	st      *redriveStats
+}
+
+// dltRedrive runs dlt redrive: it checks the flags, then reads the
+// dead-letter topic and sends each selected record to its target.
+func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error {
+	topic, err := f.dltTopic()
+	if err != nil {
+		return err
+	}
+	rng, flt, err := f.selection()
+	if err != nil {
+		return err
+	}
+	retryTopic, err := o.retryTopic(*f.group)
+	if err != nil {
+		return err
+	}
+	by, err := o.auditor(e)
+	if err != nil {
+		return err
 	}
 	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
@@ -249,19 +296,29 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 
-	var tick <-chan time.Time
+	rd := &redriver{e: e, o: o, kc: kc, adm: adm, cl: cl, topic: topic, retryTopic: retryTopic, by: by, flt: flt}
 	if o.rate > 0 && !o.dryRun {
 		t := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
 		defer t.Stop()
-		tick = t.C
+		rd.tick = t.C
 	}
-	checked := make(map[string]error) // target topics checked to exist
-	// The identities sent: a record dead-lettered twice (a consumer killed
-	// between the DLT's acknowledgement and the transaction that records
-	// it) is sent once, its first copy.
-	sentIDs := make(map[string]bool)
-	st := &redriveStats{perTopic: make(map[string]int), started: time.Now()}
-	if bs, err := bounds(ctx, adm, kc, topic, rng); err == nil {
+	rd.checked = make(map[string]error)
+	rd.sentIDs = make(map[string]bool)
+	rd.st = &redriveStats{perTopic: make(map[string]int), started: time.Now()}
+	if err := rd.measure(ctx, rng); err != nil {
+		return err
+	}
+	held, err := scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error { return rd.record(ctx, r) })
+	return rd.finish(rd.resumable(err, held))
+}
+
+// measure counts the records in the range to read, for the progress
+// lines' percentage and ETA; brokers that do not answer fail the redrive,
+// which would wait as long again in the scan, and any other error leaves
+// the count at 0.
+func (rd *redriver) measure(ctx context.Context, rng scanRange) error {
+	st := rd.st
+	if bs, err := bounds(ctx, rd.adm, rd.kc, rd.topic, rng); err == nil {
 		for _, b := range bs {
 			st.total += max(b.end-b.begin, 0)
 		}
@@ -269,87 +326,135 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		return err // the brokers do not answer: the scan would wait as long again
 	}
 	st.lastProgress = st.started
-	verb := "sent"
-	if o.dryRun {
-		verb = "would send"
-	}
+	return nil
+}
 
-	held, err := scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error {
-		st.scanned++
-		m, derr := decode(r)
-		if !flt.match(r, m) {
-			return nil
-		}
-		st.matched++
-		if sentIDs[m.ID] {
-			st.copies++
-			return nil
-		}
-		target := retryTopic
-		if o.to == "source" {
-			// Without a valid header, FromRecord falls back to the
-			// record's own topic: the dead-letter topic.
-			if _, ok := (&consumer.Record{Record: r}).Header(consumer.HeaderOriginalTopic); !ok || m.OriginalTopic == topic {
-				st.skipped++
-				fmt.Fprintf(e.stderr, "skipped partition %d offset %d: it has no valid %s header naming another topic, so its source topic is unknown (redrive it with --to retry, or produce it by hand)\n",
-					r.Partition, r.Offset, consumer.HeaderOriginalTopic)
-				warnDecode(e.stderr, r, derr)
-				return nil
-			}
-			target = m.OriginalTopic
-		}
-		if target == topic {
-			return fmt.Errorf("partition %d offset %d would be sent back to the dead-letter topic %s itself: check its %s header", r.Partition, r.Offset, topic, consumer.HeaderOriginalTopic)
-		}
-		if err, ok := checked[target]; ok {
-			if err != nil {
-				return err
-			}
-		} else {
-			what := "create it, or redrive with --to retry"
-			if o.to == "retry" {
-				what = "the retry topics are created when the group's consumers start with retries enabled; check --group and --ladder-first"
-			}
-			_, err := topicExists(ctx, adm, kc, target, what)
-			checked[target] = err
-			if err != nil {
-				return fmt.Errorf("cannot redrive partition %d offset %d: %w", r.Partition, r.Offset, err)
-			}
-		}
-		out := redriveRecord(r, target, m, by, time.Now())
-		switch {
-		case o.dryRun && o.asJSON:
-			json.NewEncoder(e.stdout).Encode(redriveLine{Partition: r.Partition, Offset: r.Offset, Key: keyText(r.Key), ID: m.ID, Target: target}) //nolint:errcheck // stdout
-		case o.dryRun:
-			fmt.Fprintf(e.stdout, "would send partition %d offset %d (key %s, id %s) to %s\n", r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.ID, target)
-		default:
-			if tick != nil {
-				select {
-				case <-tick:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			if err := cl.ProduceSync(ctx, out).FirstErr(); err != nil {
-				return fmt.Errorf("producing partition %d offset %d to %s failed after %s sent: %w; "+
-					"fix the cause (topic ACLs, broker availability, record size), then resume from this record with --partition %d --from-offset %d "+
-					"and redrive the later partitions (partitions are redriven in order); records sent twice keep their identity, so a deduplicating consumer applies them once",
-					r.Partition, r.Offset, target, plural(st.sent, "record"), err, r.Partition, r.Offset)
-			}
-		}
-		st.sent++
-		sentIDs[m.ID] = true
-		st.perTopic[target]++
-		if now := time.Now(); st.sent%progressEvery == 0 || now.Sub(st.lastProgress) >= progressInterval {
-			st.lastProgress = now
-			fmt.Fprintln(e.stderr, st.progress(verb, r, now))
-		}
+// verb says what the redrive does with a record: "sent", or "would send"
+// in a dry run.
+func (rd *redriver) verb() string {
+	if rd.o.dryRun {
+		return "would send"
+	}
+	return "sent"
+}
+
+// record redrives one record the scan read: one the filters do not select
+// is passed over, a later copy of an identity already sent is counted,
+// and any other is sent to its target.
+func (rd *redriver) record(ctx context.Context, r *kgo.Record) error {
+	st := rd.st
+	st.scanned++
+	m, derr := decode(r)
+	if !rd.flt.match(r, m) {
 		return nil
-	})
+	}
+	st.matched++
+	if rd.sentIDs[m.ID] {
+		st.copies++
+		return nil
+	}
+	target, ok := rd.target(r, m, derr)
+	if !ok {
+		return nil
+	}
+	if err := rd.checkTarget(ctx, r, target); err != nil {
+		return err
+	}
+	if err := rd.send(ctx, r, m, target); err != nil {
+		return err
+	}
+	rd.sent(r, m, target)
+	return nil
+}
+
+// target returns the topic r goes to: the group's first retry topic, or
+// with --to source its original topic. A record whose original topic is
+// unknown is skipped, said on stderr (ok is false).
+func (rd *redriver) target(r *kgo.Record, m retrytopic.Metadata, derr error) (target string, ok bool) {
+	if rd.o.to != "source" {
+		return rd.retryTopic, true
+	}
+	// Without a valid header, FromRecord falls back to the
+	// record's own topic: the dead-letter topic.
+	if _, ok := (&consumer.Record{Record: r}).Header(consumer.HeaderOriginalTopic); !ok || m.OriginalTopic == rd.topic {
+		rd.st.skipped++
+		fmt.Fprintf(rd.e.stderr, "skipped partition %d offset %d: it has no valid %s header naming another topic, so its source topic is unknown (redrive it with --to retry, or produce it by hand)\n",
+			r.Partition, r.Offset, consumer.HeaderOriginalTopic)
+		warnDecode(rd.e.stderr, r, derr)
+		return "", false
+	}
+	return m.OriginalTopic, true
+}
+
+// checkTarget fails when r would go back to the dead-letter topic itself,
+// or to a topic that does not exist; each target is looked up once.
+func (rd *redriver) checkTarget(ctx context.Context, r *kgo.Record, target string) error {
+	if target == rd.topic {
+		return fmt.Errorf("partition %d offset %d would be sent back to the dead-letter topic %s itself: check its %s header", r.Partition, r.Offset, rd.topic, consumer.HeaderOriginalTopic)
+	}
+	if err, ok := rd.checked[target]; ok {
+		return err
+	}
+	what := "create it, or redrive with --to retry"
+	if rd.o.to == "retry" {
+		what = "the retry topics are created when the group's consumers start with retries enabled; check --group and --ladder-first"
+	}
+	_, err := topicExists(ctx, rd.adm, rd.kc, target, what)
+	rd.checked[target] = err
+	if err != nil {
+		return fmt.Errorf("cannot redrive partition %d offset %d: %w", r.Partition, r.Offset, err)
+	}
+	return nil
+}
+
+// send produces the redriven copy of r to target, at most --rate per
+// second; a dry run prints what it would send instead.
+func (rd *redriver) send(ctx context.Context, r *kgo.Record, m retrytopic.Metadata, target string) error {
+	e, o := rd.e, rd.o
+	out := redriveRecord(r, target, m, rd.by, time.Now())
+	switch {
+	case o.dryRun && o.asJSON:
+		json.NewEncoder(e.stdout).Encode(redriveLine{Partition: r.Partition, Offset: r.Offset, Key: keyText(r.Key), ID: m.ID, Target: target}) //nolint:errcheck // stdout
+	case o.dryRun:
+		fmt.Fprintf(e.stdout, "would send partition %d offset %d (key %s, id %s) to %s\n", r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.ID, target)
+	default:
+		if rd.tick != nil {
+			select {
+			case <-rd.tick:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := rd.cl.ProduceSync(ctx, out).FirstErr(); err != nil {
+			return fmt.Errorf("producing partition %d offset %d to %s failed after %s sent: %w; "+
+				"fix the cause (topic ACLs, broker availability, record size), then resume from this record with --partition %d --from-offset %d "+
+				"and redrive the later partitions (partitions are redriven in order); records sent twice keep their identity, so a deduplicating consumer applies them once",
+				r.Partition, r.Offset, target, plural(rd.st.sent, "record"), err, r.Partition, r.Offset)
+		}
+	}
+	return nil
+}
+
+// sent counts r as sent to target, and writes a progress line every
+// progressEvery records or progressInterval.
+func (rd *redriver) sent(r *kgo.Record, m retrytopic.Metadata, target string) {
+	st := rd.st
+	st.sent++
+	rd.sentIDs[m.ID] = true
+	st.perTopic[target]++
+	if now := time.Now(); st.sent%progressEvery == 0 || now.Sub(st.lastProgress) >= progressInterval {
+		st.lastProgress = now
+		fmt.Fprintln(rd.e.stderr, st.progress(rd.verb(), r, now))
+	}
+}
+
+// resumable returns the error the scan ended with, or the records it could
+// not read, saying where to resume the redrive.
+func (rd *redriver) resumable(err error, held []heldBack) error {
 	var de *deletedError
 	if errors.As(err, &de) {
 		err = fmt.Errorf("%w; they were not redriven (%s sent); resume with --partition %d --from-offset %d and redrive the later partitions (partitions are redriven in order)",
-			de, plural(st.sent, "record"), de.partition, de.start)
+			de, plural(rd.st.sent, "record"), de.partition, de.start)
 	}
 	if err == nil && len(held) > 0 {
 		notes := make([]string, len(held))
@@ -358,17 +463,16 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		}
 		err = fmt.Errorf("not every record was read: %s", strings.Join(notes, "; "))
 	}
-	summary := redriveSummary(topic, verb, st)
+	return err
+}
+
+// finish prints the summary (with --json, the report) and returns err, or
+// an error when records were skipped.
+func (rd *redriver) finish(err error) error {
+	e, o, st := rd.e, rd.o, rd.st
+	summary := redriveSummary(rd.topic, rd.verb(), st)
 	if o.asJSON {
-		rep := redriveReport{DLTTopic: topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,
-			Sent: st.sent, Skipped: st.skipped, Copies: st.copies, PerTopic: st.perTopic}
-		if o.dryRun {
-			rep.Sent, rep.WouldSend = 0, &st.sent
-		}
-		if err != nil {
-			rep.Error = err.Error()
-		}
-		json.NewEncoder(e.stdout).Encode(rep) //nolint:errcheck // stdout
+		rd.printReport(err)
 		summary = ""
 	}
 	if err != nil {
@@ -389,6 +493,21 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 		return fmt.Errorf("skipped %s: their source topic is unknown (see the lines above); redrive them with --to retry", plural(st.skipped, "record"))
 	}
 	return nil
+}
+
+// printReport writes the --json summary, with the error the redrive ends
+// with, if any.
+func (rd *redriver) printReport(err error) {
+	o, st := rd.o, rd.st
+	rep := redriveReport{DLTTopic: rd.topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,
+		Sent: st.sent, Skipped: st.skipped, Copies: st.copies, PerTopic: st.perTopic}
+	if o.dryRun {
+		rep.Sent, rep.WouldSend = 0, &st.sent
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	json.NewEncoder(rd.e.stdout).Encode(rep) //nolint:errcheck // stdout
 }
 
 func redriveSummary(topic, verb string, st *redriveStats) string {

@@ -15,11 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 )
 
-func replayCmd() *command {
-	return &command{
-		name:    "replay",
-		summary: "move a stopped consumer group's committed offsets on a topic",
-		usage: `
+// replayUsage is replay's synopsis, description and examples.
+const replayUsage = `
 Usage:
   kscope replay --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
 
@@ -79,7 +76,13 @@ Examples:
   kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z --yes
   kscope replay --group payments --topic orders --to-start --dry-run
   kscope replay --group payments --topic orders --to-end --yes
-`,
+`
+
+func replayCmd() *command {
+	return &command{
+		name:    "replay",
+		summary: "move a stopped consumer group's committed offsets on a topic",
+		usage:   replayUsage,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
 			o := &replayOpts{}
 			brokers := brokerFlag(fs)
@@ -161,24 +164,78 @@ type replayPlan struct {
 	clamped   bool
 }
 
+// replay runs replay: it checks the flags, prints the plan, and with --yes
+// commits the group's new offsets.
 func replay(ctx context.Context, e *env, o *replayOpts) error {
 	if o.group == "" || o.topic == "" {
 		return usagef("give the consumer group with --group and the topic with --topic")
 	}
+	desc, at, err := o.target()
+	if err != nil {
+		return err
+	}
+	kc, err := e.kafka(o.brokers, o.timeouts)
+	if err != nil {
+		return err
+	}
+	cl, err := kc.client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+
+	plan, err := planReplay(ctx, kc, adm, o, at)
+	if err != nil {
+		return err
+	}
+	rep := newReplayReport(o, desc, plan)
+	if rep.Again > 0 {
+		rep.HandledAgain = replayAgainNote(o.group, o.topic)
+	}
+	if !o.asJSON {
+		fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
+		printPlan(e.stdout, plan)
+		if rep.HandledAgain != "" {
+			fmt.Fprintln(e.stdout, rep.HandledAgain)
+		}
+	}
+	switch {
+	case rep.Changes == 0:
+		rep.say(e, o, "nothing to do: every partition is already at its target")
+		return nil
+	case o.dryRun:
+		rep.say(e, o, "dry run: nothing changed")
+		return nil
+	case !o.yes:
+		rep.say(e, o, "nothing changed: re-run with --yes to commit these offsets (keep the group's consumers stopped until then)")
+		return nil
+	}
+	moved, err := commitReplay(ctx, kc, adm, o, plan)
+	if err != nil {
+		return err
+	}
+	rep.Committed = true
+	rep.say(e, o, fmt.Sprintf("committed: group %s will start topic %s at the target offsets on %s when its consumers start", o.group, o.topic, plural(moved, "partition")))
+	return nil
+}
+
+// target checks that exactly one of --to-offset, --to-time, --to-start
+// and --to-end is given, and returns its description for the plan and,
+// for --to-time, the time.
+func (o *replayOpts) target() (desc string, at time.Time, err error) {
 	targets := 0
-	var desc string
-	var at time.Time
 	if o.toOffset >= 0 {
 		targets++
 		desc = fmt.Sprintf("offset %d", o.toOffset)
 	} else if o.toOffset < -1 {
-		return usagef("--to-offset must be 0 or more, got %d", o.toOffset)
+		return "", at, usagef("--to-offset must be 0 or more, got %d", o.toOffset)
 	}
 	if o.toTime != "" {
 		targets++
 		t, err := time.Parse(time.RFC3339, o.toTime)
 		if err != nil {
-			return usagef("--to-time %q is not an RFC 3339 time such as 2024-05-01T00:00:00Z", o.toTime)
+			return "", at, usagef("--to-time %q is not an RFC 3339 time such as 2024-05-01T00:00:00Z", o.toTime)
 		}
 		at = t
 		desc = "the first record at or after " + t.UTC().Format(time.RFC3339)
@@ -192,65 +249,46 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		desc = "the end of the log"
 	}
 	if targets != 1 {
-		return usagef("give exactly one target: --to-offset, --to-time, --to-start or --to-end")
+		return "", at, usagef("give exactly one target: --to-offset, --to-time, --to-start or --to-end")
 	}
-	kc, err := e.kafka(o.brokers, o.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, err := kc.client()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	return desc, at, nil
+}
 
+// planReplay checks that the topic exists and the group is stopped, and
+// returns each partition's move.
+func planReplay(ctx context.Context, kc *kafkaConn, adm *kadm.Client, o *replayOpts, at time.Time) (map[int32]*replayPlan, error) {
 	if _, err := topicExists(ctx, adm, kc, o.topic, "check --topic"); err != nil {
-		return err
+		return nil, err
 	}
 	if err := kc.do(ctx, func(ctx context.Context) error { return groupStopped(ctx, adm, o.group) }); err != nil {
-		return err
+		return nil, err
 	}
 	var plan map[int32]*replayPlan
-	err = kc.do(ctx, func(ctx context.Context) (err error) { plan, err = replayTargets(ctx, adm, o, at); return err })
+	err := kc.do(ctx, func(ctx context.Context) (err error) { plan, err = replayTargets(ctx, adm, o, at); return err })
 	if err != nil {
-		return err
+		return nil, err
 	}
-	rep := newReplayReport(o, desc, plan)
-	say := func(msg string) {
-		rep.Explanation = msg
-		if o.asJSON {
-			json.NewEncoder(e.stdout).Encode(rep) //nolint:errcheck // stdout
-			return
-		}
-		fmt.Fprintln(e.stdout, msg)
-	}
-	if rep.Again > 0 {
-		rep.HandledAgain = replayAgainNote(o.group, o.topic)
-	}
-	if !o.asJSON {
-		fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
-		printPlan(e.stdout, plan)
-		if rep.HandledAgain != "" {
-			fmt.Fprintln(e.stdout, rep.HandledAgain)
-		}
-	}
-	switch {
-	case rep.Changes == 0:
-		say("nothing to do: every partition is already at its target")
-		return nil
-	case o.dryRun:
-		say("dry run: nothing changed")
-		return nil
-	case !o.yes:
-		say("nothing changed: re-run with --yes to commit these offsets (keep the group's consumers stopped until then)")
-		return nil
-	}
+	return plan, nil
+}
 
+// say ends the command with msg: as the report's explanation with --json,
+// else as a line.
+func (r *replayReport) say(e *env, o *replayOpts, msg string) {
+	r.Explanation = msg
+	if o.asJSON {
+		json.NewEncoder(e.stdout).Encode(r) //nolint:errcheck // stdout
+		return
+	}
+	fmt.Fprintln(e.stdout, msg)
+}
+
+// commitReplay commits the plan's target offsets for the group, once more
+// checked to be stopped, and returns how many partitions it moved.
+func commitReplay(ctx context.Context, kc *kafkaConn, adm *kadm.Client, o *replayOpts, plan map[int32]*replayPlan) (int, error) {
 	// Check again right before committing: a consumer may have started
 	// while the plan was printed.
 	if err := kc.do(ctx, func(ctx context.Context) error { return groupStopped(ctx, adm, o.group) }); err != nil {
-		return err
+		return 0, err
 	}
 	offsets := make(kadm.Offsets)
 	for p, pl := range plan {
@@ -260,7 +298,7 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		offsets.Add(kadm.Offset{Topic: o.topic, Partition: p, At: pl.target, LeaderEpoch: pl.epoch})
 	}
 	var resp kadm.OffsetResponses
-	err = kc.do(ctx, func(ctx context.Context) (err error) {
+	err := kc.do(ctx, func(ctx context.Context) (err error) {
 		resp, err = adm.CommitOffsets(ctx, o.group, offsets)
 		return err
 	})
@@ -269,13 +307,11 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 	}
 	if err != nil {
 		if errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) || errors.Is(err, kerr.RebalanceInProgress) {
-			return fmt.Errorf("committing the offsets of group %q failed: %w: a consumer joined the group meanwhile; stop its consumers first, then re-run", o.group, err)
+			return 0, fmt.Errorf("committing the offsets of group %q failed: %w: a consumer joined the group meanwhile; stop its consumers first, then re-run", o.group, err)
 		}
-		return fmt.Errorf("committing the offsets of group %q failed: %w; nothing or part was changed: check with --dry-run and re-run", o.group, err)
+		return 0, fmt.Errorf("committing the offsets of group %q failed: %w; nothing or part was changed: check with --dry-run and re-run", o.group, err)
 	}
-	rep.Committed = true
-	say(fmt.Sprintf("committed: group %s will start topic %s at the target offsets on %s when its consumers start", o.group, o.topic, plural(len(offsets[o.topic]), "partition")))
-	return nil
+	return len(offsets[o.topic]), nil
 }
 
 // replayAgainNote says what each scope does with the records a replay of

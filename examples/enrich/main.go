@@ -73,6 +73,8 @@ func main() {
 	}
 }
 
+// run is the example: it produces the orders, runs the pipeline until
+// every order is done, and reads the outputs back.
 func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -93,24 +95,51 @@ func run() error {
 	// Remove what this run created: its topics, the dead-letter topic kscope
 	// creates for the group, and the group.
 	defer kafka.Remove(context.WithoutCancel(ctx), group, ordersTopic, enrichedTopic) //nolint:errcheck // best effort
+	if err := produceOrders(ctx, cl); err != nil {
+		return err
+	}
+	st, err := enrichAll(ctx, kafka.Brokers)
+	if err != nil {
+		return err
+	}
+	seen, gold, err := readEnriched(ctx, kafka.Brokers)
+	if err != nil {
+		return err
+	}
+	dups := 0
+	for _, n := range seen {
+		dups += n - 1
+	}
+	fmt.Printf("%d orders enriched in %d transactions; read_committed sees %d outputs (%d gold), %d duplicates\n",
+		st.Kafka.Records, st.Kafka.Committed, len(seen), gold, dups)
+	if len(seen) != orders || dups != 0 {
+		return fmt.Errorf("expected each of %d orders exactly once", orders)
+	}
+	return nil
+}
+
+// produceOrders writes the incoming orders, keyed by customer.
+func produceOrders(ctx context.Context, cl *kgo.Client) error {
 	var recs []*kgo.Record
 	for i := 0; i < orders; i++ {
 		o := Order{ID: fmt.Sprintf("o-%04d", i), Customer: fmt.Sprintf("c-%02d", i%23), Cents: int64(i * 173 % 90_000)}
 		body, _ := json.Marshal(o)
 		recs = append(recs, &kgo.Record{Topic: ordersTopic, Key: []byte(o.Customer), Value: body})
 	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return err
-	}
+	return cl.ProduceSync(ctx, recs...).FirstErr()
+}
 
+// enrichAll runs the Kafka-scope pipeline until every order is done (or a
+// minute passes), stops it, and returns its stats.
+func enrichAll(ctx context.Context, brokers []string) (consumer.Stats, error) {
 	r, err := txn.New(consumer.Config{
-		Brokers: kafka.Brokers,
+		Brokers: brokers,
 		Group:   group,
 		Topics:  []string{ordersTopic},
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}, txn.Options{TransactionalID: group + "-1"}, txn.HandlerFunc(Enrich))
 	if err != nil {
-		return err
+		return consumer.Stats{}, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -121,17 +150,20 @@ func run() error {
 	}
 	cancel()
 	if err := <-done; err != nil {
-		return err
+		return consumer.Stats{}, err
 	}
+	return r.Stats(), nil
+}
 
-	// Read the outputs back as any downstream consumer must: read_committed.
-	rd, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...), kgo.ConsumeTopics(enrichedTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+// readEnriched reads the outputs back as any downstream consumer must,
+// read_committed, and counts them per order and the gold ones.
+func readEnriched(ctx context.Context, brokers []string) (seen map[string]int, gold int, err error) {
+	rd, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(enrichedTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	defer rd.Close()
-	seen := map[string]int{}
-	gold := 0
+	seen = map[string]int{}
 	readCtx, cancelRead := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelRead()
 	for len(seen) < orders && readCtx.Err() == nil {
@@ -144,15 +176,5 @@ func run() error {
 			}
 		})
 	}
-	dups := 0
-	for _, n := range seen {
-		dups += n - 1
-	}
-	st := r.Stats()
-	fmt.Printf("%d orders enriched in %d transactions; read_committed sees %d outputs (%d gold), %d duplicates\n",
-		st.Kafka.Records, st.Kafka.Committed, len(seen), gold, dups)
-	if len(seen) != orders || dups != 0 {
-		return fmt.Errorf("expected each of %d orders exactly once", orders)
-	}
-	return nil
+	return seen, gold, nil
 }

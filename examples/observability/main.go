@@ -39,6 +39,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/devenv"
@@ -118,21 +119,12 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 		kafka.Remove(ctx, group, topic)                                                //nolint:errcheck // best effort
 		kafka.Remove(ctx, "kscope-outbox-"+topic, "kscope-outbox-"+topic+".positions") //nolint:errcheck // best effort
 	}()
-	var recs []*kgo.Record
-	for i := range records {
-		v := fmt.Sprintf("email-%04d", i)
-		switch {
-		case i%50 == 49:
-			v = "poison"
-		case i%30 == 29:
-			v = "flaky-" + v
-		}
-		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprintf("user-%02d", i%40)), Value: []byte(v)})
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := produceBacklog(ctx, cl); err != nil {
 		return nil, err
 	}
 
+	// The two hooks: Prometheus metrics, and OpenTelemetry spans recorded
+	// in memory.
 	metrics, err := kscopeprom.New(kscopeprom.Options{})
 	if err != nil {
 		return nil, err
@@ -141,42 +133,14 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // in-memory
 	tracer := kscopeotel.New(kscopeotel.Options{TracerProvider: tp})
-
-	ln, err := net.Listen("tcp", listen)
+	endpoint, stopServing, err := serveMetrics(listen, metrics)
 	if err != nil {
 		return nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln) //nolint:errcheck // closed below
-	defer srv.Close()
-	endpoint := "http://" + ln.Addr().String() + "/metrics"
+	defer stopServing()
 
 	var handled atomic.Int64
-	var tries sync.Map // value -> *atomic.Int32
-	r, err := consumer.New(consumer.Config{
-		Brokers:        kafka.Brokers,
-		Group:          group,
-		Topics:         []string{topic},
-		CommitInterval: 100 * time.Millisecond,
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-		Hooks:          []hook.Hook{metrics, tracer},
-		Failures:       retrytopic.Policy{Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond},
-	}, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
-		v := string(rec.Value)
-		if v == "poison" {
-			return consumer.DecodeError(errors.New("not a notification"))
-		}
-		if strings.HasPrefix(v, "flaky-") {
-			n, _ := tries.LoadOrStore(v, new(atomic.Int32))
-			if n.(*atomic.Int32).Add(1) == 1 {
-				return consumer.Retryable(errors.New("mail relay busy"))
-			}
-		}
-		handled.Add(1)
-		return nil
-	}))
+	r, err := newPipeline(kafka.Brokers, []hook.Hook{metrics, tracer}, &handled)
 	if err != nil {
 		return nil, err
 	}
@@ -190,15 +154,7 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 		<-done
 		return nil, err
 	}
-	deadline := time.Now().Add(time.Minute)
-	// Every record done: the produced ones and the outboxed ones. (The
-	// relay's transaction markers take an offset each, so the group's
-	// committed offsets stay one short of the end offsets.)
-	for r.Stats().Done < records+outboxed && time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(50 * time.Millisecond) // polling for the example's end, not synchronising workers
-	}
-	// One more commit interval, so that the lag gauges show the drained state.
-	time.Sleep(300 * time.Millisecond)
+	waitDrained(ctx, r)
 	scrape, err := scrapeKscope(ctx, endpoint)
 	if err != nil {
 		cancel()
@@ -216,13 +172,93 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 	if err := <-done; err != nil {
 		return nil, err
 	}
+	return &Result{Metrics: metrics, Spans: len(spans.Ended()), Handled: handled.Load(), Scrape: scrape, Endpoint: endpoint,
+		OutboxTraced: continuing(spans, traceID)}, nil
+}
+
+// produceBacklog writes the notifications to send: every 50th is poison,
+// every 30th fails once before it goes through.
+func produceBacklog(ctx context.Context, cl *kgo.Client) error {
+	var recs []*kgo.Record
+	for i := range records {
+		v := fmt.Sprintf("email-%04d", i)
+		switch {
+		case i%50 == 49:
+			v = "poison"
+		case i%30 == 29:
+			v = "flaky-" + v
+		}
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprintf("user-%02d", i%40)), Value: []byte(v)})
+	}
+	return cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// serveMetrics serves the metrics' /metrics on listen, and returns its
+// URL and the function that stops serving it.
+func serveMetrics(listen string, metrics *kscopeprom.Metrics) (endpoint string, stop func(), err error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return "", nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln) //nolint:errcheck // closed by stop
+	return "http://" + ln.Addr().String() + "/metrics", func() { srv.Close() }, nil
+}
+
+// newPipeline returns the AtLeastOnce runner of the notifications, with
+// the hooks: a poison record is dead-lettered, a flaky one fails once and
+// is retried; handled counts the notifications sent.
+func newPipeline(brokers []string, hooks []hook.Hook, handled *atomic.Int64) (*consumer.Runner, error) {
+	var tries sync.Map // value -> *atomic.Int32
+	return consumer.New(consumer.Config{
+		Brokers:        brokers,
+		Group:          group,
+		Topics:         []string{topic},
+		CommitInterval: 100 * time.Millisecond,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Hooks:          hooks,
+		Failures:       retrytopic.Policy{Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond},
+	}, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		v := string(rec.Value)
+		if v == "poison" {
+			return consumer.DecodeError(errors.New("not a notification"))
+		}
+		if strings.HasPrefix(v, "flaky-") {
+			n, _ := tries.LoadOrStore(v, new(atomic.Int32))
+			if n.(*atomic.Int32).Add(1) == 1 {
+				return consumer.Retryable(errors.New("mail relay busy"))
+			}
+		}
+		handled.Add(1)
+		return nil
+	}))
+}
+
+// waitDrained waits until every record is done (or a minute passes): the
+// produced ones and the outboxed ones, then one more commit interval, so
+// that the lag gauges show the drained state.
+func waitDrained(ctx context.Context, r *consumer.Runner) {
+	deadline := time.Now().Add(time.Minute)
+	// (The relay's transaction markers take an offset each, so the
+	// group's committed offsets stay one short of the end offsets.)
+	for r.Stats().Done < records+outboxed && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond) // polling for the example's end, not synchronising workers
+	}
+	time.Sleep(300 * time.Millisecond)
+}
+
+// continuing counts the consumer's spans in the trace traceID of the
+// transaction that wrote the outbox rows.
+func continuing(spans *tracetest.SpanRecorder, traceID trace.TraceID) int {
 	traced := 0
 	for _, sp := range spans.Ended() {
 		if sp.SpanContext().TraceID() == traceID && sp.Name() != "book order" {
 			traced++
 		}
 	}
-	return &Result{Metrics: metrics, Spans: len(spans.Ended()), Handled: handled.Load(), Scrape: scrape, Endpoint: endpoint, OutboxTraced: traced}, nil
+	return traced
 }
 
 func scrapeKscope(ctx context.Context, url string) (string, error) {

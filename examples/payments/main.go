@@ -28,15 +28,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/devenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -171,240 +168,43 @@ type report struct {
 	Seconds                float64 `json:"seconds"`
 }
 
+// run is the demo, step by step: the servers, the input, the gateway and
+// the notification side; the ledger consumer through a crash and a replay;
+// then the outcome, checked.
 func run() (int, error) {
 	start := time.Now()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	kafka, err := devenv.StartKafka(ctx)
+	d := &demo{start: start}
+	defer d.close()
+	if err := d.setUp(ctx); err != nil {
+		return 1, err
+	}
+	fmt.Printf("kafka: %s %v · postgres: %s\n", d.kafka.Kind, d.kafka.Brokers, d.pg.Kind)
+	if err := d.produce(ctx); err != nil {
+		return 1, err
+	}
+	if err := d.startGateway(); err != nil {
+		return 1, err
+	}
+	if err := d.startNotificationSide(); err != nil {
+		return 1, err
+	}
+	if err := d.crashAndRestart(ctx); err != nil {
+		return 1, err
+	}
+	before, after, err := d.replay(ctx)
 	if err != nil {
 		return 1, err
 	}
-	defer kafka.Close()
-	pg, err := devenv.StartPostgres(ctx)
+	if err := d.waitUntil(ctx, "notify", time.Minute, func() bool { return d.relayKilled && d.notified(ctx) >= after }); err != nil {
+		return 1, err
+	}
+	rep, err := d.outcome(ctx, before, after)
 	if err != nil {
 		return 1, err
 	}
-	defer pg.Close()
-	// Every table of the run, kscope's included, in a schema of its own.
-	dbURL, dropSchema, err := pg.Schema(ctx, devenv.RunName("payments"))
-	if err != nil {
-		return 1, err
-	}
-	defer dropSchema(context.WithoutCancel(ctx)) //nolint:errcheck // best effort
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return 1, err
-	}
-	defer pool.Close()
-	if err := dbscope.Migrate(ctx, pool, ""); err != nil {
-		return 1, err
-	}
-	for _, ddl := range []string{ledgerDDL, notificationsDDL} {
-		if _, err := pool.Exec(ctx, ddl); err != nil {
-			return 1, err
-		}
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers...))
-	if err != nil {
-		return 1, err
-	}
-	defer cl.Close()
-	adm := admin{kadm.NewClient(cl)}
-	if _, err := adm.CreateTopic(ctx, 6, -1, nil, topic); err != nil {
-		return 1, err
-	}
-	if _, err := adm.CreateTopic(ctx, outboxParts, -1, nil, bookedTopic); err != nil {
-		return 1, err
-	}
-	// Remove the run's topics and groups, and those kscope created for
-	// them (failure topics, the relay's group and position topic).
-	defer func() {
-		ctx := context.WithoutCancel(ctx)
-		kafka.Remove(ctx, group, topic, bookedTopic)                                                 //nolint:errcheck // best effort
-		kafka.Remove(ctx, notifierGroup)                                                             //nolint:errcheck // best effort
-		kafka.Remove(ctx, "kscope-outbox-"+outboxName(), "kscope-outbox-"+outboxName()+".positions") //nolint:errcheck // best effort
-	}()
-	fmt.Printf("kafka: %s %v · postgres: %s\n", kafka.Kind, kafka.Brokers, pg.Kind)
-
-	s := generate(rand.New(rand.NewPCG(7, 11)))
-	if err := cl.ProduceSync(ctx, s.records...).FirstErr(); err != nil {
-		return 1, err
-	}
-	fmt.Printf("produced %d events: %d payment intents, %d redelivered, %d poison, %d declines, %d version swaps\n",
-		len(s.records), len(s.valid), s.redeliv, s.poison, s.declined, s.swapped)
-
-	gw, err := startGateway()
-	if err != nil {
-		return 1, err
-	}
-	defer gw.Close()
-	env := []string{roleEnv + "=consumer", runEnv + "=" + devenv.RunID, "KAFKA_BROKERS=" + strings.Join(kafka.Brokers, ","), dbEnv + "=" + dbURL, gwEnv + "=" + gw.URL}
-	if probesAddr != "" {
-		env = append(env, probesEnv+"="+probesAddr)
-		fmt.Printf("ledger consumer probes: http://%s/livez and /readyz\n", probesAddr)
-	}
-	// The notification side: the outbox relay publishes payment.booked,
-	// the notifier consumes it. Both run as child processes too; the relay
-	// is SIGKILLed once a third of the events are out, and restarted.
-	side := func(role string) []string { return append(append([]string(nil), env...), roleEnv+"="+role) }
-	relay, err := startConsumer(side("relay"))
-	if err != nil {
-		return 1, err
-	}
-	notifier, err := startConsumer(side("notifier"))
-	if err != nil {
-		relay.Process.Kill()
-		return 1, err
-	}
-	defer func() {
-		for _, c := range []*exec.Cmd{relay, notifier} {
-			c.Process.Signal(syscall.SIGTERM)
-			c.Wait()
-		}
-	}()
-	relayKilled := false
-	killRelay := func() {
-		if relayKilled || published(ctx, pool) < len(s.valid)/3 {
-			return
-		}
-		relayKilled = true
-		relay.Process.Kill()
-		relay.Wait()
-		fmt.Println("  outbox relay killed with SIGKILL; restarting")
-		if relay, err = startConsumer(side("relay")); err != nil {
-			fmt.Fprintln(os.Stderr, "restarting the relay:", err)
-		}
-	}
-	ledgerRows := func() int {
-		var n int
-		pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n)
-		return n
-	}
-	progress := func(phase string) {
-		var lag int64
-		ends, com := adm.endOffsets(ctx, topic), adm.committed(ctx, group, topic)
-		for p, e := range ends {
-			lag += e - com[p]
-		}
-		dlt := adm.endOffsets(ctx, retrytopic.DLTopic(group))
-		var dl int64
-		for _, e := range dlt {
-			dl += e
-		}
-		// Records waiting in the retry topics, and keys held behind a
-		// record that is in them: lag alone says 0 while they wait.
-		var backlog int64
-		for _, d := range failures().Ladder {
-			rt := retrytopic.RetryTopic(group, d)
-			ends, com := adm.endOffsets(ctx, rt), adm.committed(ctx, group, rt)
-			for p, e := range ends {
-				backlog += max(e-com[p], 0)
-			}
-		}
-		var parked int
-		pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT topic, key FROM kscope_parked UNION SELECT topic, key FROM kscope_waiting) AS k`).Scan(&parked)
-		fmt.Printf("  [%5.1fs] %-9s ledger rows %4d · lag %4d · retry backlog %3d · parked keys %2d · DLT records %d\n",
-			time.Since(start).Seconds(), phase, ledgerRows(), lag, backlog, parked, dl)
-	}
-	waitUntil := func(phase string, d time.Duration, cond func() bool) error {
-		deadline := time.Now().Add(d)
-		last := time.Time{}
-		for !cond() {
-			killRelay()
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s: not done after %s", phase, d)
-			}
-			if time.Since(last) > time.Second {
-				progress(phase)
-				last = time.Now()
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		progress(phase)
-		return nil
-	}
-
-	// Run, crash half way (SIGKILL), restart.
-	child, err := startConsumer(env)
-	if err != nil {
-		return 1, err
-	}
-	if err := waitUntil("running", time.Minute, func() bool { return ledgerRows() >= len(s.valid)/2 }); err != nil {
-		child.Process.Kill()
-		return 1, err
-	}
-	child.Process.Kill()
-	child.Wait()
-	fmt.Println("  consumer killed with SIGKILL; restarting")
-	child, err = startConsumer(env)
-	if err != nil {
-		return 1, err
-	}
-	done := func() bool { return ledgerRows() >= len(s.valid) && adm.caughtUp(ctx, group, topic) }
-	if err := waitUntil("restarted", 90*time.Second, done); err != nil {
-		child.Process.Kill()
-		return 1, err
-	}
-	child.Process.Signal(syscall.SIGTERM)
-	child.Wait()
-
-	// Replay the whole topic: reset the group and consume it again.
-	before := ledgerRows()
-	if _, err := adm.DeleteGroup(ctx, group); err != nil {
-		return 1, fmt.Errorf("resetting the group: %w", err)
-	}
-	fmt.Println("  replaying the whole topic from the start")
-	child, err = startConsumer(env)
-	if err != nil {
-		return 1, err
-	}
-	if err := waitUntil("replay", time.Minute, func() bool { return adm.caughtUp(ctx, group, topic) }); err != nil {
-		child.Process.Kill()
-		return 1, err
-	}
-	child.Process.Signal(syscall.SIGTERM)
-	child.Wait()
-	after := ledgerRows()
-	notified := func() int {
-		var n int
-		pool.QueryRow(ctx, `SELECT count(DISTINCT intent) FROM notifications`).Scan(&n)
-		return n
-	}
-	if err := waitUntil("notify", time.Minute, func() bool { return relayKilled && notified() >= after }); err != nil {
-		return 1, err
-	}
-
-	rep, err := measure(ctx, kafka.Brokers, adm, pool, s)
-	if err != nil {
-		return 1, err
-	}
-	rep.ReplayNoopRate = 1 - float64(after-before)/float64(len(s.records))
-	rep.GatewayCharges, rep.GatewayChargesDuplicated, rep.GatewayReconciled = gw.counts()
-	if err := measureNotifications(ctx, kafka.Brokers, adm, pool, gw, &rep); err != nil {
-		return 1, err
-	}
-	rep.Seconds = float64(time.Since(start).Milliseconds()) / 1000
-	// The inbox remembers a dead letter, so the replay routes nothing
-	// again; only a kill between a DLT produce's acknowledgement and the
-	// transaction that records it can double one (the demo kills once).
-	rep.OK = rep.Lost == 0 && rep.DuplicateEffects == 0 && rep.DeadLettered == s.poison &&
-		rep.DLTRecords >= rep.DeadLettered && rep.DLTRecords <= rep.DeadLettered+1 &&
-		rep.Effects == len(s.valid) && rep.ReplayNoopRate == 1 && rep.GapsHealed == rep.GapsDetected &&
-		rep.GatewayChargesDuplicated == 0 && rep.GatewayCharges == rep.Effects-rep.Skipped &&
-		rep.OutboxPublished == rep.Effects && rep.OutboxDuplicates == 0 && rep.OutboxLost == 0 &&
-		rep.Notifications == rep.Effects && rep.NotificationDuplicates == 0
-	fmt.Println()
-	fmt.Printf("%d payment intents booked exactly once (%d declined, recorded as such), %d poison records dead-lettered\n",
-		rep.Effects, rep.Skipped, rep.DeadLettered)
-	fmt.Printf("(in %d DLT records: the replay dead-letters nothing again; a kill between a DLT acknowledgement and its inbox row can double one),\n", rep.DLTRecords)
-	fmt.Printf("%d charges at the gateway, %d payment intents charged twice, %d reconciled after a crash instead of charged again,\n",
-		rep.GatewayCharges, rep.GatewayChargesDuplicated, rep.GatewayReconciled)
-	fmt.Printf("%d payment.booked events published through the outbox (%d read twice, %d missing), %d notifications sent (%d twice),\n",
-		rep.OutboxPublished, rep.OutboxDuplicates, rep.OutboxLost, rep.Notifications, rep.NotificationDuplicates)
-	fmt.Printf("%d intents retried, %d version gaps detected and %d healed, replay changed nothing (%.0f%% no-ops): %v\n",
-		rep.Retried, rep.GapsDetected, rep.GapsHealed, rep.ReplayNoopRate*100, map[bool]string{true: "OK", false: "FAILED"}[rep.OK])
-	line, _ := json.Marshal(rep)
-	fmt.Println(string(line))
+	printOutcome(rep)
 	if !rep.OK {
 		return 1, nil
 	}

@@ -229,22 +229,19 @@ type testResult struct {
 // included). It reports each finished top-level test on stderr, with the
 // output of those that failed.
 func goTestJSON(dir string, env, args []string) (testResult, error) {
-	var r testResult
 	cmd := exec.Command(goCmd, args...)
 	cmd.Dir, cmd.Env = dir, env
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return r, err
+		return testResult{}, err
 	}
 	fmt.Fprintf(os.Stderr, "test-kafka: (cd %s && %s %s)\n", dir, goCmd, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
-		return r, err
+		return testResult{}, err
 	}
-	output := map[string][]string{} // package/test -> output lines
-	failedPkgs := map[string]bool{}
-	pkgFailedTests := map[string]int{}
+	t := &tally{output: map[string][]string{}, failedPkgs: map[string]bool{}, pkgFailedTests: map[string]int{}}
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -252,66 +249,98 @@ func goTestJSON(dir string, env, args []string) (testResult, error) {
 		if json.Unmarshal(sc.Bytes(), &ev) != nil {
 			continue
 		}
-		key := ev.Package + " " + ev.Test
-		switch ev.Action {
-		case "output":
-			output[key] = append(output[key], ev.Output)
-			if ev.Test == "" && strings.HasPrefix(ev.Output, `{"scenarios":`) {
-				var rs relSummary
-				if json.Unmarshal([]byte(ev.Output), &rs) == nil {
-					r.reliability = append(r.reliability, rs)
-				}
-			}
-		case "pass", "fail", "skip":
-			if ev.Test == "" {
-				if ev.Action == "fail" {
-					failedPkgs[ev.Package] = true
-					fmt.Fprintf(os.Stderr, "FAIL %s (%.1fs)\n%s", ev.Package, ev.Elapsed, strings.Join(output[key], ""))
-				} else {
-					fmt.Fprintf(os.Stderr, "%-4s %s (%.1fs)\n", strings.ToUpper(ev.Action), ev.Package, ev.Elapsed)
-				}
-				continue
-			}
-			switch ev.Action {
-			case "pass":
-				r.passed++
-			case "fail":
-				r.failed++
-				pkgFailedTests[ev.Package]++
-			case "skip":
-				r.skipped++
-			}
-			if !strings.Contains(ev.Test, "/") {
-				fmt.Fprintf(os.Stderr, "  %-4s %s (%.1fs)\n", strings.ToUpper(ev.Action), ev.Test, ev.Elapsed)
-				if ev.Action == "fail" {
-					for k, lines := range output {
-						if k == key || strings.HasPrefix(k, key+"/") {
-							fmt.Fprint(os.Stderr, strings.Join(lines, ""))
-						}
-					}
-				}
-			}
-			if ev.Action != "fail" {
-				delete(output, key)
-			}
-		}
+		t.add(ev)
 	}
 	io.Copy(io.Discard, out)
 	werr := cmd.Wait()
-	// A package that failed without a failed test (a build error, a panic,
-	// a timeout, TestMain's own verdict) counts as one failed test.
-	for p := range failedPkgs {
-		if pkgFailedTests[p] == 0 {
-			r.failed++
-		}
-	}
-	if werr != nil && len(failedPkgs) == 0 && r.failed == 0 {
+	r := t.finish()
+	if werr != nil && len(t.failedPkgs) == 0 && r.failed == 0 {
 		return r, fmt.Errorf("go test in %s: %v\n%s", dir, werr, stderr.String())
 	}
 	if stderr.Len() > 0 {
 		fmt.Fprint(os.Stderr, stderr.String())
 	}
 	return r, nil
+}
+
+// tally counts the events of one go test -json run, and reports each
+// finished package and top-level test on stderr.
+type tally struct {
+	r              testResult
+	output         map[string][]string // package/test -> output lines
+	failedPkgs     map[string]bool
+	pkgFailedTests map[string]int
+}
+
+// add takes one event of the run.
+func (t *tally) add(ev testEvent) {
+	key := ev.Package + " " + ev.Test
+	switch ev.Action {
+	case "output":
+		t.output[key] = append(t.output[key], ev.Output)
+		if ev.Test == "" && strings.HasPrefix(ev.Output, `{"scenarios":`) {
+			var rs relSummary
+			if json.Unmarshal([]byte(ev.Output), &rs) == nil {
+				t.r.reliability = append(t.r.reliability, rs)
+			}
+		}
+	case "pass", "fail", "skip":
+		if ev.Test == "" {
+			t.packageDone(ev, key)
+			return
+		}
+		t.testDone(ev, key)
+	}
+}
+
+// packageDone reports a package's end, with its output when it failed.
+func (t *tally) packageDone(ev testEvent, key string) {
+	if ev.Action == "fail" {
+		t.failedPkgs[ev.Package] = true
+		fmt.Fprintf(os.Stderr, "FAIL %s (%.1fs)\n%s", ev.Package, ev.Elapsed, strings.Join(t.output[key], ""))
+	} else {
+		fmt.Fprintf(os.Stderr, "%-4s %s (%.1fs)\n", strings.ToUpper(ev.Action), ev.Package, ev.Elapsed)
+	}
+}
+
+// testDone counts a test's end, and reports a top-level test's, with the
+// output of it and its subtests when it failed. The output of a test that
+// did not fail is dropped.
+func (t *tally) testDone(ev testEvent, key string) {
+	switch ev.Action {
+	case "pass":
+		t.r.passed++
+	case "fail":
+		t.r.failed++
+		t.pkgFailedTests[ev.Package]++
+	case "skip":
+		t.r.skipped++
+	}
+	if !strings.Contains(ev.Test, "/") {
+		fmt.Fprintf(os.Stderr, "  %-4s %s (%.1fs)\n", strings.ToUpper(ev.Action), ev.Test, ev.Elapsed)
+		if ev.Action == "fail" {
+			for k, lines := range t.output {
+				if k == key || strings.HasPrefix(k, key+"/") {
+					fmt.Fprint(os.Stderr, strings.Join(lines, ""))
+				}
+			}
+		}
+	}
+	if ev.Action != "fail" {
+		delete(t.output, key)
+	}
+}
+
+// finish returns the counts once the run ended: a package that failed
+// without a failed test (a build error, a panic, a timeout, TestMain's own
+// verdict) counts as one failed test.
+func (t *tally) finish() testResult {
+	for p := range t.failedPkgs {
+		if t.pkgFailedTests[p] == 0 {
+			t.r.failed++
+		}
+	}
+	return t.r
 }
 
 // demo runs the payments demo (make demo) on the Apache Kafka backend and
