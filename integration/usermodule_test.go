@@ -20,11 +20,13 @@ import (
 
 // The examples and the test kit as a user has them: each example copied
 // into a Go module of the user's own, outside this repository (kscope
-// required through a replace directive), builds and vets; the module's
-// tests (the examples end to end, the kit on the examples' pipelines) pass
-// twice in a row against one shared broker and one shared PostgreSQL; and
-// nothing they created is left on either: no topic, no group, no schema,
-// no database.
+// required through a replace directive), builds and vets; so does a scope
+// of the user's own, written in that module on the contract alone
+// (package scope, run by consumer.NewScoped); the module's tests (the
+// examples end to end, the kit on the examples' pipelines and on the
+// user's scope) pass twice in a row against one shared broker and one
+// shared PostgreSQL; and nothing they created is left on either: no topic,
+// no group, no schema, no database.
 func TestExamplesAndKitFromAUserModuleTwiceAgainstSharedServers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a module and runs its tests twice")
@@ -107,6 +109,8 @@ func userModule(t *testing.T, kind string) string {
 		for _, ex := range exampleDirs(t) {
 			copyDir(t, filepath.Join(root, "examples", ex), filepath.Join(mod, ex))
 		}
+		write(t, filepath.Join(mod, "ownscope", "ownscope.go"), ownScope)
+		write(t, filepath.Join(mod, "ownscope", "ownscope_test.go"), ownScopeTest)
 	case "containers":
 		gomod += "\nrequire github.com/kscope-dev/kscope/kscopetest/containers v0.0.0\n\n" +
 			"replace github.com/kscope-dev/kscope/kscopetest/containers => " + filepath.Join(root, "kscopetest", "containers") + "\n"
@@ -155,6 +159,150 @@ func TestOrdersPipeline(t *testing.T) {
 }
 `
 
+// ownScope is a scope of a user's own, in the user's module: its store is
+// in memory (an inbox of identities and the orders applied, changed
+// together under one lock), its failures go through the runner's engine.
+// It uses kscope's public packages only; the assertions make a contract
+// that cannot be implemented outside kscope a compile error here.
+const ownScope = `// Package ownscope is a scope of the service's own, on kscope's contract.
+package ownscope
+
+import (
+	"context"
+	"sync"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/scope"
+)
+
+// Store is the service's state: the orders applied, and the inbox of the
+// records that applied them.
+type Store struct {
+	mu     sync.Mutex
+	inbox  map[string]bool
+	orders []string
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store { return &Store{inbox: map[string]bool{}} }
+
+// Orders returns how many orders were applied.
+func (s *Store) Orders() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.orders)
+}
+
+// Handler returns the order a record applies.
+type Handler func(ctx context.Context, r *consumer.Record) (order string, err error)
+
+var (
+	_ scope.Scope[*consumer.Record]      = (*memScope)(nil)
+	_ scope.EngineUser[*consumer.Record] = (*memScope)(nil)
+)
+
+type memScope struct {
+	store    *Store
+	h        Handler
+	identity consumer.Identity
+	f        scope.Failures[*consumer.Record]
+}
+
+// New returns a runner that applies each record's order to store once.
+func New(cfg consumer.Config, store *Store, h Handler) (*consumer.Runner, error) {
+	s := &memScope{store: store, h: h}
+	r, err := consumer.NewScoped(cfg, s)
+	if err != nil {
+		return nil, err
+	}
+	s.identity = r.Config().Identity
+	return r, nil
+}
+
+func (s *memScope) UseEngine(e scope.Engine[*consumer.Record]) { s.f = e.Failures() }
+
+func (s *memScope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
+	for _, r := range batch {
+		id := s.identity.Of(r)
+		a := s.f.Attempts(ctx, r, false, done, func() error { return s.apply(ctx, id, r) })
+		if !a.OK {
+			return // stopped or revoked: the record is delivered again
+		}
+		if a.Err != nil {
+			if err := s.f.Route(ctx, r, a.Err, a.Step, a.N, a.First); err != nil {
+				return
+			}
+		}
+		done(r)
+	}
+}
+
+// apply applies r's order and records id in the inbox, both or neither.
+func (s *memScope) apply(ctx context.Context, id string, r *consumer.Record) error {
+	s.store.mu.Lock()
+	defer s.store.mu.Unlock()
+	if s.store.inbox[id] {
+		return nil
+	}
+	order, err := s.h(ctx, r)
+	if err != nil {
+		return err
+	}
+	s.store.inbox[id] = true
+	s.store.orders = append(s.store.orders, order)
+	return nil
+}
+`
+
+// ownScopeTest runs the kit's delivery-semantics table on ownScope.
+const ownScopeTest = `package ownscope_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/kscopetest"
+
+	"example.com/svc/ownscope"
+)
+
+func TestMain(m *testing.M) { kscopetest.Main(m) }
+
+func TestOwnScopeKeepsTheKitsGuarantees(t *testing.T) {
+	rep := kscopetest.Scope(t, kscopetest.ScopePipeline[*ownscope.Store]{
+		Open: func(*testing.T) *ownscope.Store { return ownscope.NewStore() },
+		Runner: func(s *ownscope.Store, cfg consumer.Config, f *kscopetest.Faults) (*consumer.Runner, error) {
+			return ownscope.New(cfg, s, func(_ context.Context, r *consumer.Record) (string, error) {
+				var order struct{ ID string }
+				err := f.Call(r, func() error {
+					if err := json.Unmarshal(r.Value, &order); err != nil {
+						return consumer.DecodeError(err)
+					}
+					return nil
+				})
+				return order.ID, err
+			})
+		},
+		Valid:       func(i int) *kgo.Record { return &kgo.Record{Value: fmt.Appendf(nil, "{\"ID\":\"o-%d\"}", i)} },
+		Undecodable: func() *kgo.Record { return &kgo.Record{Value: []byte("not json")} },
+		Effects:     func(_ context.Context, s *ownscope.Store) (int, error) { return s.Orders(), nil },
+	})
+	for _, r := range rep {
+		if !r.Held || r.Skipped {
+			t.Errorf("%s: held %v, skipped %v: %s", r.Scenario, r.Held, r.Skipped, r.Detail)
+		}
+	}
+	if len(rep) == 0 {
+		t.Fatal("the kit ran no scenario")
+	}
+}
+`
+
 // exampleDirs lists the examples.
 func exampleDirs(t *testing.T) []string {
 	t.Helper()
@@ -168,8 +316,8 @@ func exampleDirs(t *testing.T) []string {
 			out = append(out, e.Name())
 		}
 	}
-	if len(out) < 4 {
-		t.Fatalf("found examples %v, want the four", out)
+	if len(out) < 5 {
+		t.Fatalf("found examples %v, want the five", out)
 	}
 	return out
 }

@@ -3,7 +3,12 @@
 // an input record and how to count its effects — [DB] runs the scenarios
 // production throws at a consumer against it, on an in-process Kafka (kfake)
 // and a throwaway PostgreSQL (or KAFKA_BROKERS / DATABASE_URL), and reports
-// which guarantees hold:
+// which guarantees hold. [Scope] runs the same table against a scope of the
+// service's own (another store, built on package scope and run by
+// consumer.NewScoped): given how to open a fresh store, how to build the
+// runner on it and how to count its effects ([ScopePipeline]), it runs
+// every scenario below but the per-key versions, which are the DB scope's.
+// The scenarios:
 //
 //   - success then commit: every record applied once, offsets committed;
 //   - duplicate delivery: the same message twice has one effect;
@@ -17,17 +22,22 @@
 //   - replay: consuming the topic again causes no new effect.
 //
 // A scenario that does not apply to the pipeline (the undecodable record
-// without [DBPipeline].Undecodable, out-of-order versions without
-// Options.Versions or with a version extractor) or to the backend is not
-// run: its subtest is skipped (t.Skip) with the reason, and its [Result]
-// says Skipped.
+// without [DBPipeline].Undecodable or [ScopePipeline].Undecodable,
+// out-of-order versions without Options.Versions or with a version
+// extractor) or to the backend is not run: its subtest is skipped (t.Skip)
+// with the reason, and its [Result] says Skipped.
 //
 // In every scenario the kit also counts the handler's calls per message
 // id: a record whose handler ran more than once although none of its calls
 // failed (a record before a failing one in its batch, say) is reported in
-// [Result].Repeats and fails the scenario.
+// [Result].Repeats and fails the scenario. The kit wraps a DB-scope
+// handler itself; a scope of the service's own runs its handler's work
+// through the kit's [Faults], which the kit hands to
+// [ScopePipeline].Runner, and a scenario in which the kit counted no call
+// fails, saying so.
 //
-// Each scenario runs as a subtest on a fresh topic, group and database, so
+// Each scenario runs as a subtest on a fresh topic, group and database (or,
+// in [Scope], store), so
 // a failure names the guarantee that broke. A scenario fails as soon as its
 // outcome is decided (every record done and a few commit intervals passed
 // without the expected effects; for the Kafka scope, Run returning or two
@@ -64,51 +74,30 @@
 // they fail or are interrupted:
 //
 //	func TestMain(m *testing.M) { kscopetest.Main(m) }
+//
+// [Scope] needs no PostgreSQL: its scenarios open the store through
+// [ScopePipeline].Open, in the scenario's temporary directory, say; each
+// still runs on a topic and group of its own, removed when it ends.
 package kscopetest
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
-
-// DBPipeline describes a service's DB-scope pipeline to the kit.
-type DBPipeline struct {
-	// Handler is the service's handler, unchanged.
-	Handler dbscope.Handler
-	// Schema creates the service's tables (run after dbscope.Migrate).
-	Schema string
-	// Options are the service's DB-scope options; the kit sets Pool.
-	Options dbscope.Options
-	// Config, when not nil, adjusts the consumer configuration the kit
-	// builds (brokers, group and topic are the kit's).
-	Config func(consumer.Config) consumer.Config
-	// Valid returns the i-th well-formed input record (value and any
-	// headers; the kit sets topic, key and message id).
-	Valid func(i int) *kgo.Record
-	// Undecodable returns a record the handler rejects as poison
-	// (consumer.DecodeError). Nil skips that scenario.
-	Undecodable func() *kgo.Record
-	// Effects counts the effects in the database (rows the handler wrote).
-	Effects func(ctx context.Context, db *pgxpool.Pool) (int, error)
-}
 
 // Result is one scenario's outcome.
 type Result struct {
@@ -141,9 +130,10 @@ func (r Report) Held() bool {
 	return true
 }
 
-// DB runs every scenario against p and returns the report; each failing
-// scenario also fails its subtest of t.
-func DB(t *testing.T, p DBPipeline) Report {
+// table runs scenarios, each as a subtest on a fresh topic, group and
+// pipeline (open makes it, with the scenario's store), and returns the
+// report.
+func table(t *testing.T, scenarios []scenario, open func(t *testing.T) pipeline) Report {
 	t.Helper()
 	k := testenv.KafkaT(t)
 	var (
@@ -152,17 +142,25 @@ func DB(t *testing.T, p DBPipeline) Report {
 	)
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
-			h := newHarness(t, k, p, sc.name)
+			h := newHarness(t, k, open(t), sc.name)
 			detail := sc.run(h)
 			repeats := h.inject.repeats()
 			if detail == "" && len(repeats) > 0 {
 				detail = repeatsDetail(repeats)
+			}
+			if h.produced > 0 && h.inject.total() == 0 && !strings.HasPrefix(detail, skipPrefix) {
+				detail = strings.TrimSuffix(noCalls+"; "+detail, "; ")
 			}
 			report(t, &mu, &rep, Result{Scenario: sc.name, Detail: detail, Repeats: repeats})
 		})
 	}
 	return rep
 }
+
+// noCalls is the detail of a scenario whose records reached no handler
+// call the kit could count.
+const noCalls = "the kit counted no call of the handler: the scope's handler must run each record's work through Faults.Call (see ScopePipeline.Runner), " +
+	"or the kit can neither inject its failures nor count the handler's calls"
 
 // skipPrefix starts the detail of a scenario that does not apply.
 const skipPrefix = "not applicable: "
@@ -187,12 +185,39 @@ func report(t *testing.T, mu *sync.Mutex, rep *Report, res Result) {
 	}
 }
 
-// harness is one scenario's fresh topic, group and database.
+// pipeline is what the scenarios need of the pipeline under test, in any
+// scope built on the contract, with its store open for one scenario.
+type pipeline struct {
+	valid       func(i int) *kgo.Record
+	undecodable func() *kgo.Record // nil: the pipeline has none
+	config      func(consumer.Config) consumer.Config
+	// build builds a runner on the scenario's store, its handler run
+	// through f.
+	build func(cfg consumer.Config, f *Faults) (kitRunner, error)
+	// effects counts the effects in the scenario's store.
+	effects func(ctx context.Context) (int, error)
+	// versions is the DB scope's Options.Versions (nil elsewhere).
+	versions *sequence.Config
+	// counters says that the runner counts duplicates in Stats().DB (the
+	// DB scope's own counters).
+	counters bool
+	// what names the pipeline's description in the kit's messages.
+	what string
+}
+
+// kitRunner is a runner the scenarios run: a *consumer.Runner, or a scope
+// package's runner that embeds one.
+type kitRunner interface {
+	Run(ctx context.Context) error
+	Stats() consumer.Stats
+	Config() consumer.Config
+}
+
+// harness is one scenario's fresh topic, group and store.
 type harness struct {
 	t        *testing.T
 	k        *testenv.Kafka
-	p        DBPipeline
-	pool     *pgxpool.Pool
+	p        pipeline
 	topic    string
 	group    string
 	n        int // records made so far
@@ -201,23 +226,9 @@ type harness struct {
 	inject *injector
 }
 
-func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, scenario string) *harness {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := dbscope.Migrate(ctx, pool, p.Options.TablePrefix); err != nil {
-		t.Fatal(err)
-	}
-	if p.Schema != "" {
-		if _, err := pool.Exec(ctx, p.Schema); err != nil {
-			t.Fatalf("kscopetest: the pipeline's Schema: %v", err)
-		}
-	}
-	h := &harness{t: t, k: k, p: p, pool: pool, topic: name(scenario), group: name(scenario), inject: newInjector()}
-	if err := k.CreateTopic(ctx, h.topic, 1); err != nil {
+func newHarness(t *testing.T, k *testenv.Kafka, p pipeline, scenario string) *harness {
+	h := &harness{t: t, k: k, p: p, topic: name(scenario), group: name(scenario), inject: newInjector()}
+	if err := k.CreateTopic(context.Background(), h.topic, 1); err != nil {
 		t.Fatal(err)
 	}
 	removeKafka(t, k, h.group, []string{h.topic}, h.group+".")
@@ -227,14 +238,14 @@ func newHarness(t *testing.T, k *testenv.Kafka, p DBPipeline, scenario string) *
 // record returns the next valid record, keyed key, with a message id of its
 // own (or id, when not empty).
 func (h *harness) record(key, id string) *kgo.Record {
-	r := h.p.Valid(h.n)
+	r := h.p.valid(h.n)
 	h.n++
 	if id == "" {
 		id = fmt.Sprintf("%s-msg-%d", h.topic, h.n)
 	}
 	r.Topic, r.Key = h.topic, []byte(key)
 	r.Headers = setHeader(r.Headers, h.idHeader(), id)
-	if v := h.p.Options.Versions; v != nil && v.Extract == nil {
+	if v := h.p.versions; v != nil && v.Extract == nil {
 		r.Headers = setHeader(r.Headers, headerOr(v.Header, sequence.DefaultHeader), strconv.Itoa(h.n))
 	}
 	return r
@@ -267,9 +278,10 @@ func (h *harness) produce(recs ...*kgo.Record) {
 	h.produced += len(recs)
 }
 
-// runner builds the pipeline, its handler wrapped to count calls and to
-// inject the failures a scenario asks for.
-func (h *harness) runner(adjust func(*consumer.Config)) *dbscope.Runner {
+// runner builds the pipeline on the scenario's store, with the kit's
+// configuration, its handler run through the kit's Faults to count calls
+// and to inject the failures the scenario asks for.
+func (h *harness) runner(adjust func(*consumer.Config)) kitRunner {
 	h.t.Helper()
 	cfg := consumer.Config{
 		Brokers: h.k.Brokers, Group: h.group, Topics: []string{h.topic},
@@ -278,66 +290,24 @@ func (h *harness) runner(adjust func(*consumer.Config)) *dbscope.Runner {
 		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
 			Ladder: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
 	}
-	if h.p.Config != nil {
-		cfg = h.p.Config(cfg)
+	if h.p.config != nil {
+		cfg = h.p.config(cfg)
 		cfg.Brokers, cfg.Group, cfg.Topics = h.k.Brokers, h.group, []string{h.topic}
 	}
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	o := h.p.Options
-	o.Pool = h.pool
-	r, err := dbscope.New(cfg, o, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-		err := h.inject.before(r, h.idHeader())
-		if err == nil {
-			err = h.p.Handler.Handle(ctx, tx, r)
-		}
-		h.inject.after(r, h.idHeader(), err)
-		return err
-	}))
-	if err != nil {
+	r, err := h.p.build(cfg, &Faults{in: h.inject, idHeader: h.idHeader()})
+	switch {
+	case err != nil:
 		h.t.Fatalf("kscopetest: building the pipeline: %v", err)
+	case r == nil:
+		h.t.Fatalf("kscopetest: %s returned no runner and no error", h.p.what)
 	}
 	return r
 }
 
 func (h *harness) callsOf(id string) int { return h.inject.callsOf(id) }
-
-// injector counts handler calls per message id and injects the failures a
-// scenario asks for, before the pipeline's own handler runs.
-type injector struct {
-	mu      sync.Mutex
-	calls   map[string]int
-	failed  map[string]bool // a call of the id returned an error (not a skip)
-	fail    map[string]func(n int) error
-	lastErr error // the handler's last error (not a skip), for a failing scenario's report
-}
-
-func newInjector() *injector {
-	return &injector{calls: map[string]int{}, failed: map[string]bool{}, fail: map[string]func(int) error{}}
-}
-
-// after notes the outcome of a call of r.
-func (in *injector) after(r *consumer.Record, idHeader string, err error) {
-	if err == nil || consumer.ClassOf(err) == consumer.ClassSkip {
-		return
-	}
-	id, _ := r.Header(idHeader)
-	in.mu.Lock()
-	in.failed[string(id)] = true
-	in.lastErr = err
-	in.mu.Unlock()
-}
-
-// lastWords is the handler's last error for a report ("none" if none).
-func (in *injector) lastWords() string {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.lastErr == nil {
-		return "none"
-	}
-	return in.lastErr.Error()
-}
 
 // committedWords says, for a report, whether the offsets reached the end.
 func committedWords(toEnd bool) string {
@@ -347,66 +317,8 @@ func committedWords(toEnd bool) string {
 	return "not committed to the end"
 }
 
-// repeats returns the call counts of the ids handled more than once
-// although none of their calls failed.
-func (in *injector) repeats() map[string]int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	var out map[string]int
-	for id, n := range in.calls {
-		if n > 1 && !in.failed[id] {
-			if out == nil {
-				out = map[string]int{}
-			}
-			out[id] = n
-		}
-	}
-	return out
-}
-
-// repeatsDetail says which records were handled again.
-func repeatsDetail(repeats map[string]int) string {
-	ids := make([]string, 0, len(repeats))
-	for id := range repeats {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	parts := make([]string, len(ids))
-	for i, id := range ids {
-		parts[i] = fmt.Sprintf("%s (%d calls)", id, repeats[id])
-	}
-	return "the handler ran more than once for records none of whose calls failed: " + strings.Join(parts, ", ")
-}
-
-// before counts a call of r and returns the injected failure, if any.
-func (in *injector) before(r *consumer.Record, idHeader string) error {
-	id, _ := r.Header(idHeader)
-	in.mu.Lock()
-	in.calls[string(id)]++
-	n := in.calls[string(id)]
-	f := in.fail[string(id)]
-	in.mu.Unlock()
-	if f == nil {
-		return nil
-	}
-	return f(n)
-}
-
-// failOn makes calls of the record with this id return f(call number).
-func (in *injector) failOn(id string, f func(n int) error) {
-	in.mu.Lock()
-	in.fail[id] = f
-	in.mu.Unlock()
-}
-
-func (in *injector) callsOf(id string) int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.calls[id]
-}
-
 // until runs r until cond holds (or a minute passes), then stops it.
-func (h *harness) until(r *dbscope.Runner, what string, cond func() bool) string {
+func (h *harness) until(r kitRunner, what string, cond func() bool) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(ctx) }()
@@ -450,7 +362,7 @@ func (h *harness) until(r *dbscope.Runner, what string, cond func() bool) string
 
 // saw says what a failing scenario saw: effects, dead letters, the
 // committed offsets, the runner's counters and the handler's last error.
-func (h *harness) saw(r *dbscope.Runner) string {
+func (h *harness) saw(r kitRunner) string {
 	st := r.Stats()
 	return fmt.Sprintf("saw %d effects, %d dead-letter records, offsets %s; the runner: %d of %d records done, %d retried in place, %d dead-lettered, %d skipped, %d applied, %d duplicates; the handler's last error: %s",
 		h.effects(), len(h.dlt()), committedWords(h.committed()), st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, st.DB.Duplicates, h.inject.lastWords())
@@ -474,7 +386,7 @@ func (h *harness) rewind() error {
 }
 
 func (h *harness) effects() int {
-	n, err := h.p.Effects(context.Background(), h.pool)
+	n, err := h.p.effects(context.Background())
 	if err != nil {
 		h.t.Fatalf("kscopetest: the pipeline's Effects: %v", err)
 	}
