@@ -114,7 +114,7 @@ func (d *doneBuf) flushLocked() {
 	if st.paused.Load() && int64(st.Watermark.Pending()) <= st.resumeAt.Load() {
 		d.r.resume(st)
 	}
-	if st.txc != nil && n > 0 {
+	if d.r.txs != nil && n > 0 {
 		st.active.Add(-int64(n))
 		d.r.releaseSlots(st)
 	}
@@ -130,7 +130,7 @@ func (r *Runner) flushDone() {
 
 // process is the pool's ProcessFunc: it runs the scope over one batch, then
 // gives the batch's in-flight room back at once. A task a transactional
-// scope scheduled (txnCtl.Schedule) runs in its place in the batch.
+// scope scheduled (scope.TxnEngine.Schedule) runs in its place in the batch.
 func (r *Runner) process(ctx context.Context, a *partition.Assignment, batch []*Record) {
 	for len(batch) > 0 {
 		if t := batch[0].task; t != nil {

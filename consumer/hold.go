@@ -32,7 +32,7 @@ func (r *Runner) hold(st *partState, rec *Record, now time.Time) bool {
 		r.keepHeld(rec)
 		return true
 	}
-	if st.txc != nil && st.active.Load() >= commit.MaxUndone {
+	if r.txs != nil && st.active.Load() >= commit.MaxUndone {
 		st.held = append(st.held, rec) // released as records finish (releaseSlots)
 		r.keepHeld(rec)
 		r.setHoldPaused(st, true)
@@ -70,7 +70,7 @@ func (r *Runner) releaseHeld(st *partState) {
 	i := 0
 	for ; i < len(st.held); i++ {
 		rec := st.held[i]
-		if st.txc != nil && st.active.Load() >= commit.MaxUndone {
+		if r.txs != nil && st.active.Load() >= commit.MaxUndone {
 			break // released as records finish
 		}
 		if rec.due != 0 {
@@ -83,7 +83,7 @@ func (r *Runner) releaseHeld(st *partState) {
 			r.obs.Lateness(rec.Topic, now.Sub(due))
 		}
 		r.unkeepHeld(rec)
-		if st.txc != nil {
+		if r.txs != nil {
 			st.active.Add(1)
 		}
 		r.pool.Dispatch(int(rec.shard), st.Assignment, rec)
@@ -131,7 +131,7 @@ func (r *Runner) markersPolledLocked(st *partState, markers []int64) {
 		// once the runner caught up) must end one too. (A marker
 		// settled later by releaseHeld follows a record dispatched
 		// then, whose transaction ends anyway.)
-		r.gate.progress()
+		r.txs.TxnProgress()
 	}
 }
 

@@ -25,10 +25,9 @@ func (r *Runner) pollLoop(ctx context.Context) {
 }
 
 // pollOnce waits for in-flight room, polls once and dispatches what it
-// fetched. A transactional runner's poll also ends when the open
-// transaction ends, or the scope has work due (TxnTick), and when a worker
-// kicks it (the first join of a transaction). It reports whether the
-// client was closed.
+// fetched. A transactional runner's poll also ends when its scope has work
+// to do (scope.Transactor's TxnPollContext). It reports whether the client
+// was closed.
 func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 	r.loopBeat.back()
 	if r.txs != nil {
@@ -40,7 +39,7 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 			return false
 		}
 		var stop func()
-		if ctx, stop = r.txnPollContext(ctx); ctx == nil {
+		if ctx, stop = r.txs.TxnPollContext(ctx); ctx == nil {
 			return false // due now
 		}
 		defer stop()
@@ -185,17 +184,15 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	first := r.addToWatermark(st, topic, recs)
 	bytes = sizeOf(recs[:first])
 	recs = recs[first:]
-	if len(recs) > 0 && st.txc != nil {
-		var skipped int64
-		recs, skipped = r.txnSkip(st, recs)
-		bytes += skipped
+	if len(recs) > 0 && r.txs != nil {
+		recs, bytes = r.skipDone(st, recs, bytes)
 	}
 	if len(recs) == 0 {
 		return n, bytes
 	}
 	route, next, markers, added, markerBytes := r.routePoll(recs)
 	bytes += markerBytes
-	bounded := st.txc != nil
+	bounded := r.txs != nil
 	if markers != nil {
 		if !bounded {
 			st.Watermark.DoneAll(markers)
@@ -236,6 +233,19 @@ func (r *Runner) dispatchAll(topic string, part int32, hwm int64, recs []*kgo.Re
 	}
 	r.dispatchQueued(st)
 	return n, bytes
+}
+
+// skipDone counts done, among the records a poll added to st's watermark,
+// those that the transactional scope's committed state says are done
+// (their outputs committed before a crash, a rebalance or an abort), and
+// returns the others, with bytes grown by the size of those it counted.
+func (r *Runner) skipDone(st *partState, recs []*kgo.Record, bytes int64) ([]*kgo.Record, int64) {
+	keep, done := r.txs.TxnSkip(st.Topic, st.Partition, recs)
+	if len(done) == 0 {
+		return keep, bytes
+	}
+	st.Watermark.DoneAll(done)
+	return keep, bytes + sizeOf(recs) - sizeOf(keep)
 }
 
 // sizeOf returns the bytes of recs, for the in-flight bound.

@@ -48,19 +48,20 @@ func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 	r.rebalances.Add(1)
 	r.joined.Store(true)
 	r.endUnreported(assigned)
+	if r.txs != nil {
+		// Before the offsets are fetched: the scope's committed state of
+		// these partitions is unknown until then.
+		r.txs.TxnAssigning(assigned)
+	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for topic, ps := range assigned {
 		for _, p := range ps {
 			k := tp{topic, p}
 			wm := r.tracker.Assign(topic, p)
-			st := &partState{Assignment: partition.NewAssignment(r.hardCtx, wm), bufs: r.doneBufs}
-			if r.txs != nil {
-				st.txc = &txnPart{}
-			}
-			r.parts[k] = st
+			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.hardCtx, wm), bufs: r.doneBufs}
 		}
 	}
+	r.mu.Unlock()
 	r.obs.Rebalance("assigned", count(assigned))
 	r.log.Info("kscope: partitions assigned", "partitions", assigned)
 }
@@ -174,18 +175,11 @@ func (r *Runner) txnGone(sts []*partState, ps map[string][]int32) {
 		st.Cancel()
 	}
 	r.forget(sts)
-	if len(sts) > 0 {
-		r.gate.markGone()
-	}
-	r.gate.release()
-	r.txs.TxnGone(ps)
-	if len(sts) > 0 {
-		// The session now aborts the open transaction, and reports no
-		// other revoke or loss until a transaction ends: end it now,
-		// even if nothing joined it, so that the next one reaches
-		// onRevoked (or onLost).
-		r.gate.endSoon()
-	}
+	// With an assignment ended, the session aborts the open transaction
+	// and reports no other revoke or loss until a transaction ends: the
+	// scope ends it soon, even if nothing joined it, so that the next one
+	// reaches onRevoked (or onLost).
+	r.txs.TxnGone(ps, len(sts) > 0)
 }
 
 // onLost commits nothing: another member may own the partitions already.
@@ -277,12 +271,12 @@ func (r *Runner) shutdown(cl *kgo.Client) error {
 	if r.txs != nil {
 		// The last transaction ended: what still runs is redone by
 		// the partitions' next owner. The scope forgets the
-		// partitions' state, which a new session (errRenewSession)
+		// partitions' state, which a new session (scope.ErrRenewSession)
 		// restores when it is assigned them again.
 		for _, st := range sts {
 			st.Cancel()
 		}
-		r.txs.TxnGone(all)
+		r.txs.TxnGone(all, false)
 	} else {
 		r.log.Info("kscope: stopping: no new records; finishing the running ones, then committing",
 			"partitions", len(sts), "running", running, "drain_timeout", r.cfg.DrainTimeout)

@@ -25,7 +25,7 @@ type Record struct {
 	obs *recordObs
 
 	// A task a transactional scope scheduled on the record's key-shard
-	// (txnCtl.Schedule): it runs instead of the scope's Process.
+	// (scope.TxnEngine.Schedule): it runs instead of the scope's Process.
 	task func(ctx context.Context, r *Record)
 }
 

@@ -14,26 +14,16 @@ import (
 
 // delayTxnScope is a transactional scope whose topic "d" is a delay topic:
 // the runner holds its records until their due time, pausing the partition.
-type delayTxnScope struct{}
+type delayTxnScope struct{ txnStub }
 
 func (delayTxnScope) Process(_ context.Context, batch []*Record, done func(*Record)) {
 	for _, r := range batch {
 		done(r)
 	}
 }
-func (delayTxnScope) TxnConfig() (string, time.Duration, time.Duration, int) {
-	return "tx", time.Second, 10 * time.Second, 1000
-}
 
 var _ scope.Transactor[*Record] = delayTxnScope{} // the runner finds it by this interface
 
-func (delayTxnScope) UseTxn(scope.Txn[*Record])        {}
-func (delayTxnScope) TxnFlush() error                  { return nil }
-func (delayTxnScope) TxnEnded(bool)                    {}
-func (delayTxnScope) TxnAssigned(map[string][]int32)   {}
-func (delayTxnScope) TxnGone(map[string][]int32)       {}
-func (delayTxnScope) TxnPrepare(context.Context) error { return nil }
-func (delayTxnScope) TxnTick(time.Time) time.Time      { return time.Time{} }
 func (delayTxnScope) DelayedTopics() map[string]time.Duration {
 	return map[string]time.Duration{"d": time.Hour}
 }
@@ -175,7 +165,7 @@ type goneRecorder struct {
 	got map[string][]int32
 }
 
-func (g *goneRecorder) TxnGone(ps map[string][]int32) {
+func (g *goneRecorder) TxnGone(ps map[string][]int32, _ bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.got == nil {

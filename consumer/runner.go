@@ -49,9 +49,8 @@ type partState struct {
 	heldMarkers []int64
 
 	// A transactional runner's: the records dispatched and not done (at
-	// most commit.MaxUndone), and what the last transaction committed.
+	// most commit.MaxUndone).
 	active atomic.Int64
-	txc    *txnPart
 
 	bufs []*doneBuf // the runner's, per key-shard (scope.Engine.Handling)
 }
@@ -108,18 +107,16 @@ type Runner struct {
 	fatalMu sync.Mutex
 	fatal   error
 
-	// A transactional runner's (the scope is a transactor): its session,
-	// the gate of its open transaction, and the transaction settings.
-	txs         scope.Transactor[*Record]
-	sess        *kgo.GroupTransactSession
-	gate        *gate
-	txnID       string
-	txnInterval time.Duration
-	txnTimeout  time.Duration
-	heldDue     atomic.Int64 // delay-topic records held for their due time, ever
-	rewinds     int          // aborted transactions' rewinds; the poll loop's
-	renewedAt   time.Time    // when Run last started a new session (errRenewSession)
-	runCtx      context.Context
+	// A transactional runner's (the scope is a scope.Transactor): its
+	// session and the transaction settings.
+	txs        scope.Transactor[*Record]
+	sess       *kgo.GroupTransactSession
+	txnID      string
+	txnTimeout time.Duration
+	heldDue    atomic.Int64 // delay-topic records held for their due time, ever
+	rewinds    int          // aborted transactions' rewinds; the poll loop's
+	renewedAt  time.Time    // when Run last started a new session (scope.ErrRenewSession)
+	runCtx     context.Context
 
 	life        lifecycle.State
 	stopMu      sync.Mutex  // guards cl and failures, which exist while Run runs
@@ -189,10 +186,8 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 		r.delays = d.DelayedTopics()
 	}
 	if t, ok := s.(scope.Transactor[*Record]); ok {
-		var maxRecords int
 		r.txs = t
-		r.txnID, r.txnInterval, r.txnTimeout, maxRecords = t.TxnConfig()
-		r.gate = newGate(maxRecords)
+		r.txnID, r.txnTimeout = t.TxnConfig()
 	}
 	if u, ok := s.(scope.RetryTopicUser); ok && u.UsesRetryTopics() {
 		r.retryTopics = true
@@ -273,9 +268,6 @@ func (r *Runner) start(runCtx context.Context) (*kgo.Client, error) {
 		}
 	}
 	r.newPool()
-	if r.txs != nil {
-		r.gate = newGate(r.gate.max) // a new session's: the last one's was closed
-	}
 	if _, ok := r.unit.(scope.EngineUser[*Record]); ok {
 		if err := r.ensureFailureTopics(runCtx); err != nil {
 			return nil, err
@@ -320,7 +312,7 @@ func (r *Runner) Run(ctx context.Context) (err error) {
 // session runs one client of Run: it creates it, consumes until runCtx
 // ends or a fatal error, and shuts it down. A transactional runner whose
 // producer cannot go on after a transaction's end failed (see
-// errRenewSession) reports that error as renew, once the client is shut
+// scope.ErrRenewSession) reports that error as renew, once the client is shut
 // down: Run then starts a new session, as a restart would.
 func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 	sessCtx, stop := context.WithCancel(runCtx)
@@ -402,14 +394,14 @@ func (r *Runner) startBackground(ctx context.Context) *sync.WaitGroup {
 }
 
 // txnSession runs a transactional session's loop. An error that needs a
-// new session (errRenewSession) is returned, unless the runner stops or
+// new session (scope.ErrRenewSession) is returned, unless the runner stops or
 // the last renewal was less than renewAfter ago; any other ends the runner.
 func (r *Runner) txnSession(sessCtx, runCtx context.Context) (renew error) {
 	lerr := r.txnLoop(sessCtx)
 	switch {
 	case lerr == nil:
 		return nil
-	case !errors.Is(lerr, errRenewSession) || runCtx.Err() != nil:
+	case !errors.Is(lerr, scope.ErrRenewSession) || runCtx.Err() != nil:
 		r.setFatal(lerr)
 	case !r.renewedAt.IsZero() && time.Since(r.renewedAt) < renewAfter:
 		r.setFatal(r.renewedTooSoon(lerr))
@@ -487,7 +479,7 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		// rebalance itself, and ends transactions between polls: a
 		// rebalance is not blocked while records are dispatched (a
 		// revoked partition's records are dropped by the pool).
-		return append(opts, kgo.OnOffsetsFetched(r.onOffsetsFetched))
+		return opts
 	}
 	return append(opts, kgo.BlockRebalanceOnPoll())
 }
@@ -524,6 +516,14 @@ func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
 		sess.Close()
 		return nil, fmt.Errorf("kscope: initialising the producer ID of transactional id %s: %w", r.txnID, err)
 	}
+	// The scope gets the session, and begins its first transaction, before
+	// the client joins the group: a partition revoked or lost from then on
+	// reaches an open transaction (scope.Transactor's TxnGone).
+	r.sess = sess
+	if err := r.txs.UseTxn(txnEngine{r}); err != nil {
+		sess.Close()
+		return nil, err
+	}
 	// Only now does the client join the group. A member that joined
 	// before (the first initialisation on a new cluster can take seconds)
 	// could lose partitions in two rebalances before its first
@@ -531,8 +531,6 @@ func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
 	// transaction: the second would go unseen, leaving a partition the
 	// runner takes for its own.
 	sess.Client().AddConsumeTopics(r.topics()...)
-	r.sess = sess
-	r.txs.UseTxn(txnCtl{r})
 	return sess.Client(), nil
 }
 

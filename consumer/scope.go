@@ -36,7 +36,6 @@ var (
 	_ scope.Engine[*Record]     = engineOf{}
 	_ scope.Failures[*Record]   = (*failures)(nil)
 	_ scope.Observer[*Record]   = (*observer)(nil)
-	_ scope.Txn[*Record]        = txnCtl{}
 )
 
 // atLeastOnce is the AtLeastOnce scope: a record is done once its handler

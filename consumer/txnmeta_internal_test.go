@@ -18,6 +18,7 @@ import (
 // gatedTxnScope is a transactional scope whose records of topic "t" finish
 // only once open is closed; "d" is a delay topic.
 type gatedTxnScope struct {
+	txnStub
 	open chan struct{}
 	once sync.Once
 	done sync.WaitGroup
@@ -34,19 +35,9 @@ func (s *gatedTxnScope) Process(_ context.Context, batch []*Record, done func(*R
 		s.done.Done()
 	}
 }
-func (*gatedTxnScope) TxnConfig() (string, time.Duration, time.Duration, int) {
-	return "tx", time.Second, 10 * time.Second, 1 << 20
-}
 
 var _ scope.Transactor[*Record] = (*gatedTxnScope)(nil) // the runner finds it by this interface
 
-func (*gatedTxnScope) UseTxn(scope.Txn[*Record])        {}
-func (*gatedTxnScope) TxnFlush() error                  { return nil }
-func (*gatedTxnScope) TxnEnded(bool)                    {}
-func (*gatedTxnScope) TxnAssigned(map[string][]int32)   {}
-func (*gatedTxnScope) TxnGone(map[string][]int32)       {}
-func (*gatedTxnScope) TxnPrepare(context.Context) error { return nil }
-func (*gatedTxnScope) TxnTick(time.Time) time.Time      { return time.Time{} }
 func (*gatedTxnScope) DelayedTopics() map[string]time.Duration {
 	return map[string]time.Duration{"d": time.Hour}
 }
@@ -112,12 +103,12 @@ func TestTxnMetadataStaysWithinTheBrokersLimit(t *testing.T) {
 			}
 			r.dispatchAll(c.topic, 0, int64(len(recs)), recs)
 
-			_, points := r.txnOffsets(ctx)
-			if pt, ok := points[tp{c.topic, 0}]; ok {
-				if n, meta := len(pt.done.Undone), pt.done.Metadata(); n > commit.MaxUndone || len(meta) > maxOffsetMetadata {
+			points := txnEngine{r}.Progress(func(string, int32) (commit.Done, bool) { return commit.Done{}, true })
+			for _, pt := range points {
+				if n, meta := len(pt.Done.Undone), pt.Done.Metadata(); n > commit.MaxUndone || len(meta) > maxOffsetMetadata {
 					t.Fatalf("the transaction would commit %s[0] at %d with %d undone records listed in %d bytes of metadata; "+
 						"the broker takes at most %d bytes, and at most %d records are dispatched and not done",
-						c.topic, pt.done.Offset, n, len(meta), maxOffsetMetadata, commit.MaxUndone)
+						c.topic, pt.Done.Offset, n, len(meta), maxOffsetMetadata, commit.MaxUndone)
 				}
 			}
 			if c.topic == "d" {

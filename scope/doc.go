@@ -33,8 +33,9 @@
 //   - when to call done, and when Process may return: [Scope];
 //   - what a failing record becomes (a retry in place, a retry topic, the
 //     dead-letter topic, a skip): [Failures], reached through [Engine];
-//   - what a transactional scope does before the runner commits: [Transactor]
-//     and [Txn].
+//   - what a scope that commits the offsets itself, in Kafka transactions,
+//     does instead of the runner's commits, and what the runner does for it:
+//     [Transactor] and [TxnEngine].
 //
 // The optional interfaces ([Batcher], [Background], [Delayer], [Starter],
 // [ClientOptioner], [StatsReporter], [EngineUser], [RetryTopicUser],

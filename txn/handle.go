@@ -50,7 +50,7 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 // input record (if w has one: done is not nil) done in it. When w cannot
 // join, the deliveries it started end as aborted.
 func (s *kafkaScope) join(ctx context.Context, w *work, done func(*consumer.Record)) bool {
-	if w.stopped || w.stale(ctx) || !s.t.Join(w.rec) {
+	if w.stopped || w.stale(ctx) || !s.gate.join(w.rec) {
 		w.drop(s.obs)
 		return false
 	}
@@ -61,7 +61,7 @@ func (s *kafkaScope) join(ctx context.Context, w *work, done func(*consumer.Reco
 	if done != nil {
 		done(w.rec)
 	}
-	s.t.Leave(done != nil)
+	s.gate.leave(done != nil)
 	return true
 }
 
@@ -107,7 +107,7 @@ func (s *kafkaScope) run(ctx, hctx context.Context, w *work, rec *consumer.Recor
 		what := fmt.Sprintf("an output of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset)
 		w.do(func(tx *txnState) {
 			tx.outputs.Add(1)
-			tx.produce(ctx, s.t.Session(), out, rec, producedOutput, what, s.limit, nil)
+			tx.produce(ctx, s.sess, out, rec, producedOutput, what, s.limit, nil)
 		})
 	}
 	return hook.OutcomeSuccess, nil
@@ -160,7 +160,7 @@ func (s *kafkaScope) route(ctx context.Context, w *work, rec *consumer.Record, o
 	}
 	what := fmt.Sprintf("the %s record of %s[%d]@%d", kind, rec.Topic, rec.Partition, rec.Offset)
 	w.do(func(tx *txnState) {
-		tx.produce(ctx, s.t.Session(), out, rec, as, what, s.limit, func(err error) {
+		tx.produce(ctx, s.sess, out, rec, as, what, s.limit, func(err error) {
 			obs.Route(hook.Route{Topic: rec.Topic, Kind: kind, Class: class, Target: out.Topic, Err: err})
 		})
 	})
@@ -344,7 +344,7 @@ func (s *kafkaScope) changelog(ctx context.Context, w *work, topic string, p int
 	rec := &kgo.Record{Topic: VersionsTopic(s.cfg.Group, topic), Partition: p, Key: key, Value: value}
 	input := w.rec
 	w.do(func(tx *txnState) {
-		tx.produce(ctx, s.t.Session(), rec, input, producedChangelog, "a version changelog record", s.limit, nil)
+		tx.produce(ctx, s.sess, rec, input, producedChangelog, "a version changelog record", s.limit, nil)
 	})
 }
 func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) error {

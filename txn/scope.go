@@ -45,9 +45,10 @@ func (c *counters) add(o *counters) {
 
 // kafkaScope is the Kafka scope's unit of work on the runner (a
 // scope.Transactor): it runs each record's handler, with in-place
-// retries, and adds the outputs, or the record's route, to the runner's
-// open transaction; the runner ends the transactions and commits the
-// offsets in them.
+// retries, and adds the outputs, or the record's route, to the open
+// transaction; after each poll it ends the transaction that is due, with
+// each partition's offset and done records (committed.go, end.go), and
+// has the runner rewind the partitions when it aborts.
 type kafkaScope struct {
 	o      Options
 	h      Handler
@@ -58,7 +59,14 @@ type kafkaScope struct {
 
 	f   scope.Failures[*consumer.Record] // set before the workers start
 	obs observer
-	t   scope.Txn[*consumer.Record]
+
+	// The runner's transactional session (set by UseTxn, for each
+	// session), the gate of its open transaction, and the partitions'
+	// committed state.
+	e      scope.TxnEngine[*consumer.Record]
+	sess   *kgo.GroupTransactSession
+	gate   *gate
+	states committedParts
 
 	cur *txnState // the open transaction's; replaced when it ends (no worker is joined then)
 
@@ -91,8 +99,8 @@ func (s *kafkaScope) init(cfg consumer.Config) {
 }
 
 // TxnConfig implements scope.Transactor.
-func (s *kafkaScope) TxnConfig() (string, time.Duration, time.Duration, int) {
-	return s.o.TransactionalID, s.o.CommitInterval, s.o.TransactionTimeout, s.o.MaxRecords
+func (s *kafkaScope) TxnConfig() (string, time.Duration) {
+	return s.o.TransactionalID, s.o.TransactionTimeout
 }
 
 // ClientOptions are the transactional producer's settings, the version
@@ -103,6 +111,9 @@ func (s *kafkaScope) ClientOptions() []kgo.Opt {
 		kgo.TransactionalID(s.o.TransactionalID),
 		kgo.TransactionTimeout(s.o.TransactionTimeout),
 		kgo.FetchMaxWait(min(500*time.Millisecond, s.o.CommitInterval*5)),
+		// The committed state of newly assigned partitions, from their
+		// offsets' metadata.
+		kgo.OnOffsetsFetched(s.onOffsetsFetched),
 	}
 	if s.vs != nil {
 		opts = append(opts, kgo.RecordPartitioner(newChangelogPartitioner(s.cfg.Group, s.cfg.Topics)))
@@ -125,15 +136,24 @@ func (s *kafkaScope) UseEngine(e scope.Engine[*consumer.Record]) {
 	s.f, s.obs = e.Failures(), e.Observer()
 }
 
-// UseTxn implements scope.Transactor.
-func (s *kafkaScope) UseTxn(t scope.Txn[*consumer.Record]) {
-	s.t = t
-	s.limit = producerLimit(s.t.Session().Client())
+// UseTxn implements scope.Transactor: a new session's gate, and its first
+// transaction begun.
+func (s *kafkaScope) UseTxn(e scope.TxnEngine[*consumer.Record]) error {
+	s.e, s.sess, s.gate = e, e.Session(), newGate(s.o.MaxRecords)
+	s.limit = producerLimit(s.sess.Client())
 	if s.vs != nil {
-		s.vs.setKick(s.t.Kick)
+		s.vs.setKick(s.kick)
 	}
 	s.log.Info("kscope: transactional runner started", "topics", s.cfg.Topics, "transactional_id", s.o.TransactionalID,
 		"retry_topics", s.UsesRetryTopics(), "versions", s.vs != nil)
+	return s.begin()
+}
+
+// kick wakes the poll loop, so that the scope's timers run again (tick).
+func (s *kafkaScope) kick() {
+	s.gate.mu.Lock()
+	s.gate.wake()
+	s.gate.mu.Unlock()
 }
 
 // Start creates the version changelogs that are missing. Without
@@ -167,10 +187,10 @@ func (s *kafkaScope) Process(ctx context.Context, batch []*consumer.Record, done
 	}
 }
 
-// TxnFlush waits for the produces of the transaction that ends and
-// returns the first that failed; see refusals for records the broker
-// refused as such.
-func (s *kafkaScope) TxnFlush() error {
+// flush waits for the produces of the transaction that ends and returns
+// the first that failed; see refusals for records the broker refused as
+// such.
+func (s *kafkaScope) flush() error {
 	s.cur.wg.Wait()
 	err := s.cur.failed()
 	if err == nil {
@@ -275,9 +295,9 @@ func producerLimit(cl *kgo.Client) int64 {
 	return limit
 }
 
-// TxnEnded accounts for the transaction that ended: the version store,
-// the records' outcomes and the counters; the next one starts afresh.
-func (s *kafkaScope) TxnEnded(committed bool) {
+// ended accounts for the transaction that ended: the version store, the
+// records' outcomes and the counters; the next one starts afresh.
+func (s *kafkaScope) ended(committed bool) {
 	tx := s.cur
 	if s.vs != nil {
 		s.vs.end(committed)
@@ -305,17 +325,43 @@ func (s *kafkaScope) TxnEnded(committed bool) {
 	s.dltLog.Flush()
 }
 
-// TxnAssigned notes partitions whose committed offsets were fetched: their
-// versions are restored before their records are handled.
-func (s *kafkaScope) TxnAssigned(ps map[string][]int32) {
-	if s.vs != nil {
-		s.vs.assigned(ps)
+// TxnAssigning implements scope.Transactor: the committed state of newly
+// assigned partitions is unknown until their offsets are fetched
+// (onOffsetsFetched).
+func (s *kafkaScope) TxnAssigning(ps map[string][]int32) { s.states.assigning(ps) }
+
+// TxnSkip implements scope.Transactor: the records their partition's
+// committed state says are done are not handled again.
+func (s *kafkaScope) TxnSkip(topic string, p int32, recs []*kgo.Record) ([]*kgo.Record, []int64) {
+	return s.states.skip(topic, p, recs)
+}
+
+// TxnProgress implements scope.Transactor: offsets to commit though no
+// record joined, so the open transaction ends as if one had.
+func (s *kafkaScope) TxnProgress() { s.gate.progress() }
+
+// TxnGone implements scope.Transactor: it forgets the committed state, the
+// versions and the unwritable inputs of partitions whose assignment ended.
+// When records of them may have added to the open transaction (ended), it
+// must not commit: their outputs would commit without their input offsets,
+// and the partitions' next owner would produce them again (see
+// commitOrAbort); and it ends soon, even if nothing joined it, since the
+// session reports no other revoke or loss until a transaction ends.
+func (s *kafkaScope) TxnGone(ps map[string][]int32, ended bool) {
+	if ended {
+		s.gate.markGone()
+	}
+	s.gate.release()
+	s.states.gone(ps)
+	s.forget(ps)
+	if ended {
+		s.gate.endSoon()
 	}
 }
 
-// TxnGone forgets the versions, and the unwritable inputs, of revoked or
-// lost partitions.
-func (s *kafkaScope) TxnGone(ps map[string][]int32) {
+// forget forgets the versions, and the unwritable inputs, of partitions
+// whose assignment ended.
+func (s *kafkaScope) forget(ps map[string][]int32) {
 	if s.vs != nil {
 		s.vs.drop(ps)
 	}
@@ -337,7 +383,7 @@ func (s *kafkaScope) TxnPrepare(ctx context.Context) error {
 	if s.vs == nil || ctx.Err() != nil || len(s.vs.missing(s.cfg.Topics)) == 0 {
 		return nil
 	}
-	if err := s.t.End(); err != nil {
+	if err := s.endTxn(ctx, false); err != nil {
 		return err
 	}
 	for attempt := 1; ; attempt++ {
@@ -360,15 +406,15 @@ func (s *kafkaScope) TxnPrepare(ctx context.Context) error {
 	}
 }
 
-// TxnTick sends the parked records that waited past GapTimeout to their
+// tick sends the parked records that waited past GapTimeout to their
 // key-shards, which dead-letter them, and returns when the next one times
 // out.
-func (s *kafkaScope) TxnTick(now time.Time) time.Time {
+func (s *kafkaScope) tick(now time.Time) time.Time {
 	if s.vs == nil {
 		return time.Time{}
 	}
 	for _, p := range s.vs.takeExpired(now) {
-		if !s.t.Schedule(p.Topic, p.Partition, p.Key, func(ctx context.Context, rec *consumer.Record) { s.expire(ctx, rec, p) }) {
+		if !s.e.Schedule(p.Topic, p.Partition, p.Key, func(ctx context.Context, rec *consumer.Record) { s.expire(ctx, rec, p) }) {
 			s.vs.expiring(p, false)
 		}
 	}

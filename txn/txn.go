@@ -7,11 +7,11 @@
 // # How
 //
 // The Kafka scope is a unit of work on kscope's one runner (the engine of
-// package consumer), which consumes through a franz-go
-// GroupTransactSession. It polls and hands the records to the key-shard
-// workers (per-key order, parallelism across keys). A worker runs a
-// record's handler and, once the record is finished, adds its outputs (or
-// its route) to the open transaction. The runner ends the transaction
+// package consumer), a scope.Transactor: the runner consumes through a
+// franz-go GroupTransactSession, polls and hands the records to the
+// key-shard workers (per-key order, parallelism across keys). A worker runs
+// a record's handler and, once the record is finished, adds its outputs
+// (or its route) to the open transaction. The scope ends the transaction
 // Options.CommitInterval after the first record joined it, or once
 // Options.MaxRecords did, and commits, with the outputs, each partition's
 // offset at its lowest unfinished record. A rebalance or a fenced

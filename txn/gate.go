@@ -1,8 +1,10 @@
-package consumer
+package txn
 
 import (
 	"sync"
 	"time"
+
+	"github.com/kscope-dev/kscope/consumer"
 )
 
 // gate lets key-shard workers add finished records to the open Kafka
@@ -35,7 +37,7 @@ func newGate(maxRecords int) *gate {
 // join waits for an open transaction and reports whether rec may join it:
 // not when the runner stops or rec's assignment ended (revoked, lost or
 // rewound after an abort). A caller that joined calls leave.
-func (g *gate) join(rec *Record) bool {
+func (g *gate) join(rec *consumer.Record) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for !g.isOpen && !g.closed && !rec.Revoked() {
@@ -125,7 +127,7 @@ func (g *gate) endSoon() {
 // markGone records that a partition's assignment ended (revoked, lost,
 // or ended by the runner) while the transaction was open: records of it
 // may have added outputs to it, whose input offsets it no longer commits
-// (see Runner.commitOrAbort).
+// (see kafkaScope.commitOrAbort).
 func (g *gate) markGone() {
 	g.mu.Lock()
 	g.gone = true
