@@ -43,9 +43,9 @@ func (h *deploymentHold) enter(f *failures, err error) {
 	if n == 1 {
 		h.since, h.err = time.Now(), err
 		h.holds++
-		f.log.Error("kscope: the pipeline holds: a statement failed because the deployment is wrong, not the record "+
-			"(a missing table or column, a refused privilege or login); no record is sent to a retry topic or the dead-letter topic for it, "+
-			"and the key-shards that meet it retry with backoff until it is fixed (run the service's migration, grant the privilege)",
+		f.log.Error("kscope: the pipeline holds: its work failed because the deployment is wrong, not the record "+
+			"(a missing table or column, a refused privilege or login, a store that cannot be written); no record is sent to a retry topic or the dead-letter topic for it, "+
+			"and the key-shards that meet it retry with backoff until it is fixed (run the service's migration, grant the privilege, mend the store)",
 			slog.String("reason", "deployment"), slog.Any("err", err))
 	}
 	// Under the lock: the hooks see the counts in the order they changed.
@@ -53,13 +53,18 @@ func (h *deploymentHold) enter(f *failures, err error) {
 	h.mu.Unlock()
 }
 
-// leave counts one key-shard less held.
-func (h *deploymentHold) leave(f *failures) {
+// leave counts one key-shard less held: its work succeeded (resumed), or
+// its loop ended (the runner stops, or the partition was revoked).
+func (h *deploymentHold) leave(f *failures, resumed bool) {
 	h.mu.Lock()
 	h.shards--
 	n := h.shards
 	if n == 0 {
-		f.log.Info("kscope: the pipeline resumed: the statement that held it succeeds", slog.String("reason", "deployment"),
+		msg := "kscope: the pipeline resumed: the work that held it succeeds"
+		if !resumed {
+			msg = "kscope: the pipeline no longer holds: the key-shards that held stopped (the runner stops, or their partitions were revoked)"
+		}
+		f.log.Info(msg, slog.String("reason", "deployment"),
 			slog.Duration("held_for", time.Since(h.since).Round(time.Millisecond)), slog.Any("err", h.err))
 		h.since, h.err = time.Time{}, nil
 	}

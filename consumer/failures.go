@@ -61,15 +61,17 @@ func (f *failures) Class(err error) Class { return f.policy.ClassOf(err) }
 
 // Decide returns what follows a failed attempt of rec, counting attempts
 // made on earlier hops (from rec's headers) plus attempt, those made here on
-// this hop. topics says whether the record may go to a retry topic. It has
-// no effect: Route carries the decision out.
+// this hop. topics says whether the record may go to a retry topic; it may
+// only when the scope also said it uses them (scope.RetryTopicUser), since
+// the runner creates and consumes them only then. It has no effect: Route
+// carries the decision out.
 func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt int, topics bool) retrytopic.Step {
 	meta, herr := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	if herr != nil {
 		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", recordAttrs(rec, attempt, herr, 0)...)
 	}
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
-	return f.policy.Next(f.policy.ClassOf(err), total, attempt, meta.Stage, topics)
+	return f.policy.Next(f.policy.ClassOf(err), total, attempt, meta.Stage, topics && f.topics)
 }
 
 // Route carries out step for rec. For a skip it logs and counts; for a

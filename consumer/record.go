@@ -37,9 +37,6 @@ type recordObs struct {
 	ended bool
 }
 
-// shardOf returns the key-shard the record was routed to.
-func shardOf(r *Record) int { return int(r.shard) }
-
 const (
 	recPending  uint8 = iota
 	recFinished       // done by the scope; its in-flight room not yet given back

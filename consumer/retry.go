@@ -35,7 +35,7 @@ func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() 
 	holding := false // the last round failed with Held: this key-shard counts in the hold
 	defer func() {
 		if holding {
-			f.hold.leave(f)
+			f.hold.leave(f, false)
 		}
 	}()
 	for {
@@ -44,7 +44,7 @@ func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() 
 			if held {
 				f.hold.enter(f, r.Err)
 			} else {
-				f.hold.leave(f)
+				f.hold.leave(f, true)
 			}
 			holding = held
 		}
@@ -67,9 +67,9 @@ func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() 
 			if r.Held {
 				level = slog.LevelDebug // the hold is logged once, when it begins and ends
 			}
-			f.log.LogAttrs(ctx, level, "kscope: a transaction failed; retrying", attrs...)
+			f.log.LogAttrs(ctx, level, "kscope: the scope's work on a batch failed; retrying", attrs...)
 		} else if failed > 0 {
-			f.log.Info("kscope: a transaction committed after failed attempts", "failed_attempts", failed)
+			f.log.Info("kscope: the scope's work on a batch succeeded after failed attempts", "failed_attempts", failed)
 			failed = 0
 		}
 		if !r.More {

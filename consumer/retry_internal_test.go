@@ -11,7 +11,9 @@ import (
 
 	"github.com/kscope-dev/kscope/commit"
 	"github.com/kscope-dev/kscope/partition"
+	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/scope"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func roundsFailures() *failures {
@@ -164,5 +166,29 @@ func TestRoundsReportsHeldKeyShards(t *testing.T) {
 	st := f.hold.stats()
 	if st.Shards != 0 || st.Holds != 1 || st.Err != "" || !st.Since.IsZero() {
 		t.Fatalf("hold after the loops %+v, want none held, one hold begun", st)
+	}
+}
+
+// A scope may ask for a retry topic (Decide's topics) only when it told
+// the runner it uses them (scope.RetryTopicUser): only then does the runner
+// create and consume them. A scope of a service's own that asks without
+// saying so gets the retries in place and the dead-letter topic instead,
+// not records routed to topics nobody consumes.
+func TestDecideSendsNoRecordToRetryTopicsTheRunnerDoesNotConsume(t *testing.T) {
+	pol := retrytopic.Policy{Unordered: true}.WithDefaults("g")
+	rec := &Record{Record: &kgo.Record{Topic: "t", Key: []byte("k")}}
+	err := Retryable(errors.New("gateway down"))
+	for _, uses := range []bool{true, false} {
+		f := roundsFailures()
+		f.policy, f.topics = pol, uses
+		sawTopic := false
+		for attempt := 1; attempt <= pol.RetryBudget(true); attempt++ {
+			if f.Decide(context.Background(), rec, err, attempt, true).Action == retrytopic.ActionRetryTopic {
+				sawTopic = true
+			}
+		}
+		if sawTopic != uses {
+			t.Errorf("runner consuming the retry topics %v: a retry topic decided %v, want %v", uses, sawTopic, uses)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -40,7 +41,9 @@ type Failures[R any] interface {
 	Class(err error) retrytopic.Class
 	// Decide returns what follows a failed attempt of rec, counting the
 	// attempts of earlier hops (rec's headers) plus attempt, those made on
-	// this hop. topics says whether the record may go to a retry topic.
+	// this hop. topics says whether the record may go to a retry topic;
+	// it may only when the scope's UsesRetryTopics (RetryTopicUser) said
+	// so too, since only then does the runner create and consume them.
 	// It has no effect: Route carries the decision out.
 	Decide(ctx context.Context, rec R, err error, attempt int, topics bool) retrytopic.Step
 	// Route carries out step for rec: for a skip it logs and counts; for
@@ -151,3 +154,11 @@ func OutcomeOf(a retrytopic.Action) hook.Outcome {
 	}
 	return hook.OutcomeAborted
 }
+
+// Call runs one call of a handler and turns a panic in it into the call's
+// error, so that one bad record cannot take the process down with every
+// other key-shard's work. The error carries the panic's stack, which
+// [Failures].PanicStack logs once per record; an error whose Error method
+// panics (a nil *T returned as an error, say) is replaced by one that says
+// so. kscope's scopes run every handler call through it.
+func Call(fn func() error) error { return guard.Call(fn) }

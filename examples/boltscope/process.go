@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -209,24 +207,11 @@ func (s *boltScope) markDead(ctx context.Context, r *consumer.Record, id []byte,
 	})
 }
 
-// call runs h and turns a panic into the record's failure, so that one bad
-// record cannot take the process down with every other key-shard's work.
-func call(ctx context.Context, h Handler, tx *bolt.Tx, r *consumer.Record) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = &PanicError{Value: p, Stack: debug.Stack()}
-		}
-	}()
-	return h.Handle(ctx, tx, r)
+// call runs h through scope.Call: a panic becomes the record's failure
+// (the failure policy treats it as an unclassified error, retried in place
+// within the smaller budget, then dead-lettered), and its stack is logged
+// once per record, so that one bad record cannot take the process down
+// with every other key-shard's work.
+func call(ctx context.Context, h Handler, tx *bolt.Tx, r *consumer.Record) error {
+	return scope.Call(func() error { return h.Handle(ctx, tx, r) })
 }
-
-// PanicError is a handler's panic, as the record's failure: the failure
-// policy treats it as an unclassified error (retried in place within the
-// smaller budget, then dead-lettered).
-type PanicError struct {
-	Value any    // what the handler panicked with
-	Stack []byte // the stack of the goroutine that panicked, where it did
-}
-
-// Error returns the panic's value; the stack is in Stack.
-func (e *PanicError) Error() string { return fmt.Sprintf("boltscope: handler panicked: %v", e.Value) }
