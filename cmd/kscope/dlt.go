@@ -13,7 +13,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -159,12 +158,11 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	if err != nil {
 		return err
 	}
-	cl, err := kc.client()
+	cl, adm, err := kc.admin()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
 
 	l := &dltLister{e: e, flt: flt, asJSON: asJSON, enc: json.NewEncoder(e.stdout), copies: map[string]int{}}
 	if !asJSON {

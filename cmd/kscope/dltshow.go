@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -88,12 +87,11 @@ func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue in
 	if err != nil {
 		return err
 	}
-	cl, err := kc.client()
+	cl, adm, err := kc.admin()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
 
 	bs, err := bounds(ctx, adm, kc, topic, rng)
 	if err != nil {

@@ -178,12 +178,11 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 	if err != nil {
 		return err
 	}
-	cl, err := kc.client()
+	cl, adm, err := kc.admin()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
 
 	plan, err := planReplay(ctx, kc, adm, o, at)
 	if err != nil {

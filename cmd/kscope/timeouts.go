@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -101,6 +102,16 @@ func (k *kafkaConn) client(opts ...kgo.Opt) (*kgo.Client, error) {
 		return nil, fmt.Errorf("bad --brokers %q: %w", k.addrs(), err)
 	}
 	return cl, nil
+}
+
+// admin returns a client on the cluster and its admin client; the caller
+// closes the client.
+func (k *kafkaConn) admin() (*kgo.Client, *kadm.Client, error) {
+	cl, err := k.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, kadm.NewClient(cl), nil
 }
 
 // do runs fn, one step of requests to the cluster, with a context that
