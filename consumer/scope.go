@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/scope"
 )
 
@@ -44,6 +43,7 @@ var (
 // policy, blocking only its key-shard; its offset is never committed past.
 type atLeastOnce struct {
 	h         Handler
+	e         scope.Engine[*Record]
 	f         scope.Failures[*Record]
 	obs       scope.Observer[*Record]
 	unordered bool
@@ -51,7 +51,7 @@ type atLeastOnce struct {
 
 // UseEngine implements scope.EngineUser.
 func (s *atLeastOnce) UseEngine(e scope.Engine[*Record]) {
-	s.f, s.obs = e.Failures(), e.Observer()
+	s.e, s.f, s.obs = e, e.Failures(), e.Observer()
 }
 
 // atLeastOnceBatch is how many queued records of one partition an
@@ -84,7 +84,7 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 // reports false when the record was left undone (ctx done or revoked).
 func (s *atLeastOnce) deliver(ctx context.Context, obs scope.Observer[*Record], r *Record, done func(*Record)) bool {
 	hctx := obs.Start(ctx, r)
-	a := s.f.Attempts(ctx, r, s.unordered, done, func() error { return callHandler(hctx, s.h, r) })
+	a := s.f.Attempts(ctx, r, s.unordered, done, func() error { return s.e.Call(hctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, r) }) })
 	if !a.OK {
 		return false
 	}
@@ -99,10 +99,4 @@ func (s *atLeastOnce) deliver(ctx context.Context, obs scope.Observer[*Record], 
 	obs.End(r, scope.OutcomeOf(a.Step.Action), a.Err)
 	done(r)
 	return true
-}
-
-// callHandler runs h and turns a panic into an error, so that one bad record
-// cannot take the process down with every other key-shard's work.
-func callHandler(ctx context.Context, h Handler, r *Record) error {
-	return guard.Call(func() error { return h.Handle(ctx, r) })
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/guard"
 )
 
 // QueueHandler is the pipelined form of [Handler], for effects that are
@@ -129,9 +128,7 @@ type queuedCall struct {
 // queue runs the queued handler for r, its statements going to q. It turns
 // a panic into an error.
 func (s *dbScope) queue(ctx context.Context, q *Queue, r *consumer.Record) error {
-	s.eng.Handling(r)
-	defer s.eng.Handled(r)
-	err := guard.Call(func() error { return s.qh.Queue(ctx, q, r) })
+	err := s.eng.Call(ctx, r, func(ctx context.Context) error { return s.qh.Queue(ctx, q, r) })
 	if err != nil && s.f.Class(err) != consumer.ClassSkip {
 		return err
 	}

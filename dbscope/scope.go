@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
-	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/scope"
 	"github.com/kscope-dev/kscope/sequence"
@@ -452,11 +451,10 @@ func (s *dbScope) deployment(err error) bool {
 	return retrytopic.ClassOf(err) == consumer.ClassUnknown
 }
 
-// call runs the handler and turns a panic into an error.
+// call runs the handler through the engine (scope.Engine.Call): the
+// admission rules, the handler timeout, the panic guard, the stall watch.
 func (s *dbScope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
-	s.eng.Handling(r)
-	defer s.eng.Handled(r)
-	return guard.Call(func() error { return s.h.Handle(ctx, tx, r) })
+	return s.eng.Call(ctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, tx, r) })
 }
 
 // gapRoute decides where record r goes, whose version is ahead of its

@@ -30,6 +30,29 @@ type Engine[R any] interface {
 	// needs neither.
 	Handling(r R)
 	Handled(r R)
+	// Admit applies the runner's admission rules to r before any handler
+	// sees it (consumer.Config.Filter and MaxAge). It returns nil for a
+	// record to handle; for a record turned away, the error that says why,
+	// which the scope treats as the handler's own: a filtered record's is
+	// of class skip (it is done, with the outcome hook.OutcomeFiltered),
+	// an expired record's of class skip or terminal, as MaxAge's policy
+	// says (hook.OutcomeExpired). Call applies it itself; a scope that
+	// hands several records to one call (a batch handler) calls Admit for
+	// each first.
+	Admit(r R) error
+	// Call runs one handler call for r the way the runner's configuration
+	// says: Admit first (call is not run for a record turned away), then
+	// call under consumer.Config.HandlerTimeout's deadline, through the
+	// panic guard ([Call]) and the stall watch (Handling, Handled). A call
+	// that fails after its deadline passed fails with an error of class
+	// retryable unless it carries a class of its own; a call that runs on
+	// past its deadline and a grace is reported. For a batch call, r is
+	// the batch's first record and the scope has admitted each record.
+	Call(ctx context.Context, r R, call func(ctx context.Context) error) error
+	// CallBatch is Call for a call given the records rs (a batch
+	// handler): no admission (the scope admitted each record), the
+	// deadline, the panic guard, and the stall watch on rs[0].
+	CallBatch(ctx context.Context, rs []R, call func(ctx context.Context) error) error
 }
 
 // Failures applies a runner's failure policy (consumer.Config.Failures):

@@ -13,7 +13,6 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -83,7 +82,7 @@ func (s *kafkaScope) run(ctx, hctx context.Context, w *work, rec *consumer.Recor
 	var em *emitter
 	a := s.f.Attempts(ctx, rec, s.UsesRetryTopics(), done, func() error {
 		em = &emitter{}
-		return callHandler(hctx, s.h, rec, em)
+		return s.eng.Call(hctx, rec, func(ctx context.Context) error { return s.h.Handle(ctx, rec, em) })
 	})
 	err, step, attempt, first := a.Err, a.Step, a.N, a.First
 	if !a.OK || w.stale(ctx) {
@@ -346,9 +345,6 @@ func (s *kafkaScope) changelog(ctx context.Context, w *work, topic string, p int
 	w.do(func(tx *txnState) {
 		tx.produce(ctx, s.sess, rec, input, producedChangelog, "a version changelog record", s.limit, nil)
 	})
-}
-func callHandler(ctx context.Context, h Handler, r *consumer.Record, out Emitter) error {
-	return guard.Call(func() error { return h.Handle(ctx, r, out) })
 }
 
 // parkGap parks rec, whose version v is ahead of its key's next one, until

@@ -57,7 +57,8 @@ type kafkaScope struct {
 	vs     *versionStore // nil without Options.Versions
 	dltLog *ratelog.Limiter
 
-	f   scope.Failures[*consumer.Record] // set before the workers start
+	eng scope.Engine[*consumer.Record]   // set before the workers start
+	f   scope.Failures[*consumer.Record] // eng's
 	obs observer
 
 	// The runner's transactional session (set by UseTxn, for each
@@ -133,7 +134,7 @@ func (s *kafkaScope) UsesRetryTopics() bool {
 
 // UseEngine implements scope.EngineUser.
 func (s *kafkaScope) UseEngine(e scope.Engine[*consumer.Record]) {
-	s.f, s.obs = e.Failures(), e.Observer()
+	s.eng, s.f, s.obs = e, e.Failures(), e.Observer()
 }
 
 // UseTxn implements scope.Transactor: a new session's gate, and its first
