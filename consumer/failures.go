@@ -187,7 +187,7 @@ func ensureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) erro
 	}
 	defer adm.Close()
 	f := &failures{policy: cfg.Failures, group: cfg.Group, cl: adm, topics: retryTopics, log: cfg.Logger}
-	return f.ensureTopics(ctx, cfg.Topics)
+	return f.ensureTopics(ctx, sourceTopics(ctx, adm, cfg))
 }
 
 // LeftoverRetryTopics returns the retry topics of cfg's group that its
