@@ -68,7 +68,9 @@ func (r *Router) Handle(ctx context.Context, tx pgx.Tx, rec *consumer.Record) er
 }
 
 // CheckRoutes implements consumer.RouteChecker.
-func (r *Router) CheckRoutes(cfg consumer.Config) error { return checkTable(&r.t, "dbscope.Router", cfg) }
+func (r *Router) CheckRoutes(cfg consumer.Config) error {
+	return checkTable(&r.t, "dbscope.Router", cfg)
+}
 
 // QueueRouter is [Router] for a [QueueHandler] ([NewQueued]): the same
 // routes, to handlers that queue their statements.
