@@ -48,8 +48,15 @@ func TestTopicPatternsConsumeNewTopicsWithRetriesAndDLT(t *testing.T) {
 	createTopics(t, k, "events.new")
 	produce(t, k, rec("events.new", "n1"), rec("events.new", "bad"))
 	retry := retrytopic.RetryTopic(group, 100*time.Millisecond)
+	// A record from one of kscope's topics ends the wait too: the checks
+	// below name it.
+	fromKscope := func() bool {
+		return slices.ContainsFunc(s.all(), func(g string) bool {
+			return strings.Contains(g, "foreign") || strings.HasPrefix(g, retrytopic.DLTopic(group))
+		})
+	}
 	testenv.WaitFor(t, time.Minute, "the new topic's records handled, the bad one dead-lettered", func() bool {
-		return s.has("events.new:n1") && s.has(retry+":bad") && r.Stats().Failures.DeadLettered == 1
+		return s.has("events.new:n1") && s.has(retry+":bad") && r.Stats().Failures.DeadLettered == 1 || fromKscope()
 	})
 	consumed := r.Client().GetConsumeTopics()
 	testenv.WaitFor(t, time.Minute, "offsets committed", func() bool { return k.CaughtUp(context.Background(), group, "events.new") })
@@ -66,10 +73,8 @@ func TestTopicPatternsConsumeNewTopicsWithRetriesAndDLT(t *testing.T) {
 			t.Errorf("kscope's topic %s is consumed as a source topic: %v", topic, consumed)
 		}
 	}
-	for _, g := range s.all() {
-		if strings.Contains(g, "foreign") || strings.HasPrefix(g, retrytopic.DLTopic(group)) {
-			t.Errorf("the handler got %s, from a topic of kscope's", g)
-		}
+	if fromKscope() {
+		t.Fatalf("the handler got records from kscope's topics: %v", s.all())
 	}
 	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
 	if len(dlt) != 1 || string(dlt[0].Value) != "bad" || testenv.Header(dlt[0], retrytopic.HeaderOriginalTopic) != "events.new" {

@@ -39,3 +39,30 @@ func ExampleRouter() {
 	}
 	_ = r // r.Run(ctx)
 }
+
+// A QueueRouter routes records to handlers that queue their statements
+// (dbscope.NewQueued): here by event type, with a default for the rest.
+func ExampleQueueRouter() {
+	pool, err := pgxpool.New(context.Background(), "postgres://localhost/shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	router := dbscope.NewQueueRouter().
+		Header("payments", "event-type", "refund", dbscope.QueueFunc(func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+			q.Exec(`UPDATE orders SET refunded = true WHERE id = $1`, r.Key)
+			return nil
+		})).
+		Default(dbscope.QueueFunc(func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+			q.Exec(`INSERT INTO payments (id, body) VALUES ($1, $2)`, r.Key, r.Value)
+			return nil
+		}))
+	r, err := dbscope.NewQueued(consumer.Config{
+		Brokers: []string{"localhost:9092"},
+		Group:   "shop",
+		Topics:  []string{"payments"},
+	}, dbscope.Options{Pool: pool}, router)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = r // r.Run(ctx)
+}
