@@ -451,7 +451,9 @@ type FailureStats struct {
 	// DecodeFailures counts the records dead-lettered because their
 	// payload could not be decoded (a retrytopic.DecodeFailure: a
 	// codec's, or any consumer.DecodeError); they are in DeadLettered too
-	// (in the Kafka scope, in Stats.Kafka.DeadLettered).
+	// (in the Kafka scope, in Stats.Kafka.DeadLettered). The Kafka scope
+	// counts one when its dead-letter record joins the transaction: a
+	// transaction that aborts and is replayed counts it again.
 	DecodeFailures int64
 }
 
