@@ -19,6 +19,12 @@ type Stats struct {
 	Commits          int64    // offset commit requests that succeeded
 	CommitErrors     int64    // offset commit requests that failed
 	StalledShards    int      // key-shards that have finished none of their records for Config.StallWarning, now
+	// The handler call's rules (Config.Keep, MaxAge, HandlerTimeout),
+	// in every scope. DB.Skipped and Kafka.Skipped count filtered and
+	// expired skips too, as every record their scope finished as a skip.
+	Filtered        int64 // records Config.Keep filtered out (outcome filtered), their offsets committed
+	Expired         int64 // records older than Config.MaxAge: skipped (outcome expired) or dead-lettered (outcome dead_lettered, counted as a dead letter too)
+	HandlerOverruns int64 // handler calls still running HandlerGrace past their HandlerTimeout (each reported once)
 	Failures         FailureStats
 	// Hold says whether key-shards hold their records because the
 	// deployment is wrong (a missing table, a refused privilege): see
