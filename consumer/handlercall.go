@@ -123,12 +123,34 @@ func (e engineOf) CallBatch(ctx context.Context, rs []*Record, call func(ctx con
 // filter that drops most records costs no allocation per record.
 var errFiltered = retrytopic.Skip(ErrFiltered)
 
-// admit returns why r is turned away before its handler, or nil.
+// Why the admission rules turned a record away (Record.turned).
+const (
+	admitted uint8 = iota
+	turnedFiltered
+	turnedExpired
+)
+
+// admit returns why r is turned away before its handler, or nil, and notes
+// it on r, for its delivery's end: a scope may end it without the error.
 func (f *failures) admit(r *Record) error {
 	c := &f.calls
 	if c.keep == nil && c.maxAge <= 0 {
 		return nil
 	}
+	err := c.admission(f, r)
+	switch {
+	case err == nil:
+		r.turned = admitted
+	case errors.Is(err, ErrFiltered):
+		r.turned = turnedFiltered
+	case errors.Is(err, ErrExpired):
+		r.turned = turnedExpired
+	}
+	return err
+}
+
+// admission applies the rules to r: Keep, then MaxAge.
+func (c *callRules) admission(f *failures, r *Record) error {
 	_, retried := retrytopic.RetryTopicDelay(c.group, r.Topic)
 	if c.keep != nil && !retried {
 		keep, err := c.kept(r)
@@ -244,20 +266,34 @@ func (o *observer) open(r *Record) bool {
 }
 
 // admitted counts a delivery that an admission rule ended, and returns
-// its outcome: filtered or expired for a skip, dead_lettered for an
-// expired record sent to the dead-letter topic.
-func (o *observer) admitted(out hook.Outcome, err error) hook.Outcome {
-	switch {
-	case errors.Is(err, ErrFiltered):
+// its outcome, filtered or expired for a skip, dead_lettered for an
+// expired record sent to the dead-letter topic, and its error (the rule's,
+// when the scope ended it without one).
+func (o *observer) admitted(r *Record, out hook.Outcome, err error) (hook.Outcome, error) {
+	switch r.turned {
+	case turnedFiltered:
 		o.filtered.Add(1)
-		return hook.OutcomeFiltered
-	case errors.Is(err, ErrExpired):
+		return hook.OutcomeFiltered, cmpErr(err, errFiltered)
+	case turnedExpired:
 		o.expired.Add(1)
 		if out == hook.OutcomeSkipped {
-			return hook.OutcomeExpired
+			out = hook.OutcomeExpired
 		}
+		return out, cmpErr(err, errExpired)
 	}
-	return out
+	return out, err
+}
+
+// errExpired stands for an expired record's error in its delivery's end
+// when the scope ended it without one.
+var errExpired = retrytopic.Skip(ErrExpired)
+
+// cmpErr returns err, or def when err is nil.
+func cmpErr(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
 }
 
 // overran counts a handler call reported running past its deadline and

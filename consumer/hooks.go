@@ -103,8 +103,8 @@ func (o *observer) Context(ctx context.Context, r *Record) context.Context {
 // End ends r's delivery with outcome out (once: later calls for the same
 // delivery are ignored). err is the last handler error, if any.
 func (o *observer) End(r *Record, out hook.Outcome, err error) {
-	if err != nil && (out == hook.OutcomeSkipped || out == hook.OutcomeDeadLettered) && o.open(r) {
-		out = o.admitted(out, err)
+	if r.turned != admitted && (out == hook.OutcomeSkipped || out == hook.OutcomeDeadLettered) && o.open(r) {
+		out, err = o.admitted(r, out, err)
 	}
 	if o.Ended(r) {
 		return
