@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/kscope-dev/kscope/hook"
@@ -63,6 +64,7 @@ func (a ExpiredAction) String() string {
 // HandlerGrace).
 type callRules struct {
 	group      string
+	retryName  string // the prefix of the group's retry topics' names
 	keep       func(*Record) bool
 	maxAge     time.Duration
 	expired    ExpiredAction
@@ -73,7 +75,7 @@ type callRules struct {
 
 // newCallRules returns cfg's rules for a handler call.
 func newCallRules(cfg Config) callRules {
-	return callRules{group: cfg.Group, keep: cfg.Keep, maxAge: cfg.MaxAge, expired: cfg.Expired,
+	return callRules{group: cfg.Group, retryName: retrytopic.SafeName(cfg.Group) + ".kscope-retry-", keep: cfg.Keep, maxAge: cfg.MaxAge, expired: cfg.Expired,
 		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, expiredLog: ratelog.New(10, 10*time.Second)}
 }
 
@@ -151,7 +153,10 @@ func (f *failures) admit(r *Record) error {
 
 // admission applies the rules to r: Keep, then MaxAge.
 func (c *callRules) admission(f *failures, r *Record) error {
-	_, retried := retrytopic.RetryTopicDelay(c.group, r.Topic)
+	retried := false
+	if strings.HasPrefix(r.Topic, c.retryName) {
+		_, retried = retrytopic.RetryTopicDelay(c.group, r.Topic)
+	}
 	if c.keep != nil && !retried {
 		keep, err := c.kept(r)
 		if err != nil {

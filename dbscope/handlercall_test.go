@@ -26,7 +26,7 @@ func insertValue(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 	return err
 }
 
-// produceOne creates a one-partition topic and produces recs to it.
+// produceTo creates a one-partition topic and produces recs to it.
 func produceTo(t *testing.T, k *testenv.Kafka, topic string, recs ...*kgo.Record) {
 	t.Helper()
 	if err := k.CreateTopic(context.Background(), topic, 1); err != nil {
@@ -218,6 +218,69 @@ func TestDBMiddleware(t *testing.T) {
 	runToEnd(t, r, k, group, topic, "both records done", time.Minute, func() bool { return r.Stats().Done == 2 })
 	if got := strings.Join(effectKeys(t, pool), ","); got != "slow" {
 		t.Fatalf("applied %s; want slow alone (the panic's writes rolled back)", got)
+	}
+	mu.Lock()
+	perr, serr := seenErrs["panics"], seenErrs["slow"]
+	mu.Unlock()
+	if perr == nil || !strings.Contains(perr.Error(), "boom") {
+		t.Fatalf("the logging middleware saw %v for the panic; want an error naming it", perr)
+	}
+	if !errors.Is(serr, consumer.ErrHandlerTimeout) || consumer.ClassOf(serr) != consumer.ClassRetryable {
+		t.Fatalf("the timed-out call failed with %v; want ErrHandlerTimeout, of class retryable", serr)
+	}
+	if st := r.Stats(); st.Failures.DeadLettered != 1 {
+		t.Fatalf("DeadLettered %d; want 1 (the panic)", st.Failures.DeadLettered)
+	}
+}
+
+// A queued handler's chain runs in order too: RecoverQueue inside a
+// logging middleware lets it see a panic as an error (what the call
+// queued is not sent), TimeoutQueue's deadline makes a call fail as
+// retryable.
+func TestDBQueueMiddleware(t *testing.T) {
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "db-qmw", "g-db-qmw"
+	produceTo(t, k, topic,
+		&kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("panics")},
+		&kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("slow")},
+	)
+	var mu sync.Mutex
+	seenErrs := map[string]error{}
+	logging := func(next dbscope.QueueHandler) dbscope.QueueHandler {
+		return dbscope.QueueFunc(func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+			err := next.Queue(ctx, q, r)
+			mu.Lock()
+			if _, ok := seenErrs[string(r.Value)]; !ok || err != nil {
+				seenErrs[string(r.Value)] = err
+			}
+			mu.Unlock()
+			return err
+		})
+	}
+	var slow atomic.Int64
+	qh := dbscope.QueueFunc(func(ctx context.Context, q *dbscope.Queue, r *consumer.Record) error {
+		q.Exec(`INSERT INTO effects (message_id, key, seq) VALUES ($1, $2, 0)`, consumer.Identity{}.Of(r), string(r.Value))
+		switch string(r.Value) {
+		case "panics":
+			panic("boom")
+		case "slow":
+			if slow.Add(1) == 1 {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	cfg := baseConfig(k, group, topic)
+	cfg.Failures.UnknownAttempts = 1
+	r, err := dbscope.NewQueued(cfg, dbscope.Options{Pool: pool}, dbscope.ChainQueue(qh, logging, dbscope.RecoverQueue(), dbscope.TimeoutQueue(100*time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "both records done", time.Minute, func() bool { return r.Stats().Done == 2 })
+	if got := strings.Join(effectKeys(t, pool), ","); got != "slow" {
+		t.Fatalf("applied %s; want slow alone (the panicking call's statements not sent)", got)
 	}
 	mu.Lock()
 	perr, serr := seenErrs["panics"], seenErrs["slow"]

@@ -52,3 +52,32 @@ func Timeout(d time.Duration) Middleware {
 		})
 	}
 }
+
+// QueueMiddleware wraps a [QueueHandler] as [Middleware] wraps a Handler.
+// A queued handler runs before its record's transaction: a middleware sees
+// the statements it queued, not their result.
+type QueueMiddleware func(QueueHandler) QueueHandler
+
+// ChainQueue is [Chain] for a QueueHandler: m[0] is the outermost.
+func ChainQueue(h QueueHandler, m ...QueueMiddleware) QueueHandler {
+	return handlerchain.Chain(h, m)
+}
+
+// RecoverQueue is [Recover] for a QueueHandler: a panic becomes its error,
+// and what it queued is not sent.
+func RecoverQueue() QueueMiddleware {
+	return func(next QueueHandler) QueueHandler {
+		return QueueFunc(func(ctx context.Context, q *Queue, r *consumer.Record) error {
+			return handlerchain.Recover(func() error { return next.Queue(ctx, q, r) })
+		})
+	}
+}
+
+// TimeoutQueue is [Timeout] for a QueueHandler.
+func TimeoutQueue(d time.Duration) QueueMiddleware {
+	return func(next QueueHandler) QueueHandler {
+		return QueueFunc(func(ctx context.Context, q *Queue, r *consumer.Record) error {
+			return handlerchain.Deadline(ctx, d, func(ctx context.Context) error { return next.Queue(ctx, q, r) })
+		})
+	}
+}
