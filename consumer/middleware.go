@@ -23,7 +23,25 @@ type Middleware func(Handler) Handler
 // rules (Config.Keep, MaxAge), under Config.HandlerTimeout's deadline and
 // inside its own panic guard, which stays outermost as the last line of
 // defence whether or not the chain holds a Recover.
-func Chain(h Handler, m ...Middleware) Handler { return handlerchain.Chain(h, m) }
+//
+// A chain around a [Router] (any [RouteChecker]) keeps its construction
+// check: the runner checks the routes of the handler the chain wraps.
+func Chain(h Handler, m ...Middleware) Handler {
+	c := handlerchain.Chain(h, m)
+	if rc, ok := h.(RouteChecker); ok {
+		return routedChain{c, rc}
+	}
+	return c
+}
+
+// routedChain is a chain around a RouteChecker, which it answers for.
+type routedChain struct {
+	Handler
+	rc RouteChecker
+}
+
+// CheckRoutes implements RouteChecker.
+func (c routedChain) CheckRoutes(cfg Config) error { return c.rc.CheckRoutes(cfg) }
 
 // Recover returns middleware that turns a panic in the handlers it wraps
 // into their error, with the panic's stack, as the runner's own guard

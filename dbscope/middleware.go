@@ -24,7 +24,25 @@ type Middleware func(Handler) Handler
 // handler: after the admission rules (consumer.Config.Keep, MaxAge), under
 // consumer.Config.HandlerTimeout's deadline and inside its own panic
 // guard, which stays outermost whether or not the chain holds a Recover.
-func Chain(h Handler, m ...Middleware) Handler { return handlerchain.Chain(h, m) }
+//
+// A chain around a [Router] keeps its construction check: the runner
+// checks the routes of the handler the chain wraps.
+func Chain(h Handler, m ...Middleware) Handler {
+	c := handlerchain.Chain(h, m)
+	if rc, ok := h.(consumer.RouteChecker); ok {
+		return routedChain{c, rc}
+	}
+	return c
+}
+
+// routedChain is a chain around a RouteChecker, which it answers for.
+type routedChain struct {
+	Handler
+	rc consumer.RouteChecker
+}
+
+// CheckRoutes implements consumer.RouteChecker.
+func (c routedChain) CheckRoutes(cfg consumer.Config) error { return c.rc.CheckRoutes(cfg) }
 
 // Recover returns middleware that turns a panic in the handlers it wraps
 // into their error, with the panic's stack (logged once per record), as
@@ -58,10 +76,24 @@ func Timeout(d time.Duration) Middleware {
 // the statements it queued, not their result.
 type QueueMiddleware func(QueueHandler) QueueHandler
 
-// ChainQueue is [Chain] for a QueueHandler: m[0] is the outermost.
+// ChainQueue is [Chain] for a QueueHandler: m[0] is the outermost. A
+// chain around a [QueueRouter] keeps its construction check.
 func ChainQueue(h QueueHandler, m ...QueueMiddleware) QueueHandler {
-	return handlerchain.Chain(h, m)
+	c := handlerchain.Chain(h, m)
+	if rc, ok := h.(consumer.RouteChecker); ok {
+		return routedQueueChain{c, rc}
+	}
+	return c
 }
+
+// routedQueueChain is a queued chain around a RouteChecker.
+type routedQueueChain struct {
+	QueueHandler
+	rc consumer.RouteChecker
+}
+
+// CheckRoutes implements consumer.RouteChecker.
+func (c routedQueueChain) CheckRoutes(cfg consumer.Config) error { return c.rc.CheckRoutes(cfg) }
 
 // RecoverQueue is [Recover] for a QueueHandler: a panic becomes its error,
 // and what it queued is not sent.

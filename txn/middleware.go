@@ -22,7 +22,25 @@ type Middleware func(Handler) Handler
 // handler: after the admission rules (consumer.Config.Keep, MaxAge), under
 // consumer.Config.HandlerTimeout's deadline and inside its own panic
 // guard, which stays outermost whether or not the chain holds a Recover.
-func Chain(h Handler, m ...Middleware) Handler { return handlerchain.Chain(h, m) }
+//
+// A chain around a [Router] keeps its construction check: the runner
+// checks the routes of the handler the chain wraps.
+func Chain(h Handler, m ...Middleware) Handler {
+	c := handlerchain.Chain(h, m)
+	if rc, ok := h.(consumer.RouteChecker); ok {
+		return routedChain{c, rc}
+	}
+	return c
+}
+
+// routedChain is a chain around a RouteChecker, which it answers for.
+type routedChain struct {
+	Handler
+	rc consumer.RouteChecker
+}
+
+// CheckRoutes implements consumer.RouteChecker.
+func (c routedChain) CheckRoutes(cfg consumer.Config) error { return c.rc.CheckRoutes(cfg) }
 
 // Recover returns middleware that turns a panic in the handlers it wraps
 // into their error, with the panic's stack (logged once per record), as
