@@ -56,6 +56,8 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"Identity", "Identity.Of", "KafkaStats", "Lateness", "New", "NewScoped", "NullKeyPolicy", "Record",
 		"Record.Header", "Record.Revoked", "Retryable", "Runner", "Runner.Client",
 		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
+		"BatchError", "BatchError.Error", "BatchError.Unwrap", "BatchHandler", "BatchHandlerFunc",
+		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
