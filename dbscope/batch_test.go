@@ -1,0 +1,176 @@
+package dbscope_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// copyEffects writes the effects of recs with one COPY.
+func copyEffects(ctx context.Context, tx pgx.Tx, recs []*consumer.Record) error {
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"effects"}, []string{"message_id", "key", "seq"},
+		pgx.CopyFromSlice(len(recs), func(i int) ([]any, error) {
+			key, seq, _ := testenv.ParseKeyed(recs[i].Value)
+			return []any{consumer.Identity{}.Of(recs[i]), key, seq}, nil
+		}))
+	return err
+}
+
+// A batch handler that writes its records with one COPY applies each
+// record once: duplicates (a message id produced twice) are left out
+// before it, its calls take many records, and per-key order holds.
+func TestBatchHandlerCopiesEachRecordOnce(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "batched", "g-batched"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	const total = 300
+	var recs []*kgo.Record
+	for i := range total {
+		id := []kgo.RecordHeader{{Key: "message-id", Value: fmt.Appendf(nil, "m%d", i)}}
+		recs = append(recs, &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "k%d", i%7), Value: fmt.Appendf(nil, "k%d/%d", i%7, i/7), Headers: id})
+	}
+	recs = append(recs, recs[10], recs[200]) // produced again
+	for _, r := range recs {
+		r2 := *r
+		if err := k.Produce(ctx, &r2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	calls, largest := 0, 0
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 2
+	r, err := dbscope.NewBatch(cfg, dbscope.Options{Pool: pool}, dbscope.BatchHandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, recs []*consumer.Record) error {
+			mu.Lock()
+			calls += len(recs)
+			largest = max(largest, len(recs))
+			mu.Unlock()
+			return copyEffects(ctx, tx, recs)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "every delivery done", time.Minute, func() bool { return r.Stats().Done == total+2 })
+	if c := countEffects(t, pool); c.rows != total || c.unique != total {
+		t.Fatalf("effects %+v, want %d rows for %d messages", c, total, total)
+	}
+	st := r.Stats().DB
+	if st.Applied != total || st.Duplicates != 2 || calls != total {
+		t.Fatalf("stats %+v, records handed to the handler %d: want %d applied, 2 duplicates, %d handed", st, calls, total, total)
+	}
+	if largest < 2 {
+		t.Fatal("no call took more than one record")
+	}
+	wantKeyOrder(t, pool)
+}
+
+// batchFaults is a batch handler that writes with COPY and fails records
+// by their value: "a/2" is poison (FailedAt, terminal), "b/2" fails twice
+// as retryable (FailedAt), "c/2" makes its first call fail with a plain
+// error and "d/2" its first call panic.
+type batchFaults struct {
+	mu    sync.Mutex
+	seen  map[string]int
+	sizes []int
+}
+
+func (h *batchFaults) HandleBatch(ctx context.Context, tx pgx.Tx, recs []*consumer.Record) error {
+	if err := copyEffects(ctx, tx, recs); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sizes = append(h.sizes, len(recs))
+	for i, r := range recs {
+		v := string(r.Value)
+		h.seen[v]++ // calls that reached the record
+		switch {
+		case v == "a/2":
+			return consumer.FailedAt(i, consumer.DecodeError(errors.New("not JSON")))
+		case v == "b/2" && h.seen[v] < 3:
+			return consumer.FailedAt(i, consumer.Retryable(errors.New("gateway 503")))
+		case v == "c/2" && h.seen[v] == 1:
+			return errors.New("the batch's call broke")
+		case v == "d/2" && h.seen[v] == 1:
+			panic("a bad record")
+		}
+	}
+	return nil
+}
+
+// A failing record of a batch handler is rolled back and routed alone:
+// the poison record goes to the DLT and the flaky one is retried in place
+// (its handler given it alone), while the other records commit once and
+// the records of their keys after them wait for them. A plain error and a
+// panic run the batch again one record at a time. Each record applies
+// once, in per-key order.
+func TestBatchHandlerFailureIsolatesTheRecord(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "batched-faults", "g-batched-faults"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for seq := 1; seq <= 3; seq++ {
+		for _, key := range []string{"a", "b", "c", "d", "e"} {
+			recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(key), Value: fmt.Appendf(nil, "%s/%d", key, seq)})
+		}
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	h := &batchFaults{seen: map[string]int{}}
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	cfg.Failures.DisableRetryTopics = true
+	r, err := dbscope.NewBatch(cfg, dbscope.Options{Pool: pool}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(recs)) })
+	wantOutcomes(t, r, int64(len(recs)-1), 0, 1)
+	if c := countEffects(t, pool); c.rows != len(recs)-1 || c.unique != len(recs)-1 {
+		t.Fatalf("effects %+v, want %d rows, one per applied record", c, len(recs)-1)
+	}
+	wantKeyOrder(t, pool)
+	got := effectOrder(t, pool)
+	if slices.Contains(got, "a/2") {
+		t.Fatalf("the poison record's effect committed: %v", got)
+	}
+	dlt := k.ReadAll(t, retrytopic.DLTopic(group))
+	if len(dlt) != 1 || string(dlt[0].Value) != "a/2" {
+		t.Fatalf("DLT holds %d records, want a/2 alone", len(dlt))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !slices.ContainsFunc(h.sizes, func(n int) bool { return n > 1 }) || !slices.Contains(h.sizes, 1) {
+		t.Fatalf("call sizes %v: want batches and one-record calls", h.sizes)
+	}
+}
+
+func TestNewBatchRefusesANilHandler(t *testing.T) {
+	_, err := dbscope.NewBatch(consumer.Config{Brokers: []string{"localhost:9092"}, Group: "g", Topics: []string{"t"}}, dbscope.Options{}, nil)
+	var ce *consumer.ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("NewBatch(nil) = %v, want a *consumer.ConfigError", err)
+	}
+}
