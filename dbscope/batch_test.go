@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/sequence"
 )
 
 // copyEffects writes the effects of recs with one COPY.
@@ -173,4 +175,122 @@ func TestNewBatchRefusesANilHandler(t *testing.T) {
 	if !errors.As(err, &ce) {
 		t.Fatalf("NewBatch(nil) = %v, want a *consumer.ConfigError", err)
 	}
+}
+
+// With versions, a batch handler's calls take no two records of one key:
+// in-order versions of several keys apply, in order, in calls that still
+// take several keys' records; a repeated or older version is stale.
+func TestBatchHandlerWithVersions(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "acct-batched", "g-versions-batched"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for v := 1; v <= 3; v++ {
+		for _, key := range []string{"K", "L", "M"} {
+			recs = append(recs, versioned(topic, key, v, 0))
+		}
+	}
+	recs = append(recs, versioned(topic, "K", 3, 1), versioned(topic, "L", 1, 1)) // the same version again, an older one
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var calls [][]string
+	cfg := versionConfig(k, group, topic)
+	cfg.Shards = 1
+	r, err := dbscope.NewBatch(cfg, dbscope.Options{Pool: pool, Versions: &sequence.Config{}},
+		dbscope.BatchHandlerFunc(func(ctx context.Context, tx pgx.Tx, recs []*consumer.Record) error {
+			var keys []string
+			for _, r := range recs {
+				keys = append(keys, string(r.Key))
+			}
+			mu.Lock()
+			calls = append(calls, keys)
+			mu.Unlock()
+			return copyEffects(ctx, tx, recs)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == int64(len(recs)) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	got := appliedVersions(t, pool)
+	for _, key := range []string{"K", "L", "M"} {
+		if got[key] != "1,2,3" {
+			t.Fatalf("key %s applied versions %s, want 1,2,3", key, got[key])
+		}
+	}
+	if st := r.Stats().DB; st.Stale != 2 || st.Applied != 9 {
+		t.Fatalf("stats %+v: want 9 applied, 2 stale", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	several := false
+	for _, c := range calls {
+		several = several || len(c) > 1
+		seen := map[string]bool{}
+		for _, key := range c {
+			if seen[key] {
+				t.Fatalf("a call took two records of key %s: %v", key, calls)
+			}
+			seen[key] = true
+		}
+	}
+	if !several {
+		t.Fatalf("no call took more than one record: %v", calls)
+	}
+}
+
+// A transient error from a batch handler, returned as it is or through
+// FailedAt, retries the transaction after a backoff: nothing is routed to
+// the DLT and every record applies once.
+func TestBatchHandlerTransientErrorRetriesTheTransaction(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "batched-transient", "g-batched-transient"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 12 {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "k%d", i%4), Value: fmt.Appendf(nil, "k%d/%d", i%4, i/4)})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	calls := 0
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	r, err := dbscope.NewBatch(cfg, dbscope.Options{Pool: pool}, dbscope.BatchHandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, recs []*consumer.Record) error {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			switch n {
+			case 1:
+				return &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}
+			case 2:
+				return consumer.FailedAt(len(recs)-1, &pgconn.PgError{Code: "40001", Message: "could not serialize access"})
+			}
+			return copyEffects(ctx, tx, recs)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(recs)) })
+	wantOutcomes(t, r, int64(len(recs)), 0, 0)
+	if c := countEffects(t, pool); c.rows != len(recs) || c.unique != len(recs) {
+		t.Fatalf("effects %+v, want %d rows, one per record", c, len(recs))
+	}
+	wantKeyOrder(t, pool)
 }
