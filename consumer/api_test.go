@@ -55,6 +55,8 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"FailureStats", "Handler", "HandlerFunc", "HandlerFunc.Handle", "Health", "HoldStats",
 		"Identity", "Identity.Of", "KafkaStats", "Lateness", "New", "NewScoped", "NullKeyPolicy", "Record",
 		"Record.Header", "Record.Revoked", "Retryable", "Runner", "Runner.Client",
+		"CheckRoutes", "NewRouter", "RouteChecker", "Router", "Router.CheckRoutes", "Router.Default", "Router.Handle",
+		"Router.Header", "Router.Pattern", "Router.Topic",
 		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
 		"BatchError", "BatchError.Error", "BatchError.Unwrap", "BatchHandler", "BatchHandlerFunc",
 		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",

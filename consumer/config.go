@@ -57,8 +57,23 @@ type Config struct {
 	// and still has records in its retry topics.
 	Group string
 
-	// Topics are the topics to consume. Required, without duplicates.
+	// Topics are the topics to consume. Required, without duplicates,
+	// unless TopicPatterns is set.
 	Topics []string
+
+	// TopicPatterns are regular expressions (Go syntax, as franz-go's
+	// kgo.ConsumeRegex reads them: an expression matches anywhere in a
+	// name unless anchored with ^ and $): the runner also consumes every
+	// topic one of them matches, including topics created after it
+	// started, which it finds at its next metadata refresh (every
+	// DefaultPatternRefresh, unless ClientOptions set kgo.MetadataMaxAge).
+	// A pattern never matches kscope's own topics (retry, dead-letter and
+	// version changelog topics, of any group): a matched topic's failing
+	// records go to this group's retry and dead-letter topics as a named
+	// topic's do. Not supported by the Kafka scope (txn.New), which joins
+	// the group only once its producer is ready and then adds named
+	// topics. Java: subscribe(Pattern).
+	TopicPatterns []string
 
 	// ClientOptions are passed to franz-go's kgo.NewClient before kscope's
 	// own options: use them for TLS (kgo.DialTLSConfig), SASL (kgo.SASL),
@@ -265,9 +280,10 @@ func (c Config) validateSources(bad func(field, format string, args ...any)) (se
 	if strings.TrimSpace(c.Group) == "" {
 		bad("Group", "no consumer group given; set it to the group id this service consumes as")
 	}
-	if len(c.Topics) == 0 {
-		bad("Topics", "no topic given; set it to the topics to consume")
+	if len(c.Topics) == 0 && len(c.TopicPatterns) == 0 {
+		bad("Topics", "no topic given; set it to the topics to consume (or set TopicPatterns)")
 	}
+	validatePatterns(c.TopicPatterns, bad)
 	seen = make(map[string]bool, len(c.Topics))
 	for _, t := range c.Topics {
 		switch {

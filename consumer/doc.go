@@ -39,6 +39,17 @@
 // its offsets; the Kafka scope's records join a Kafka transaction, which
 // the runner ends with the offsets.
 //
+// # Several topics
+//
+// One runner consumes Config.Topics and every topic the regular
+// expressions of Config.TopicPatterns match, including topics created
+// after it started. A [Router] hands each record to the handler
+// registered for its topic, a header value on its topic (an event type),
+// or a pattern its topic matches, or to a default; dbscope.Router and
+// txn.Router do the same in the other scopes. The constructors refuse a
+// router that leaves a consumed topic without a route (see
+// [RouteChecker]); docs/routing.md has the details.
+//
 // # Failures
 //
 // A handler error is classified ([Skip], [Terminal], [DecodeError],

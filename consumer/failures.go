@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,7 @@ type failures struct {
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed                                    atomic.Int64
+	decodeFailures                            atomic.Int64 // records dead-lettered for a retrytopic.DecodeFailure
 	topics                                    bool
 }
 
@@ -115,6 +117,7 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 		}
 		f.deadLettered.Add(1)
 		f.stacks.forget(meta.ID)
+		f.undecodable(rec, err)
 		f.obs.Event(rec, hook.EventDeadLetter, out.Topic)
 		f.dltLog.Log(ctx, f.log, slog.LevelError, "kscope: record sent to the dead-letter topic", "records sent to the dead-letter topic",
 			append(recordAttrs(rec, total, err, 0), append(stack, slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(hook.OutcomeDeadLettered)))...)...)
@@ -141,6 +144,7 @@ func (f *failures) routedRecord(rec *Record, err error, step retrytopic.Step, at
 	if errors.As(err, &gap) {
 		meta.ExpectedVersion, meta.ActualVersion = gap.Expected, gap.Actual
 	}
+	meta.DecodeMetadata(err)
 	topic, spring := f.policy.DeadLetterTopic, f.policy.SpringHeaders
 	if step.Action == retrytopic.ActionRetryTopic {
 		topic, spring = step.Topic, false
@@ -156,6 +160,7 @@ func (f *failures) routedRecord(rec *Record, err error, step retrytopic.Step, at
 // Kafka scope, inside its transaction).
 func (f *failures) DeadLetterRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
 	step.Action = retrytopic.ActionDeadLetter
+	f.undecodable(rec, err)
 	return f.routedRecord(rec, err, step, attempt, firstFailure)
 }
 
@@ -187,7 +192,7 @@ func ensureFailureTopics(ctx context.Context, cfg Config, retryTopics bool) erro
 	}
 	defer adm.Close()
 	f := &failures{policy: cfg.Failures, group: cfg.Group, cl: adm, topics: retryTopics, log: cfg.Logger}
-	return f.ensureTopics(ctx, cfg.Topics)
+	return f.ensureTopics(ctx, sourceTopics(ctx, adm, cfg))
 }
 
 // LeftoverRetryTopics returns the retry topics of cfg's group that its
@@ -443,12 +448,39 @@ type FailureStats struct {
 	DeadLettered int64 // records acknowledged by the dead-letter topic
 	DLTErrors    int64 // failed produce attempts to the dead-letter or a retry topic
 	RetryTopic   int64 // records sent to a retry topic after failing
+	// DecodeFailures counts the records dead-lettered because their
+	// payload could not be decoded (a retrytopic.DecodeFailure: a
+	// codec's, or any consumer.DecodeError); they are in DeadLettered too
+	// (in the Kafka scope, in Stats.Kafka.DeadLettered). The Kafka scope
+	// counts one when its dead-letter record joins the transaction: a
+	// transaction that aborts and is replayed counts it again.
+	DecodeFailures int64
 }
 
 func (f *failures) stats() FailureStats {
 	return FailureStats{
 		Retries: f.retries.Load(), Skipped: f.skipped.Load(),
 		DeadLettered: f.deadLettered.Load(), DLTErrors: f.dltErrors.Load(),
-		RetryTopic: f.routed.Load(),
+		RetryTopic: f.routed.Load(), DecodeFailures: f.decodeFailures.Load(),
 	}
+}
+
+// undecodable counts rec as a decode failure and reports
+// hook.EventDecodeFailure when err, that sends it to the dead-letter topic,
+// is a retrytopic.DecodeFailure. The detail is the payload's format and
+// schema id, never the payload.
+func (f *failures) undecodable(rec *Record, err error) {
+	d, ok := retrytopic.AsDecodeFailure(err)
+	if !ok {
+		return
+	}
+	f.decodeFailures.Add(1)
+	detail := d.Format
+	if detail == "" {
+		detail = "payload"
+	}
+	if d.HasSchemaID {
+		detail += " schema-id=" + strconv.Itoa(d.SchemaID)
+	}
+	f.obs.Event(rec, hook.EventDecodeFailure, detail)
 }

@@ -145,7 +145,11 @@ func New(cfg Config, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &ConfigError{Struct: "consumer.New's handler", Reason: "is nil; pass the function that handles each record"}
 	}
-	return newRunner(cfg.WithDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
+	r, err := newRunner(cfg.WithDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
+	if err = errors.Join(err, CheckRoutes(cfg, h)); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // NewScoped returns a runner for the unit of work s, with cfg's defaults
@@ -186,6 +190,9 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 		r.delays = d.DelayedTopics()
 	}
 	if t, ok := s.(scope.Transactor[*Record]); ok {
+		if len(cfg.TopicPatterns) > 0 {
+			return nil, &ConfigError{Field: "TopicPatterns", Reason: "is set for a scope that commits in Kafka transactions (the Kafka scope), which does not support topic patterns; list the topics in Topics instead"}
+		}
 		r.txs = t
 		r.txnID, r.txnTimeout = t.TxnConfig()
 	}
@@ -330,7 +337,7 @@ func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 	f := r.useClient(cl)
 	r.pool.Start()
 	bg := r.startBackground(sessCtx)
-	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "shards", r.cfg.Shards, "transactional_id", r.txnID)
+	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "topic_patterns", r.cfg.TopicPatterns, "shards", r.cfg.Shards, "transactional_id", r.txnID)
 	if r.txs != nil {
 		renew = r.txnSession(sessCtx, runCtx)
 	} else {
@@ -451,6 +458,7 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 	}
+	opts = append(opts, r.patternDefaults()...)
 	opts = append(opts, r.cfg.ClientOptions...)
 	opts = append(opts, r.extra...)
 	opts = append(opts,
@@ -462,9 +470,6 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
 		kgo.WithHooks(&r.brokers),
-		// A transactional runner consumes once its producer ID is
-		// initialised (newClient), so that it joins the group only then.
-		kgo.ConsumeTopics(r.consumedAtStart()...),
 		// Transaction markers reach dispatchAll, which counts them done
 		// at once (a transactional runner, once the records it holds
 		// back before them are dispatched; see markersPolledLocked):
@@ -474,6 +479,9 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		// transactional producer writes).
 		kgo.KeepControlRecords(),
 	)
+	// A transactional runner consumes once its producer ID is
+	// initialised (newClient), so that it joins the group only then.
+	opts = append(opts, r.consumeOptions()...)
 	if r.txs != nil {
 		// A transactional session aborts the open transaction at a
 		// rebalance itself, and ends transactions between polls: a

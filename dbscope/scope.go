@@ -91,7 +91,7 @@ func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Run
 			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
 	}
 	r, err := consumer.NewScoped(cfg, s)
-	if err = errors.Join(err, oerr); err != nil {
+	if err = errors.Join(err, oerr, consumer.CheckRoutes(cfg, h), consumer.CheckRoutes(cfg, qh)); err != nil {
 		return nil, err
 	}
 	s.init(r.Config())

@@ -55,6 +55,10 @@ const (
 	EventDeadLetter  Event = "kscope.dead_letter"  // routed to the dead-letter topic
 	EventVersionGap  Event = "kscope.version_gap"  // ahead of its key's next version
 	EventVersionHeal Event = "kscope.version_heal" // applied after waiting for the versions before it
+	// EventDecodeFailure: the record's payload could not be decoded (a
+	// retrytopic.DecodeFailure) and it goes to the dead-letter topic;
+	// detail is its format and schema id, such as "avro schema-id=7".
+	EventDecodeFailure Event = "kscope.decode_failure"
 )
 
 // RecordStart is what RecordHook receives when a delivery starts.

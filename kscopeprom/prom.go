@@ -15,6 +15,9 @@
 //	                                         retried, parked, dead_lettered, skipped,
 //	                                         stale, gap
 //	kscope_handler_retries_total             failed attempts retried in place
+//	kscope_decode_failures_total{format}     records dead-lettered because their payload could
+//	                                         not be decoded (format: json, avro, protobuf, or
+//	                                         "payload" when the handler did not say)
 //	kscope_handling_duration_seconds         from the start of a delivery to its durable outcome
 //	kscope_in_flight_records                 records polled and not finished, per partition
 //	kscope_consumer_lag_records              high watermark minus the lowest unfinished offset
@@ -51,6 +54,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,6 +95,7 @@ type Metrics struct {
 	rebal     *prometheus.CounterVec
 	stalled   *prometheus.GaugeVec
 	held      *prometheus.GaugeVec
+	decode    *prometheus.CounterVec
 
 	relayMu sync.Mutex
 	relays  *relayCollector // registered at the first WatchRelay
@@ -142,7 +147,8 @@ func New(o Options) (*Metrics, error) {
 	m.rebal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_rebalances_total", Help: "Partition assignments, revocations and losses."}, []string{"consumer_group", "kind"})
 	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_stalled_key_shards", Help: "Key-shards that have finished none of their records for consumer.Config.StallWarning (a handler that does not return)."}, []string{"consumer_group", "topic"})
 	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_key_shards", Help: "Key-shards holding their records because the deployment is wrong (a missing table or column, a refused privilege): nothing is routed for them."}, []string{"consumer_group", "reason"})
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held} {
+	m.decode = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_decode_failures_total", Help: "Records dead-lettered because their payload could not be decoded."}, append(gt, "format"))
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -174,10 +180,15 @@ func (m *Metrics) OnRecordEnd(_ context.Context, e hook.RecordEnd) {
 	m.duration.WithLabelValues(e.Group, e.Record.Topic).Observe(e.Duration.Seconds())
 }
 
-// OnRecordEvent implements hook.RecordEventHook: in-place retries.
-func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, ev hook.Event, _ string) {
-	if ev == hook.EventRetry {
+// OnRecordEvent implements hook.RecordEventHook: in-place retries and
+// decode failures.
+func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, ev hook.Event, detail string) {
+	switch ev {
+	case hook.EventRetry:
 		m.retries.WithLabelValues(group, r.Topic).Inc()
+	case hook.EventDecodeFailure:
+		format, _, _ := strings.Cut(detail, " ")
+		m.decode.WithLabelValues(group, r.Topic, format).Inc()
 	}
 }
 

@@ -77,16 +77,26 @@ func Terminal(err error) error { return &classified{ClassTerminal, err} }
 func Retryable(err error) error { return &classified{ClassRetryable, err} }
 
 // DecodeError marks a record that could not be decoded or failed
-// validation. It is terminal: such a record is poison.
-func DecodeError(err error) error { return Terminal(fmt.Errorf("decode: %w", err)) }
+// validation. It is terminal: such a record is poison. err is wrapped in a
+// [DecodeFailure] unless its chain already holds one (a codec's), so the
+// dead-letter record carries the decode headers.
+func DecodeError(err error) error {
+	if decodeFailure(err) != nil {
+		return Terminal(err)
+	}
+	return Terminal(&DecodeFailure{Err: err})
+}
 
 // ClassOf returns the class an error was marked with (the outermost mark
-// wins), or ClassUnknown. A nil error has no class: callers check for nil
-// first.
+// wins), ClassTerminal for an unmarked [DecodeFailure], or ClassUnknown. A
+// nil error has no class: callers check for nil first.
 func ClassOf(err error) Class {
 	var c *classified
 	if errors.As(err, &c) {
 		return c.class
+	}
+	if decodeFailure(err) != nil {
+		return ClassTerminal
 	}
 	return ClassUnknown
 }

@@ -79,6 +79,12 @@ type Metadata struct {
 	// ExpectedVersion and ActualVersion describe the version gap the
 	// record was routed for (both 0 when none).
 	ExpectedVersion, ActualVersion int64
+	// Undecodable says the record was routed because its payload could
+	// not be decoded (a DecodeFailure); DecodeFormat is the payload's
+	// format when known, SchemaID the schema id it named (-1 when none).
+	Undecodable  bool
+	DecodeFormat string
+	SchemaID     int
 }
 
 // FromRecord returns the metadata r carries, filling in what it does not
@@ -97,6 +103,7 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 		OriginalTimestamp: r.Timestamp,
 		OriginalKey:       clip(r.Key, MaxKeyLength),
 		Stage:             -1,
+		SchemaID:          -1,
 	}
 	if len(r.Headers) == 0 {
 		return m, nil // a first hop without headers: nothing more to read
@@ -105,6 +112,7 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	d.origin(&m)
 	d.failures(&m)
 	d.routing(&m)
+	d.decode(&m)
 	return m, errors.Join(d.errs...)
 }
 
@@ -265,6 +273,7 @@ func (m Metadata) Headers(orig []kgo.RecordHeader, spring bool) []kgo.RecordHead
 		add(HeaderVersionExpected, strconv.FormatInt(m.ExpectedVersion, 10))
 		add(HeaderVersionActual, strconv.FormatInt(m.ActualVersion, 10))
 	}
+	out = m.appendDecode(out)
 	if spring {
 		add(SpringOriginalTopic, m.OriginalTopic)
 		out = append(out,

@@ -267,7 +267,7 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	s := &kafkaScope{o: o, h: h, dltLog: ratelog.New(10, 10*time.Second)}
 	s.init(cfg.WithDefaults()) // NewScoped reports the config's errors
 	r, err := consumer.NewScoped(cfg, s)
-	if err := errors.Join(append(errs, err)...); err != nil {
+	if err := errors.Join(append(errs, err, consumer.CheckRoutes(cfg, h))...); err != nil {
 		return nil, err
 	}
 	return &Runner{Runner: r, s: s}, nil
