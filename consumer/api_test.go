@@ -60,6 +60,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
 		"BatchError", "BatchError.Error", "BatchError.Unwrap", "BatchHandler", "BatchHandlerFunc",
 		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
+		"DecodeValue", "Typed",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
