@@ -294,3 +294,57 @@ func TestBatchHandlerTransientErrorRetriesTheTransaction(t *testing.T) {
 	}
 	wantKeyOrder(t, pool)
 }
+
+// A record a batch handler fails with FailedAt goes to a retry topic with
+// its key parked: the later records of its key wait in PostgreSQL and are
+// applied after it, in order (released through the batch handler, one at a
+// time), while the other keys' records commit at once.
+func TestBatchHandlerFailureParksTheKey(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "batched-parked", "g-batched-parked"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for seq := 1; seq <= 3; seq++ {
+		for _, key := range []string{"a", "b", "c"} {
+			recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(key), Value: fmt.Appendf(nil, "%s/%d", key, seq)})
+		}
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	failed := false
+	cfg := versionConfig(k, group, topic) // one attempt in place, then the retry topics
+	cfg.Shards = 1
+	r, err := dbscope.NewBatch(cfg, dbscope.Options{Pool: pool}, dbscope.BatchHandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, recs []*consumer.Record) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for i, r := range recs {
+				if string(r.Value) == "b/1" && !failed {
+					failed = true
+					return consumer.FailedAt(i, consumer.Retryable(errors.New("gateway 503")))
+				}
+			}
+			return copyEffects(ctx, tx, recs)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	testenv.WaitFor(t, time.Minute, "every record applied", func() bool { return countEffects(t, pool).rows == len(recs) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if c := countEffects(t, pool); c.rows != len(recs) || c.unique != len(recs) {
+		t.Fatalf("effects %+v, want %d rows, one per record", c, len(recs))
+	}
+	wantKeyOrder(t, pool)
+	if st := r.Stats().DB; st.Parked == 0 {
+		t.Fatalf("stats %+v: b/2 and b/3 did not wait behind b/1", st)
+	}
+}
