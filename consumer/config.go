@@ -154,6 +154,54 @@ type Config struct {
 	// Default 1 minute; a negative value turns the watch off.
 	StallWarning time.Duration
 
+	// HandlerTimeout puts a deadline on each handler call's context, in
+	// every scope (0: none, the default). A call that fails once the
+	// deadline passed fails with an error that matches
+	// [ErrHandlerTimeout] and is of class retryable unless the handler's
+	// error carries a class of its own: it is retried, then routed, by
+	// Failures like any transient failure (a call that returns nil after
+	// its deadline succeeded). A call still running HandlerGrace after
+	// its deadline ignores its context: the runner logs a WARN naming the
+	// record once, counts it in Stats.HandlerOverruns and reports
+	// hook.EventHandlerOverrun (kscope_handler_overruns_total in
+	// kscopeprom); it cannot stop the call, and StallWarning goes on
+	// reporting its key-shard. The Timeout middleware of each scope puts
+	// the same deadline on one handler.
+	HandlerTimeout time.Duration
+
+	// HandlerGrace is how long a call may run on past HandlerTimeout
+	// before it is reported as ignoring its context. Default
+	// DefaultHandlerGrace; only with HandlerTimeout.
+	HandlerGrace time.Duration
+
+	// Keep, when set, is asked about each record before any handler
+	// sees it: a record for which it returns false is filtered out. Its
+	// handler is not called; it is done in its key's order, its offset
+	// committed like any finished record's, counted in Stats.Filtered
+	// and ended with hook.OutcomeFiltered; it is not logged one by one.
+	// Keep reads a header, the key or the value (decode the value in it
+	// to keep by a field); it runs on the key-shard's worker, must not
+	// block and must be safe for concurrent use. Records of the group's
+	// retry topics passed it when they were first consumed and are not
+	// asked again. A panic in Keep is the record's failure, routed by
+	// Failures.
+	Keep func(r *Record) bool
+
+	// MaxAge, when set, expires a record older than it (by its
+	// timestamp; for a record of a retry topic, by the timestamp of the
+	// original record, so that one that waited in the retry topics past
+	// MaxAge expires) before any handler sees it. What becomes of it is
+	// Expired's choice; either way it is done in its key's order and
+	// counted in Stats.Expired. A record without a timestamp does not
+	// expire.
+	MaxAge time.Duration
+
+	// Expired says what becomes of a record older than MaxAge: sent to
+	// the dead-letter topic with its failure metadata (ExpiredDeadLetter,
+	// the default: nothing is lost) or skipped, its offset committed
+	// (ExpiredSkip, outcome hook.OutcomeExpired). Only with MaxAge.
+	Expired ExpiredAction
+
 	// NullKeys says how records without a key are routed. Default
 	// NullKeyOrdered.
 	NullKeys NullKeyPolicy
@@ -207,6 +255,9 @@ func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.HandlerTimeout > 0 && c.HandlerGrace == 0 {
+		c.HandlerGrace = DefaultHandlerGrace
+	}
 	c.Failures = c.Failures.WithDefaults(c.Group)
 	return c
 }
@@ -239,6 +290,7 @@ func (c Config) validate() error {
 	}
 	seen := c.validateSources(bad)
 	c.validateBounds(bad)
+	c.validateHandlerCall(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)
 	}

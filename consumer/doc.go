@@ -50,6 +50,17 @@
 // router that leaves a consumed topic without a route (see
 // [RouteChecker]); docs/routing.md has the details.
 //
+// # Around every handler call
+//
+// Before a handler sees a record, Config.Keep may filter it out and
+// Config.MaxAge expire it (skipped or dead-lettered, Config.Expired);
+// either way it is done in its key's order and its offset committed.
+// Config.HandlerTimeout puts a deadline on each call and reports a call
+// that runs on past it. [Middleware] wraps a handler ([Chain]; kscope's
+// own are [Recover] and [Timeout]), as dbscope.Middleware and
+// txn.Middleware do in the other scopes; docs/middleware.md has the
+// details.
+//
 // # Failures
 //
 // A handler error is classified ([Skip], [Terminal], [DecodeError],

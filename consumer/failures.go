@@ -37,6 +37,7 @@ type failures struct {
 	dltLog *ratelog.Limiter // one ERROR line per dead letter, up to a burst per window
 	hold   deploymentHold   // key-shards held by a deployment error (Round.Held)
 	stacks panicStacks      // the records whose panic stack was logged
+	calls  callRules        // the handler call's rules (handlercall.go)
 
 	skipped, deadLettered, dltErrors, retries atomic.Int64
 	routed                                    atomic.Int64
@@ -59,7 +60,7 @@ func (e engineOf) Handled(r *Record)                 { handled(r) }
 func newDLTLog() *ratelog.Limiter { return ratelog.New(10, 10*time.Second) }
 
 // Class classifies err under the policy.
-func (f *failures) Class(err error) Class { return f.policy.ClassOf(err) }
+func (f *failures) Class(err error) Class { return f.classOf(err) }
 
 // Decide returns what follows a failed attempt of rec, counting attempts
 // made on earlier hops (from rec's headers) plus attempt, those made here on
@@ -73,7 +74,7 @@ func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt i
 		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", recordAttrs(rec, attempt, herr, 0)...)
 	}
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
-	return f.policy.Next(f.policy.ClassOf(err), total, attempt, meta.Stage, topics && f.topics)
+	return f.policy.Next(f.classOf(err), total, attempt, meta.Stage, topics && f.topics)
 }
 
 // Route carries out step for rec. For a skip it logs and counts; for a
@@ -83,6 +84,9 @@ func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt i
 // ctx's error and the record is not done). firstFailure is when the record
 // first failed on this hop.
 func (f *failures) Route(ctx context.Context, rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) error {
+	if step.Action == retrytopic.ActionSkip && f.skippedByAdmission(ctx, rec, err) {
+		return nil
+	}
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
 	// A handler panic's stack goes in the first line about the record

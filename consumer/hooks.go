@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -25,6 +26,10 @@ type observer struct {
 	lateness  []hook.RetryLatenessHook
 	stall     []hook.StallHook
 	hold      []hook.HoldHook
+
+	// The handler call's counters (Stats.Filtered, Expired,
+	// HandlerOverruns), kept whether or not a hook observes.
+	filtered, expired, overruns atomic.Int64
 }
 
 // NewObserver returns the Observer of group's hooks.
@@ -98,6 +103,9 @@ func (o *observer) Context(ctx context.Context, r *Record) context.Context {
 // End ends r's delivery with outcome out (once: later calls for the same
 // delivery are ignored). err is the last handler error, if any.
 func (o *observer) End(r *Record, out hook.Outcome, err error) {
+	if r.turned != admitted && (out == hook.OutcomeSkipped || out == hook.OutcomeDeadLettered) && o.open(r) {
+		out, err = o.admitted(r, out, err)
+	}
 	if o.Ended(r) {
 		return
 	}

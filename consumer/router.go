@@ -91,8 +91,9 @@ func (r *Router) CheckRoutes(cfg Config) error { return checkTable(&r.t, "consum
 // ([New], dbscope.New, dbscope.NewQueued, txn.New) find it by type
 // assertion on the handler they are given and fail with its error, so
 // that a configuration whose records could not all be routed is refused
-// before it runs. A handler that wraps a router (middleware) hides it,
-// unless the wrapper implements RouteChecker too, forwarding the call.
+// before it runs. [Chain] (and dbscope.Chain, txn.Chain) forward the
+// check of the router they wrap; a wrapper of a service's own hides it,
+// unless it implements RouteChecker too, forwarding the call.
 type RouteChecker interface {
 	// CheckRoutes returns nil when every topic cfg consumes has a route,
 	// or an error (a *ConfigError, or several joined) that names each

@@ -137,6 +137,12 @@ func TestRouterUnroutedTopicFailsConstruction(t *testing.T) {
 	if _, err := consumer.New(cfg, consumer.NewRouter().Default(h)); err != nil {
 		t.Errorf("a router with a default: %v", err)
 	}
+	// A middleware chain around a router keeps the check.
+	cfg.TopicPatterns = nil
+	_, err = consumer.New(cfg, consumer.Chain(consumer.NewRouter().Topic("orders", h), consumer.Recover()))
+	if err == nil || !strings.Contains(err.Error(), `lists "shipments", which the handler (a consumer.Router) has no route for`) {
+		t.Errorf("a chain around a router without a route for shipments: %v", err)
+	}
 }
 
 // A record no route takes (a header value with no route, no default) goes

@@ -236,6 +236,7 @@ func (r *Runner) Stats() Stats {
 		Failures:         r.failureStats(),
 		Hold:             r.holdStats(),
 	}
+	r.obs.admissionStats(&st)
 	if r.txs != nil {
 		st.Kafka.Held = r.heldDue.Load()
 	}
@@ -373,7 +374,7 @@ func (r *Runner) useClient(cl *kgo.Client) *failures {
 	r.stopMu.Lock()
 	f := r.failures
 	if f == nil {
-		f = &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog()}
+		f = &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog(), calls: newCallRules(r.cfg)}
 		r.failures = f
 	}
 	f.cl = cl

@@ -25,6 +25,12 @@ type Stats struct {
 	// HoldStats. [Runner.Health] reports the runner not ready while
 	// Hold.Shards is above 0.
 	Hold HoldStats
+	// The handler call's rules (Config.Keep, MaxAge, HandlerTimeout),
+	// in every scope. DB.Skipped and Kafka.Skipped count filtered and
+	// expired skips too, as every record their scope finished as a skip.
+	Filtered        int64 // records Config.Keep filtered out (outcome filtered), their offsets committed
+	Expired         int64 // records older than Config.MaxAge: skipped (outcome expired) or dead-lettered (outcome dead_lettered, counted as a dead letter too)
+	HandlerOverruns int64 // handler calls still running HandlerGrace past their HandlerTimeout (each reported once)
 	// Waiting says why Run has not started consuming, while it waits for
 	// what its scope needs at start: in the DB scope, a database that does
 	// not answer (with its address and the last error), for up to

@@ -37,6 +37,11 @@ const (
 	OutcomeSkipped      Outcome = "skipped"       // a business outcome (Skip): acknowledged, not retried
 	OutcomeStale        Outcome = "stale"         // at or below its key's last applied version: skipped
 	OutcomeGap          Outcome = "gap"           // ahead of its key's next version: waits for the versions before it
+	OutcomeFiltered     Outcome = "filtered"      // dropped by consumer.Config.Keep before any handler: acknowledged, not handled
+	// OutcomeExpired: older than consumer.Config.MaxAge, skipped before
+	// any handler (consumer.ExpiredSkip). An expired record sent to the
+	// dead-letter topic (consumer.ExpiredDeadLetter) ends dead_lettered.
+	OutcomeExpired Outcome = "expired"
 	// OutcomeAborted: the delivery did not finish here (the partition
 	// was revoked, the runner stopped, or the transaction aborted); the
 	// record is delivered again, to this member or the next owner.
@@ -59,6 +64,10 @@ const (
 	// retrytopic.DecodeFailure) and it goes to the dead-letter topic;
 	// detail is its format and schema id, such as "avro schema-id=7".
 	EventDecodeFailure Event = "kscope.decode_failure"
+	// EventHandlerOverrun: the handler call runs on past
+	// consumer.Config.HandlerTimeout and HandlerGrace (it ignores its
+	// context); detail is the two together.
+	EventHandlerOverrun Event = "kscope.handler_overrun"
 )
 
 // RecordStart is what RecordHook receives when a delivery starts.

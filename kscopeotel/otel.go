@@ -8,7 +8,10 @@
 // continues the producer's trace from the record's W3C
 // traceparent header, so the handler's own spans (it gets the span's
 // context) sit under the producer's. Dedupe hits, in-place retries, retry
-// and dead-letter routing and version gaps are span events. Every record
+// and dead-letter routing, version gaps and handler overruns (a call past
+// consumer.Config.HandlerTimeout and HandlerGrace) are span events; a
+// filtered or expired record ends its span with outcome filtered or
+// expired, not as an error. Every record
 // kscope produces for a delivery (retry and dead-letter records, Kafka-scope
 // outputs) carries the span's context on, so one trace follows a record
 // through its retry hops.

@@ -13,11 +13,16 @@
 //	kscope_records_received_total            records polled
 //	kscope_records_processed_total{outcome}  deliveries by outcome: success, duplicate,
 //	                                         retried, parked, dead_lettered, skipped,
-//	                                         stale, gap
+//	                                         stale, gap, filtered (consumer.Config.Keep),
+//	                                         expired (consumer.Config.MaxAge, skipped)
 //	kscope_handler_retries_total             failed attempts retried in place
 //	kscope_decode_failures_total{format}     records dead-lettered because their payload could
 //	                                         not be decoded (format: json, avro, protobuf, or
 //	                                         "payload" when the handler did not say)
+//	kscope_handler_overruns_total            handler calls still running past
+//	                                         consumer.Config.HandlerTimeout and HandlerGrace
+//	                                         (they ignore their context; the runner's WARN
+//	                                         names the record)
 //	kscope_handling_duration_seconds         from the start of a delivery to its durable outcome
 //	kscope_in_flight_records                 records polled and not finished, per partition
 //	kscope_consumer_lag_records              high watermark minus the lowest unfinished offset
@@ -84,6 +89,7 @@ type Metrics struct {
 	received  *prometheus.CounterVec
 	processed *prometheus.CounterVec
 	retries   *prometheus.CounterVec
+	overruns  *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
 	inFlight  *prometheus.GaugeVec
 	lag       *prometheus.GaugeVec
@@ -135,6 +141,7 @@ func New(o Options) (*Metrics, error) {
 	m.received = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_records_received_total", Help: "Records polled."}, gt)
 	m.processed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_records_processed_total", Help: "Deliveries by durable outcome."}, append(gt, "outcome"))
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_handler_retries_total", Help: "Failed handler attempts retried in place."}, gt)
+	m.overruns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_handler_overruns_total", Help: "Handler calls still running past consumer.Config.HandlerTimeout and HandlerGrace (they ignore their context)."}, gt)
 	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kscope_handling_duration_seconds", Help: "From the start of a delivery to its durable outcome.", Buckets: buckets}, gt)
 	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_in_flight_records", Help: "Records polled and not finished."}, gtp)
 	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_records", Help: "High watermark minus the lowest unfinished offset."}, gtp)
@@ -148,7 +155,7 @@ func New(o Options) (*Metrics, error) {
 	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_stalled_key_shards", Help: "Key-shards that have finished none of their records for consumer.Config.StallWarning (a handler that does not return)."}, []string{"consumer_group", "topic"})
 	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_key_shards", Help: "Key-shards holding their records because the deployment is wrong (a missing table or column, a refused privilege): nothing is routed for them."}, []string{"consumer_group", "reason"})
 	m.decode = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_decode_failures_total", Help: "Records dead-lettered because their payload could not be decoded."}, append(gt, "format"))
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode} {
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -181,7 +188,7 @@ func (m *Metrics) OnRecordEnd(_ context.Context, e hook.RecordEnd) {
 }
 
 // OnRecordEvent implements hook.RecordEventHook: in-place retries and
-// decode failures.
+// decode failures and handler overruns.
 func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, ev hook.Event, detail string) {
 	switch ev {
 	case hook.EventRetry:
@@ -189,6 +196,8 @@ func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, 
 	case hook.EventDecodeFailure:
 		format, _, _ := strings.Cut(detail, " ")
 		m.decode.WithLabelValues(group, r.Topic, format).Inc()
+	case hook.EventHandlerOverrun:
+		m.overruns.WithLabelValues(group, r.Topic).Inc()
 	}
 }
 

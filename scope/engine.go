@@ -31,7 +31,7 @@ type Engine[R any] interface {
 	Handling(r R)
 	Handled(r R)
 	// Admit applies the runner's admission rules to r before any handler
-	// sees it (consumer.Config.Filter and MaxAge). It returns nil for a
+	// sees it (consumer.Config.Keep and MaxAge). It returns nil for a
 	// record to handle; for a record turned away, the error that says why,
 	// which the scope treats as the handler's own: a filtered record's is
 	// of class skip (it is done, with the outcome hook.OutcomeFiltered),
