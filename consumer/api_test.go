@@ -61,6 +61,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"BatchError", "BatchError.Error", "BatchError.Unwrap", "BatchHandler", "BatchHandlerFunc",
 		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
 		"DecodeValue", "Typed",
+		"Chain", "ExpiredAction", "ExpiredAction.String", "Middleware", "Recover", "Timeout",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -208,3 +208,48 @@ func TestFailedAtIsFoundThroughWrapping(t *testing.T) {
 		t.Fatal("a plain error read as a FailedAt")
 	}
 }
+
+// Records Config.Keep filters out never reach a batch handler; the records
+// around them are batched on each side, and every record is done.
+func TestBatchHandlerSeesOnlyAdmittedRecords(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "batch-keep", "g-batch-keep"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 12 {
+		v := fmt.Sprint("v", i)
+		if i%4 == 3 {
+			v = "drop"
+		}
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint("k", i%3)), Value: []byte(v)})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Shards = 1
+	cfg.Keep = func(r *consumer.Record) bool { return string(r.Value) != "drop" }
+	r, err := consumer.NewBatch(cfg, consumer.BatchHandlerFunc(func(_ context.Context, recs []*consumer.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, rec := range recs {
+			seen = append(seen, string(rec.Value))
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "every record done", func() bool { return r.Stats().Done == int64(len(recs)) })
+	mu.Lock()
+	defer mu.Unlock()
+	if slices.Contains(seen, "drop") || len(seen) != 9 {
+		t.Fatalf("the handler saw %v: want the 9 records Keep admits", seen)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -347,4 +348,53 @@ func TestBatchHandlerFailureParksTheKey(t *testing.T) {
 	if st := r.Stats().DB; st.Parked == 0 {
 		t.Fatalf("stats %+v: b/2 and b/3 did not wait behind b/1", st)
 	}
+}
+
+// Records Config.Keep filters out never reach a DB-scope batch handler:
+// they are done, skipped, in the transaction of the records around them,
+// which apply once.
+func TestBatchHandlerSeesOnlyAdmittedRecords(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "batched-keep", "g-batched-keep"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 12 {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "k%d", i%3), Value: fmt.Appendf(nil, "k%d/%d", i%3, i/3)})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(k, group, topic)
+	cfg.Shards = 1
+	cfg.Keep = func(r *consumer.Record) bool { return !strings.HasPrefix(string(r.Value), "k1/") }
+	var mu sync.Mutex
+	saw := false
+	r, err := dbscope.NewBatch(cfg, dbscope.Options{Pool: pool}, dbscope.BatchHandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, recs []*consumer.Record) error {
+			for _, r := range recs {
+				if strings.HasPrefix(string(r.Value), "k1/") {
+					mu.Lock()
+					saw = true
+					mu.Unlock()
+				}
+			}
+			return copyEffects(ctx, tx, recs)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, r, k, group, topic, "every record done", time.Minute, func() bool { return r.Stats().Done == int64(len(recs)) })
+	mu.Lock()
+	defer mu.Unlock()
+	if saw {
+		t.Fatal("the batch handler was given a record Keep filtered out")
+	}
+	if c := countEffects(t, pool); c.rows != 8 || c.unique != 8 {
+		t.Fatalf("effects %+v, want the 8 admitted records once each", c)
+	}
+	wantKeyOrder(t, pool)
 }
