@@ -28,7 +28,7 @@ import (
 //     (the handler is called with a one-record slice), so each gets an
 //     outcome of its own.
 //
-// Records that the admission rules turn away (Config.Filter, MaxAge) are
+// Records that the admission rules turn away (Config.Keep, MaxAge) are
 // not passed to it: they have their outcome (filtered, expired) on their
 // own, and the records around them are batched on each side. The call runs
 // under Config.HandlerTimeout's deadline and the panic guard, as a

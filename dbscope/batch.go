@@ -41,7 +41,7 @@ import (
 // lost connection) or a deployment error ([IsDeploymentError]), returned
 // as it is or through FailedAt, retries the transaction after a backoff,
 // as for a [Handler]. Records that the admission rules turn away
-// (consumer.Config.Filter, MaxAge) are not passed to it: they end as
+// (consumer.Config.Keep, MaxAge) are not passed to it: they end as
 // those rules say, in the same transaction. The handler must not commit or
 // roll back tx. With Options.Versions, a call takes no two records of one
 // key: a batch goes on in further calls, in the same transaction, from

@@ -39,7 +39,7 @@ type BatchEmitter interface {
 //     is handled again alone (the handler is called with a one-record
 //     slice), so each gets an outcome of its own.
 //
-// Records that the admission rules turn away (consumer.Config.Filter,
+// Records that the admission rules turn away (consumer.Config.Keep,
 // MaxAge) are not passed to it. With Options.Versions, the handler is
 // called with one record at a time: each record's version is checked, and
 // its key's last version advanced, before the next record of the key runs.
