@@ -23,6 +23,11 @@ var notes = map[string]string{
 		"1,000 records, the inbox rows through the DB scope's own multi-row `INSERT … SELECT unnest($2) ON CONFLICT DO NOTHING` " +
 		"and the effect rows through the handler's statement, all sent as one pipelined batch; two connections (one per core) in parallel. " +
 		"The kscope rows are those of r3 above.",
+	"r3_batch_vs_ceiling": "The DB scope with a batch handler (`dbscope.NewBatch`) that writes its records' effect rows with one " +
+		"`tx.CopyFrom`, in the transaction that inserts their inbox rows (the DB scope's `INSERT … SELECT unnest($2) ON CONFLICT DO NOTHING`, which " +
+		"deduplicates). The ceiling writes the same inbox and effect rows with no Kafka and no deduplication: each transaction is a COPY of the " +
+		"inbox rows and a COPY of the effect rows, as many records as the DB scope's batch, on 16 connections in parallel (as many as the DB scope's key-shards; with two, one per core, " +
+		"the ceiling waits on its commits' WAL flushes and reaches a third of this rate).",
 	"peer_watermill": "Watermill's Kafka subscriber (watermill-kafka v3, Sarama) with its default Sarama configuration " +
 		"(oldest offset first); each message is handled in a goroutine of its own, as Watermill's router does, in one transaction " +
 		"(inbox row, effect row) and then acknowledged. The subscriber sends a partition's next message only after the previous one's ack, " +

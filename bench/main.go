@@ -85,7 +85,7 @@ func main() {
 	runs := flag.Int("runs", 3, "measured runs per figure (the median is reported)")
 	summaryPath := flag.String("summary", "", "also write the last line (the JSON summary) to this file")
 	quickPath := flag.String("quick", "", "a quick run's summary file (-summary) to show beside this run's ratios")
-	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r4, apache (Parallel Consumer and the Apache Kafka figures), r5, rss, sweeps")
+	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r3batch, r4, apache (Parallel Consumer and the Apache Kafka figures), r5, rss, sweeps")
 	flag.Parse()
 	if *only != "" {
 		p := plans[*mode]
@@ -202,6 +202,11 @@ func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
 	}
 	if p.has("r3") {
 		if err := b.r3(ctx, p, rep); err != nil {
+			return err
+		}
+	}
+	if p.has("r3batch") {
+		if err := b.r3Batch(ctx, p, rep); err != nil {
 			return err
 		}
 	}

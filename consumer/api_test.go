@@ -58,6 +58,10 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"CheckRoutes", "NewRouter", "RouteChecker", "Router", "Router.CheckRoutes", "Router.Default", "Router.Handle",
 		"Router.Header", "Router.Pattern", "Router.Topic",
 		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
+		"BatchError", "BatchError.Error", "BatchError.Unwrap", "BatchHandler", "BatchHandlerFunc",
+		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
+		"DecodeValue", "Typed",
+		"Chain", "ExpiredAction", "ExpiredAction.String", "Middleware", "Recover", "Timeout",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

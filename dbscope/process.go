@@ -218,7 +218,7 @@ func (s *dbScope) routeFailed(ctx context.Context, r *consumer.Record, res resul
 // Handler, each of whose records may take a savepoint. (Records left out
 // would have their inbox rows inserted and deleted again.)
 func (s *dbScope) txLimit(n int) int {
-	if s.qh == nil {
+	if s.qh == nil && s.bh == nil {
 		return min(n, maxSavepoints)
 	}
 	return n
@@ -264,12 +264,13 @@ func (s *dbScope) apply(ctx context.Context, recs []*consumer.Record, done func(
 	// the constraints were checked after each record. (A transaction over
 	// fewer records leaves the rest notTried, for the next one.)
 	var known map[int]error
+	single := false // a batch handler's records, one call each
 	lim := len(work)
 	var res []result
 	var stop *transientError
 	var err error
 	for again := true; again; {
-		res, stop, err = s.runTx(ctx, work[:lim], ids[:lim], fails, calls, known)
+		res, stop, err = s.runTx(ctx, work[:lim], ids[:lim], fails, calls, known, single)
 		var ie *isolateError
 		var cv *commitViolation
 		switch {
@@ -279,6 +280,8 @@ func (s *dbScope) apply(ctx context.Context, recs []*consumer.Record, done func(
 			known = withKnown(known, cv.wrote[0], cv)
 		case errors.As(err, &cv) && len(cv.wrote) > 1:
 			lim = cv.wrote[len(cv.wrote)/2]
+		case errors.Is(err, errIsolateBatch) && !single:
+			single = true
 		default:
 			again = false
 		}

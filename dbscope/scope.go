@@ -101,6 +101,7 @@ func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Run
 type dbScope struct {
 	h      Handler
 	qh     QueueHandler // instead of h: the handler queues its statements
+	bh     BatchHandler // instead of h: the handler takes a transaction's records together
 	o      Options
 	log    *slog.Logger
 	shards int
@@ -454,6 +455,9 @@ func (s *dbScope) deployment(err error) bool {
 // call runs the handler through the engine (scope.Engine.Call): the
 // admission rules, the handler timeout, the panic guard, the stall watch.
 func (s *dbScope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+	if s.bh != nil {
+		return s.callOne(ctx, tx, r)
+	}
 	return s.eng.Call(ctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, tx, r) })
 }
 

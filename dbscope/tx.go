@@ -23,9 +23,9 @@ import (
 // handler twice. A transient error raised by a record's handler with the
 // connection alive ends the transaction early: the records before it
 // commit, it and those after it are notTried, and it is returned as stop.
-func (s *dbScope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error) (res []result, stop *transientError, err error) {
+func (s *dbScope) runTx(ctx context.Context, work []*consumer.Record, ids []string, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, known map[int]error, single bool) (res []result, stop *transientError, err error) {
 	b := &batchTx{s: s, ctx: ctx, work: work, ids: ids, fails: fails, calls: calls, known: known,
-		ordered: s.ordered(), honour: s.honours(), vers: s.o.Versions, cut: len(work)}
+		ordered: s.ordered(), honour: s.honours(), vers: s.o.Versions, cut: len(work), batch: s.bh != nil && !single}
 	b.metas = make([]retrytopic.Metadata, len(work))
 	for i, r := range work {
 		b.metas[i] = s.f.MetadataOf(r, ids[i])
@@ -67,6 +67,9 @@ func (s *dbScope) runTx(ctx context.Context, work []*consumer.Record, ids []stri
 		if b.stop != nil {
 			break
 		}
+	}
+	if err := b.runBatch(); err != nil {
+		return nil, nil, err
 	}
 	if err := b.commit(); err != nil {
 		return nil, nil, err
@@ -119,7 +122,12 @@ type batchTx struct {
 	savepoints int
 	cut        int // the records from cut on are notTried
 	// versions[i] is record i's version when versions are checked.
-	versions    []int64
+	versions []int64
+	// batch: a BatchHandler's records go to one call (ready) instead of
+	// a call each (see runBatch); unset when the transaction runs one
+	// record at a time.
+	batch       bool
+	ready       []int
 	blocked     map[string]bool // keys with a failed record in this transaction
 	blockedNull bool
 	stop        *transientError
@@ -195,6 +203,11 @@ func (b *batchTx) record(i int) error {
 		return err
 	}
 	hctx := b.s.obs.Context(b.ctx, r)
+	if b.batch && b.vers != nil && r.Key != nil && b.readyHas(i) {
+		if err := b.runBatch(); err != nil {
+			return err
+		}
+	}
 	if b.vers != nil && r.Key != nil {
 		check, done, err := b.checkVersion(i)
 		if done || err != nil {
@@ -205,9 +218,12 @@ func (b *batchTx) record(i int) error {
 	var herr error
 	var handled bool
 	var err error
-	if b.s.qh != nil {
+	switch {
+	case b.batch:
+		return b.toBatch(i)
+	case b.s.qh != nil:
 		herr, handled, err = b.runQueued(i, hctx)
-	} else {
+	default:
 		herr, handled, err = b.runHandler(i, hctx)
 	}
 	if handled || err != nil || b.stop != nil {

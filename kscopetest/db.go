@@ -16,6 +16,11 @@ import (
 type DBPipeline struct {
 	// Handler is the service's handler, unchanged.
 	Handler dbscope.Handler
+	// BatchHandler, instead of Handler, is the service's batch handler
+	// (dbscope.NewBatch), unchanged. The records of a call whose
+	// transaction rolls back for another record's failure are called
+	// again by design; the kit does not count that as a repeat.
+	BatchHandler dbscope.BatchHandler
 	// Schema creates the service's tables (run after dbscope.Migrate).
 	Schema string
 	// Options are the service's DB-scope options; the kit sets Pool.
@@ -64,6 +69,9 @@ func dbPipeline(t *testing.T, p DBPipeline) pipeline {
 		build: func(cfg consumer.Config, f *Faults) (kitRunner, error) {
 			o := p.Options
 			o.Pool = pool
+			if p.BatchHandler != nil {
+				return dbBatch(cfg, o, p.BatchHandler, f)
+			}
 			r, err := dbscope.New(cfg, o, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 				return f.Call(r, func() error { return p.Handler.Handle(ctx, tx, r) })
 			}))

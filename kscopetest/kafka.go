@@ -25,6 +25,9 @@ import (
 type KafkaPipeline struct {
 	// Handler is the service's handler, unchanged.
 	Handler txn.Handler
+	// BatchHandler, instead of Handler, is the service's batch handler
+	// (txn.NewBatch), unchanged.
+	BatchHandler txn.BatchHandler
 	// OutputTopics are the topics the handler emits to (the kit creates
 	// them), and OutputsPerInput how many records it emits per valid
 	// input.
@@ -143,6 +146,13 @@ func (h *kafkaHarness) runner(txnID string, opts txn.Options) *txn.Runner {
 	opts.TransactionalID = txnID
 	if opts.CommitInterval == 0 {
 		opts.CommitInterval = 20 * time.Millisecond
+	}
+	if h.p.BatchHandler != nil {
+		r, err := h.kafkaBatch(cfg, opts)
+		if err != nil {
+			h.t.Fatalf("kscopetest: building the pipeline: %v", err)
+		}
+		return r
 	}
 	r, err := txn.New(cfg, opts, txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
 		err := h.inject.before(r, kitIDHeader)

@@ -21,6 +21,9 @@
 //   - batch partial failure: the rest of the batch commits;
 //   - replay: consuming the topic again causes no new effect.
 //
+// A pipeline's batch handler ([DBPipeline].BatchHandler,
+// [KafkaPipeline].BatchHandler) runs the same tables as a per-record one.
+//
 // A scenario that does not apply to the pipeline (the undecodable record
 // without [DBPipeline].Undecodable or [ScopePipeline].Undecodable,
 // out-of-order versions without Options.Versions or with a version

@@ -52,6 +52,7 @@ func (c *counters) add(o *counters) {
 type kafkaScope struct {
 	o      Options
 	h      Handler
+	batch  *batchState // a batch handler's (NewBatch): h is its per-record path
 	cfg    consumer.Config
 	log    *slog.Logger
 	vs     *versionStore // nil without Options.Versions
@@ -181,6 +182,10 @@ func (s *kafkaScope) Start(ctx context.Context) error {
 
 // Process handles a batch of one partition's records, one by one.
 func (s *kafkaScope) Process(ctx context.Context, batch []*consumer.Record, done func(*consumer.Record)) {
+	if s.batch != nil {
+		s.processBatch(ctx, batch, done)
+		return
+	}
 	for _, rec := range batch {
 		if !s.handle(ctx, rec, done) {
 			return // stopped, or the record's assignment ended: its next owner redoes it
