@@ -316,8 +316,8 @@ func exampleDirs(t *testing.T) []string {
 			out = append(out, e.Name())
 		}
 	}
-	if len(out) < 5 {
-		t.Fatalf("found examples %v, want the five", out)
+	if len(out) < 6 {
+		t.Fatalf("found examples %v, want the six", out)
 	}
 	return out
 }
