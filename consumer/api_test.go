@@ -60,7 +60,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
 		"BatchError", "BatchError.Error", "BatchError.Unwrap", "BatchHandler", "BatchHandlerFunc",
 		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
-		"DecodeValue", "Typed",
+		"DecodeValue", "Decoder", "Encoder", "Typed",
 		"Chain", "ExpiredAction", "ExpiredAction.String", "Middleware", "Recover", "Timeout",
 	}
 	slices.Sort(want)

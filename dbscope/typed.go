@@ -5,7 +5,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/kscope-dev/kscope/codec"
 	"github.com/kscope-dev/kscope/consumer"
 )
 
@@ -16,7 +15,7 @@ import (
 // unchanged, with the decode headers (see consumer.Typed). fn runs as a
 // Handler does: its writes commit with the record's inbox row, exactly
 // once.
-func Typed[T any](c codec.Codec[T], fn func(ctx context.Context, tx pgx.Tx, r *consumer.Record, v T) error) Handler {
+func Typed[T any](c consumer.Decoder[T], fn func(ctx context.Context, tx pgx.Tx, r *consumer.Record, v T) error) Handler {
 	return HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 		v, err := consumer.DecodeValue(ctx, c, r)
 		if err != nil {
@@ -28,7 +27,7 @@ func Typed[T any](c codec.Codec[T], fn func(ctx context.Context, tx pgx.Tx, r *c
 
 // TypedQueue is [Typed] for a [QueueHandler]: fn queues the statements of
 // the record and its decoded value on q.
-func TypedQueue[T any](c codec.Codec[T], fn func(ctx context.Context, q *Queue, r *consumer.Record, v T) error) QueueHandler {
+func TypedQueue[T any](c consumer.Decoder[T], fn func(ctx context.Context, q *Queue, r *consumer.Record, v T) error) QueueHandler {
 	return QueueFunc(func(ctx context.Context, q *Queue, r *consumer.Record) error {
 		v, err := consumer.DecodeValue(ctx, c, r)
 		if err != nil {

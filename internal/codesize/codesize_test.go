@@ -80,7 +80,7 @@ func sources(t *testing.T) []source {
 		}
 		name := d.Name()
 		if d.IsDir() {
-			if path != root && (name == "testdata" || strings.HasPrefix(name, ".") || path == filepath.Join(root, "bin")) {
+			if path != root && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || path == filepath.Join(root, "bin")) {
 				return filepath.SkipDir
 			}
 			return nil
