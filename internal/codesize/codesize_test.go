@@ -68,7 +68,7 @@ func declaresModule(path string) bool {
 }
 
 // sources parses every non-test Go file under the module root, nested
-// modules included, skipping testdata, hidden directories and the root's
+// modules included, skipping testdata, hidden and _-prefixed directories and the root's
 // bin/ directory.
 func sources(t *testing.T) []source {
 	t.Helper()
