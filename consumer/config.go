@@ -221,6 +221,12 @@ type Config struct {
 	// policy; see retrytopic.Policy.
 	Failures retrytopic.Policy
 
+	// RateLimit bounds how fast handlers are called: records (and bytes)
+	// a second, of the runner, of a topic, of a key; taken before each
+	// handler call. No limit by default. See [RateLimit] and
+	// docs/flow-control.md.
+	RateLimit RateLimit
+
 	// Hooks observe the runner: metrics, traces, lag (see package hook;
 	// the kscopeprom and kscopeotel packages provide them). None by
 	// default.
@@ -291,6 +297,7 @@ func (c Config) validate() error {
 	seen := c.validateSources(bad)
 	c.validateBounds(bad)
 	c.validateHandlerCall(bad)
+	c.validateRateLimit(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)
 	}

@@ -271,9 +271,11 @@ func (r *Runner) pauseBusiest(capacity int64) {
 	}
 }
 
-// resume resumes fetching a partition paused for backpressure. Pausing and
-// resuming are serialized, so the client's paused set and the runner's
-// flags cannot disagree.
+// resume resumes fetching a partition paused for backpressure, unless a
+// delay hold or a user's pause (pause.go) still holds it: a partition is
+// fetched only when no reason holds it. Pausing and resuming are
+// serialized, so the client's paused set and the runner's flags cannot
+// disagree.
 func (r *Runner) resume(st *partState) {
 	r.pauseMu.Lock()
 	defer r.pauseMu.Unlock()
@@ -284,7 +286,7 @@ func (r *Runner) resumeLocked(st *partState) {
 	if st.paused.Load() {
 		st.paused.Store(false)
 		r.paused.Add(-1)
-		if !st.holdPaused {
+		if !st.holdPaused && !r.userHolds(st) {
 			r.cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
 		}
 	}
@@ -292,7 +294,7 @@ func (r *Runner) resumeLocked(st *partState) {
 
 // setHoldPaused pauses fetching of a delay-topic partition while its head
 // record waits for its due time, and resumes it after, unless backpressure
-// still holds it. A revoked partition is never paused: forget, which
+// or a user's pause still holds it. A revoked partition is never paused: forget, which
 // resumes it, may have run already, and the client keeps a pause across
 // rebalances (the partition, assigned here again, would never be fetched).
 func (r *Runner) setHoldPaused(st *partState, on bool) {
@@ -306,7 +308,7 @@ func (r *Runner) setHoldPaused(st *partState, on bool) {
 	switch {
 	case on:
 		r.cl.PauseFetchPartitions(tps)
-	case !st.paused.Load():
+	case !st.paused.Load() && !r.userHolds(st):
 		r.cl.ResumeFetchPartitions(tps)
 	}
 }

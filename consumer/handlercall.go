@@ -70,13 +70,14 @@ type callRules struct {
 	expired    ExpiredAction
 	timeout    time.Duration
 	grace      time.Duration
+	limits     *limits // Config.RateLimit; nil without one
 	expiredLog *ratelog.Limiter // one INFO line per expired skip, up to a burst per window
 }
 
 // newCallRules returns cfg's rules for a handler call.
 func newCallRules(cfg Config) callRules {
 	return callRules{group: cfg.Group, retryName: retrytopic.SafeName(cfg.Group) + ".kscope-retry-", keep: cfg.Keep, maxAge: cfg.MaxAge, expired: cfg.Expired,
-		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, expiredLog: ratelog.New(10, 10*time.Second)}
+		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), expiredLog: ratelog.New(10, 10*time.Second)}
 }
 
 // validateHandlerCall checks the handler call's fields and reports each
@@ -105,10 +106,17 @@ func (c Config) validateHandlerCall(bad func(field, format string, args ...any))
 // MaxAge) applied to r before its handler runs.
 func (e engineOf) Admit(r *Record) error { return e.f.admit(r) }
 
-// Call implements scope.Engine.
+// Call implements scope.Engine: admission, then Config.RateLimit's wait
+// (not a stall, not under HandlerTimeout), then the call.
 func (e engineOf) Call(ctx context.Context, r *Record, call func(ctx context.Context) error) error {
 	if err := e.f.admit(r); err != nil {
 		return err
+	}
+	if l := e.f.calls.limits; l != nil {
+		rs := [1]*Record{r}
+		if err := l.take(ctx, rs[:]); err != nil {
+			return err
+		}
 	}
 	return e.f.call(ctx, r, call)
 }
@@ -117,6 +125,9 @@ func (e engineOf) Call(ctx context.Context, r *Record, call func(ctx context.Con
 func (e engineOf) CallBatch(ctx context.Context, rs []*Record, call func(ctx context.Context) error) error {
 	if len(rs) == 0 {
 		return nil
+	}
+	if err := e.f.calls.limits.take(ctx, rs); err != nil {
+		return err
 	}
 	return e.f.call(ctx, rs[0], call)
 }

@@ -431,7 +431,7 @@ func (r *Runner) reportLag() {
 	r.pauseMu.Lock()
 	paused := make(map[*partState]bool, len(sts))
 	for _, st := range sts {
-		paused[st] = st.paused.Load() || st.holdPaused
+		paused[st] = st.paused.Load() || st.holdPaused || r.userHolds(st)
 	}
 	r.pauseMu.Unlock()
 	for _, st := range sts {

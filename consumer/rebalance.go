@@ -44,7 +44,7 @@ func (r *Runner) onCommit(res commit.Result) {
 	r.commits.Add(1)
 }
 
-func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (r *Runner) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	r.rebalances.Add(1)
 	r.joined.Store(true)
 	r.endUnreported(assigned)
@@ -58,10 +58,11 @@ func (r *Runner) onAssigned(_ context.Context, _ *kgo.Client, assigned map[strin
 		for _, p := range ps {
 			k := tp{topic, p}
 			wm := r.tracker.Assign(topic, p)
-			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.hardCtx, wm), bufs: r.doneBufs}
+			r.parts[k] = &partState{Assignment: partition.NewAssignment(r.assignCtx(), wm), bufs: r.doneBufs}
 		}
 	}
 	r.mu.Unlock()
+	r.pauseAssigned(cl, assigned)
 	r.obs.Rebalance("assigned", count(assigned))
 	r.log.Info("kscope: partitions assigned", "partitions", assigned)
 }
@@ -251,6 +252,7 @@ func (r *Runner) forget(sts []*partState) {
 		r.tracker.Remove(st.Topic, st.Partition)
 		r.resume(st)
 		r.setHoldPaused(st, false)
+		r.unpauseGone(st)
 	}
 }
 

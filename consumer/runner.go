@@ -94,6 +94,7 @@ type Runner struct {
 	doneBufs  []*doneBuf   // per shard
 	avgSize   atomic.Int64 // running average record size; 0 until one is seen
 	pauseMu   sync.Mutex
+	user      userPauses // the pauses in force (pause.go); under pauseMu
 
 	inflight, inflightBytes         atomic.Int64
 	maxInflight, maxInflightBytes   atomic.Int64
@@ -237,6 +238,7 @@ func (r *Runner) Stats() Stats {
 		Hold:             r.holdStats(),
 	}
 	r.obs.admissionStats(&st)
+	r.flowStats(&st)
 	if r.txs != nil {
 		st.Kafka.Held = r.heldDue.Load()
 	}

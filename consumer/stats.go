@@ -37,6 +37,11 @@ type Stats struct {
 	// dbscope.Options.StartTimeout. Empty otherwise. [Runner.Health]
 	// reports the runner not ready while it is set.
 	Waiting string
+	// Paused are the pauses in force (Runner.Pause, PauseFrom): what
+	// each holds, since when and why.
+	Paused []PausedTarget
+	// RateLimit counts the waits for Config.RateLimit.
+	RateLimit RateStats
 	DB      DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
 	Kafka   KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 }

@@ -106,7 +106,7 @@ func (t txnEngine) Rewind(committed func(topic string, partition int32) (int64, 
 	r.mu.Lock()
 	for k, st := range r.parts {
 		st.Revoke()
-		cur := &partState{Assignment: partition.NewAssignment(r.hardCtx, r.tracker.Assign(k.topic, k.partition)), bufs: r.doneBufs}
+		cur := &partState{Assignment: partition.NewAssignment(r.assignCtx(), r.tracker.Assign(k.topic, k.partition)), bufs: r.doneBufs}
 		r.parts[k] = cur
 		swaps = append(swaps, swap{st, cur})
 	}

@@ -29,6 +29,10 @@
 //	kscope_consumer_lag_seconds              age of the oldest unfinished record (on a retry
 //	                                         topic, from its due time)
 //	kscope_partition_paused                  1 while fetching a partition is paused
+//	kscope_paused{target,reason}             while a pause (consumer.Runner.Pause,
+//	                                         consumer.PauseFrom) is in force: when it
+//	                                         began, in Unix seconds (target: "all", a
+//	                                         topic, or topic[partition])
 //	kscope_offset_commits_total{result}      offset commit requests: ok or error
 //	kscope_route_produces_total{route,class,result}
 //	                                         retry (route="retry") and dead-letter (route="dlt")
@@ -102,6 +106,7 @@ type Metrics struct {
 	stalled   *prometheus.GaugeVec
 	held      *prometheus.GaugeVec
 	decode    *prometheus.CounterVec
+	pauses    *prometheus.GaugeVec
 
 	relayMu sync.Mutex
 	relays  *relayCollector // registered at the first WatchRelay
@@ -119,6 +124,7 @@ var (
 	_ hook.RetryLatenessHook = (*Metrics)(nil)
 	_ hook.StallHook         = (*Metrics)(nil)
 	_ hook.HoldHook          = (*Metrics)(nil)
+	_ hook.PauseHook         = (*Metrics)(nil)
 )
 
 // New creates the metrics and registers them.
@@ -155,7 +161,8 @@ func New(o Options) (*Metrics, error) {
 	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_stalled_key_shards", Help: "Key-shards that have finished none of their records for consumer.Config.StallWarning (a handler that does not return)."}, []string{"consumer_group", "topic"})
 	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_key_shards", Help: "Key-shards holding their records because the deployment is wrong (a missing table or column, a refused privilege): nothing is routed for them."}, []string{"consumer_group", "reason"})
 	m.decode = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_decode_failures_total", Help: "Records dead-lettered because their payload could not be decoded."}, append(gt, "format"))
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode} {
+	m.pauses = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_paused", Help: "While a pause of fetching (consumer.Runner.Pause, consumer.PauseFrom) is in force: when it began, in Unix seconds."}, []string{"consumer_group", "target", "reason"})
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -260,6 +267,16 @@ func (m *Metrics) OnStall(s hook.Stall) {
 // OnHold implements hook.HoldHook.
 func (m *Metrics) OnHold(h hook.Hold) {
 	m.held.WithLabelValues(h.Group, h.Reason).Set(float64(h.Shards))
+}
+
+// OnPause implements hook.PauseHook: the series of a pause in force holds
+// when it began; it is deleted when the pause ends.
+func (m *Metrics) OnPause(p hook.Pause) {
+	if !p.Paused {
+		m.pauses.DeleteLabelValues(p.Group, p.Target, p.Reason)
+		return
+	}
+	m.pauses.WithLabelValues(p.Group, p.Target, p.Reason).Set(float64(p.Since.UnixNano()) / 1e9)
 }
 
 func result(err error) string {

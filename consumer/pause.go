@@ -1,0 +1,346 @@
+package consumer
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kscope-dev/kscope/hook"
+)
+
+// Target names what a pause holds: every partition the runner consumes
+// ([All]), every partition of one topic ([Topic]), or one partition
+// ([Partition]). Its zero value is All.
+type Target struct {
+	topic     string // "" for All
+	partition int32  // -1: every partition of topic
+}
+
+// All is the target of every partition the runner consumes, the delay
+// (retry) topics included: a pause of the whole runner.
+func All() Target { return Target{partition: -1} }
+
+// Topic is the target of every partition of topic, those assigned to this
+// member now and those assigned to it later.
+func Topic(name string) Target { return Target{topic: name, partition: -1} }
+
+// Partition is the target of one partition of topic.
+func Partition(topic string, p int32) Target { return Target{topic: topic, partition: p} }
+
+// String names the target: "all", the topic's name, or topic[partition].
+func (t Target) String() string {
+	switch {
+	case t.topic == "":
+		return "all"
+	case t.partition < 0:
+		return t.topic
+	}
+	return t.topic + "[" + strconv.Itoa(int(t.partition)) + "]"
+}
+
+// holds reports whether t covers partition p of topic.
+func (t Target) holds(topic string, p int32) bool {
+	return t.topic == "" || (t.topic == topic && (t.partition < 0 || t.partition == p))
+}
+
+// within reports whether t lies within u: u holds everything t holds.
+func (t Target) within(u Target) bool {
+	switch {
+	case u.topic == "":
+		return true
+	case t.topic != u.topic:
+		return false
+	}
+	return u.partition < 0 || t.partition == u.partition
+}
+
+// check says what is wrong with a target built by hand.
+func (t Target) check() error {
+	if t.topic == "" && t.partition >= 0 {
+		return fmt.Errorf("kscope: pause target: partition %d of no topic; use consumer.Partition(topic, %d), consumer.Topic or consumer.All", t.partition, t.partition)
+	}
+	return nil
+}
+
+// PausedTarget is one pause in force: what it holds, since when, why, and
+// until when.
+type PausedTarget struct {
+	Target Target
+	Since  time.Time // when it began
+	Until  time.Time // when it ends by itself ([PauseFor]); zero: at Resume
+	Reason string    // [PauseReason]; "user" when none was given
+}
+
+// PauseOption refines a pause (Runner.Pause, PauseFrom) or the pauses a
+// resume ends (Runner.Resume).
+type PauseOption func(*pauseSpec)
+
+type pauseSpec struct {
+	reason string
+	d      time.Duration
+}
+
+// PauseFor ends the pause by itself after d, as Resume would (a circuit
+// breaker's open state). A pause of the same target and reason given again
+// moves its end. d <= 0: until Resume.
+func PauseFor(d time.Duration) PauseOption { return func(s *pauseSpec) { s.d = d } }
+
+// PauseReason says why: it shows in Stats.Paused, the log lines and the
+// kscope_paused metric, and it keeps pauses apart: a target paused for
+// two reasons is fetched again once both ended. Given to Runner.Resume,
+// it ends only the pauses of that reason. Default "user".
+func PauseReason(reason string) PauseOption { return func(s *pauseSpec) { s.reason = reason } }
+
+// defaultPauseReason is the reason of a pause given none.
+const defaultPauseReason = "user"
+
+func specOf(opts []PauseOption) pauseSpec {
+	var s pauseSpec
+	for _, o := range opts {
+		if o != nil {
+			o(&s)
+		}
+	}
+	return s
+}
+
+// userPause is a pause in force, in the runner's list.
+type userPause struct {
+	PausedTarget
+	timer *time.Timer // ends it (PauseFor); nil without an end
+}
+
+// userPauses are a runner's pauses in force, under Runner.pauseMu: they
+// outlive assignments, so that a partition assigned to this member again
+// is paused before it is fetched (onAssigned).
+type userPauses struct {
+	list []*userPause
+}
+
+// holds reports whether a pause in force holds partition p of topic.
+func (u *userPauses) holds(topic string, p int32) bool {
+	for _, up := range u.list {
+		if up.Target.holds(topic, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Pause stops fetching the partitions t holds, now and whenever they are
+// assigned to this member again (a pause holds across rebalances), until
+// [Runner.Resume] ends it, or [PauseFor]'s time passes. Records already
+// polled of them (in flight: queued on their key-shards or running)
+// finish and commit; nothing is dropped, and no record of them starts
+// after it that was not polled before it. Other partitions go on. A
+// partition is fetched once no pause (of any target or reason) and no
+// engine hold (backpressure, a retry record not yet due) holds it.
+//
+// Pause may be called before Run (the pause applies from the first
+// assignment), while it runs, and from a handler ([PauseFrom]). It logs
+// the pause at INFO and shows it in Stats.Paused and to hook.PauseHook
+// hooks (kscope_paused in kscopeprom). Pausing a target paused already
+// for the same reason keeps its Since and takes the new end. A pause
+// lives in the runner: a new process starts unpaused.
+func (r *Runner) Pause(t Target, opts ...PauseOption) error {
+	if err := t.check(); err != nil {
+		return err
+	}
+	s := specOf(opts)
+	if s.reason == "" {
+		s.reason = defaultPauseReason
+	}
+	now := time.Now()
+	r.pauseMu.Lock()
+	up := r.user.find(t, s.reason)
+	fresh := up == nil
+	if fresh {
+		up = &userPause{PausedTarget: PausedTarget{Target: t, Since: now, Reason: s.reason}}
+		r.user.list = append(r.user.list, up)
+	}
+	if up.timer != nil {
+		up.timer.Stop()
+		up.timer = nil
+	}
+	up.Until = time.Time{}
+	if s.d > 0 {
+		up.Until = now.Add(s.d)
+		up.timer = time.AfterFunc(s.d, func() { r.expire(up) })
+	}
+	held := r.fetchPause(t)
+	p := up.PausedTarget
+	r.pauseMu.Unlock()
+	if fresh {
+		r.log.Info("kscope: paused fetching", "target", t.String(), "reason", s.reason, "until", untilAttr(p.Until), "partitions_now", held)
+		r.observePause(p, true)
+	}
+	return nil
+}
+
+// Resume ends the pauses of t and of the targets within it (Resume(All())
+// ends every pause; Resume(Topic(x)) those of x and of its partitions),
+// of every reason, or only of the reason [PauseReason] names. A partition
+// another pause still holds stays paused: Resume(Partition(x, 0)) leaves
+// it paused while Topic(x) is. It logs each pause it ends at INFO.
+func (r *Runner) Resume(t Target, opts ...PauseOption) error {
+	if err := t.check(); err != nil {
+		return err
+	}
+	s := specOf(opts)
+	r.pauseMu.Lock()
+	var ended []*userPause
+	r.user.list = slices.DeleteFunc(r.user.list, func(up *userPause) bool {
+		if !up.Target.within(t) || (s.reason != "" && up.Reason != s.reason) {
+			return false
+		}
+		ended = append(ended, up)
+		return true
+	})
+	for _, up := range ended {
+		if up.timer != nil {
+			up.timer.Stop()
+		}
+	}
+	resumed := r.fetchResume()
+	r.pauseMu.Unlock()
+	now := time.Now()
+	for _, up := range ended {
+		r.log.Info("kscope: resumed fetching", "target", up.Target.String(), "reason", up.Reason, "paused_for", now.Sub(up.Since).Round(time.Millisecond), "partitions_resumed", resumed)
+		r.observePause(up.PausedTarget, false)
+	}
+	return nil
+}
+
+// Paused returns the pauses in force, in the order they began.
+func (r *Runner) Paused() []PausedTarget {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	if len(r.user.list) == 0 {
+		return nil
+	}
+	out := make([]PausedTarget, len(r.user.list))
+	for i, up := range r.user.list {
+		out[i] = up.PausedTarget
+	}
+	return out
+}
+
+// expire ends up when its PauseFor time passed, unless it was ended or
+// given again meanwhile.
+func (r *Runner) expire(up *userPause) {
+	r.pauseMu.Lock()
+	current := slices.Contains(r.user.list, up) && !up.Until.IsZero() && !time.Now().Before(up.Until)
+	r.pauseMu.Unlock()
+	if current {
+		r.Resume(up.Target, PauseReason(up.Reason)) //nolint:errcheck // a target that was accepted once
+	}
+}
+
+func (u *userPauses) find(t Target, reason string) *userPause {
+	for _, up := range u.list {
+		if up.Target == t && up.Reason == reason {
+			return up
+		}
+	}
+	return nil
+}
+
+// fetchPause pauses fetching of the assigned partitions t holds, and
+// returns how many it holds. r.pauseMu is held.
+func (r *Runner) fetchPause(t Target) int {
+	tps := make(map[string][]int32)
+	n := 0
+	for _, st := range r.assignedNow() {
+		if t.holds(st.Topic, st.Partition) && !st.Revoked() {
+			tps[st.Topic] = append(tps[st.Topic], st.Partition)
+			n++
+		}
+	}
+	if cl := r.Client(); n > 0 && cl != nil {
+		cl.PauseFetchPartitions(tps)
+	}
+	return n
+}
+
+// fetchResume resumes fetching of the assigned partitions that nothing
+// holds any more (no pause, no engine hold), and returns how many. A
+// resume of a partition the client does not hold paused does nothing.
+// r.pauseMu is held.
+func (r *Runner) fetchResume() int {
+	tps := make(map[string][]int32)
+	n := 0
+	for _, st := range r.assignedNow() {
+		if !st.Revoked() && !st.paused.Load() && !st.holdPaused && !r.user.holds(st.Topic, st.Partition) {
+			tps[st.Topic] = append(tps[st.Topic], st.Partition)
+			n++
+		}
+	}
+	if cl := r.Client(); n > 0 && cl != nil {
+		cl.ResumeFetchPartitions(tps)
+	}
+	return n
+}
+
+// assignedNow returns the partitions assigned now.
+func (r *Runner) assignedNow() []*partState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*partState, 0, len(r.parts))
+	for _, st := range r.parts {
+		out = append(out, st)
+	}
+	return out
+}
+
+// pauseAssigned pauses fetching of the newly assigned partitions a pause
+// holds: onAssigned calls it, before the client fetches their offsets, so
+// that a paused partition assigned to this member again stays paused.
+func (r *Runner) pauseAssigned(cl *kgo.Client, assigned map[string][]int32) {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	tps := make(map[string][]int32)
+	for topic, ps := range assigned {
+		for _, p := range ps {
+			if r.user.holds(topic, p) {
+				tps[topic] = append(tps[topic], p)
+			}
+		}
+	}
+	if len(tps) > 0 && cl != nil {
+		cl.PauseFetchPartitions(tps)
+		r.log.Info("kscope: assigned partitions stay paused", "partitions", tps)
+	}
+}
+
+// unpauseGone lifts the client's pause of a revoked or lost partition a
+// pause holds: the client keeps a pause across rebalances, and the pause
+// is applied again if the partition comes back (pauseAssigned).
+func (r *Runner) unpauseGone(st *partState) {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	if cl := r.Client(); r.user.holds(st.Topic, st.Partition) && cl != nil {
+		cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
+	}
+}
+
+// userHolds reports whether a pause holds st. r.pauseMu is held.
+func (r *Runner) userHolds(st *partState) bool { return r.user.holds(st.Topic, st.Partition) }
+
+// observePause tells the hook.PauseHook hooks that p began (on) or ended.
+func (r *Runner) observePause(p PausedTarget, on bool) {
+	for _, h := range r.cfg.Hooks {
+		if ph, ok := h.(hook.PauseHook); ok {
+			ph.OnPause(hook.Pause{Group: r.cfg.Group, Target: p.Target.String(), Reason: p.Reason, Since: p.Since, Paused: on})
+		}
+	}
+}
+
+func untilAttr(t time.Time) string {
+	if t.IsZero() {
+		return "resume"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
