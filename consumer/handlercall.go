@@ -70,7 +70,7 @@ type callRules struct {
 	expired    ExpiredAction
 	timeout    time.Duration
 	grace      time.Duration
-	limits     *limits // Config.RateLimit; nil without one
+	limits     *limits          // Config.RateLimit; nil without one
 	expiredLog *ratelog.Limiter // one INFO line per expired skip, up to a burst per window
 }
 

@@ -42,8 +42,8 @@ type Stats struct {
 	Paused []PausedTarget
 	// RateLimit counts the waits for Config.RateLimit.
 	RateLimit RateStats
-	DB      DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
-	Kafka   KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
+	DB        DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
+	Kafka     KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 }
 
 // DBStats are the DB scope's counters (package dbscope), in [Stats].DB.
