@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -72,6 +73,9 @@ type PausedTarget struct {
 	Since  time.Time // when it began
 	Until  time.Time // when it ends by itself ([PauseFor]); zero: at Resume
 	Reason string    // [PauseReason]; "user" when none was given
+	// Persisted says the pause is kept in the group's pause topic
+	// ([PersistPause]): it holds across restarts.
+	Persisted bool
 }
 
 // PauseOption refines a pause (Runner.Pause, PauseFrom) or the pauses a
@@ -79,8 +83,9 @@ type PausedTarget struct {
 type PauseOption func(*pauseSpec)
 
 type pauseSpec struct {
-	reason string
-	d      time.Duration
+	reason  string
+	d       time.Duration
+	persist bool
 }
 
 // PauseFor ends the pause by itself after d, as Resume would (a circuit
@@ -117,7 +122,8 @@ type userPause struct {
 // outlive assignments, so that a partition assigned to this member again
 // is paused before it is fetched (onAssigned).
 type userPauses struct {
-	list []*userPause
+	list   []*userPause
+	loaded bool // the persisted ones were read (loadStored)
 }
 
 // holds reports whether a pause in force holds partition p of topic.
@@ -144,7 +150,10 @@ func (u *userPauses) holds(topic string, p int32) bool {
 // the pause at INFO and shows it in Stats.Paused and to hook.PauseHook
 // hooks (kscope_paused in kscopeprom). Pausing a target paused already
 // for the same reason keeps its Since and takes the new end. A pause
-// lives in the runner: a new process starts unpaused.
+// lives in the runner, and a new process starts without it, unless it was
+// given [PersistPause]: then it is written to the group's pause topic
+// before Pause returns (an error says it is in force but not persisted),
+// and every member that starts reads it.
 func (r *Runner) Pause(t Target, opts ...PauseOption) error {
 	if err := t.check(); err != nil {
 		return err
@@ -170,12 +179,20 @@ func (r *Runner) Pause(t Target, opts ...PauseOption) error {
 		up.Until = now.Add(s.d)
 		up.timer = time.AfterFunc(s.d, func() { r.expire(up) })
 	}
+	if s.persist {
+		up.Persisted = true
+	}
 	held := r.fetchPause(t)
 	p := up.PausedTarget
 	r.pauseMu.Unlock()
 	if fresh {
-		r.log.Info("kscope: paused fetching", "target", t.String(), "reason", s.reason, "until", untilAttr(p.Until), "partitions_now", held)
+		r.log.Info("kscope: paused fetching", "target", t.String(), "reason", s.reason, "until", untilAttr(p.Until), "persisted", p.Persisted, "partitions_now", held)
 		r.observePause(p, true)
+	}
+	if s.persist {
+		if err := r.store(p, true); err != nil {
+			return fmt.Errorf("kscope: the pause of %s is in force in this runner but not persisted: %w", t, err)
+		}
 	}
 	return nil
 }
@@ -184,7 +201,8 @@ func (r *Runner) Pause(t Target, opts ...PauseOption) error {
 // ends every pause; Resume(Topic(x)) those of x and of its partitions),
 // of every reason, or only of the reason [PauseReason] names. A partition
 // another pause still holds stays paused: Resume(Partition(x, 0)) leaves
-// it paused while Topic(x) is. It logs each pause it ends at INFO.
+// it paused while Topic(x) is. It logs each pause it ends at INFO, and
+// writes the end of a persisted one to the pause topic.
 func (r *Runner) Resume(t Target, opts ...PauseOption) error {
 	if err := t.check(); err != nil {
 		return err
@@ -207,11 +225,17 @@ func (r *Runner) Resume(t Target, opts ...PauseOption) error {
 	resumed := r.fetchResume()
 	r.pauseMu.Unlock()
 	now := time.Now()
+	var errs []error
 	for _, up := range ended {
 		r.log.Info("kscope: resumed fetching", "target", up.Target.String(), "reason", up.Reason, "paused_for", now.Sub(up.Since).Round(time.Millisecond), "partitions_resumed", resumed)
 		r.observePause(up.PausedTarget, false)
+		if up.Persisted {
+			if err := r.store(up.PausedTarget, false); err != nil {
+				errs = append(errs, fmt.Errorf("kscope: the pause of %s ended in this runner, but its end was not persisted: a member that starts will pause it again: %w", up.Target, err))
+			}
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Paused returns the pauses in force, in the order they began.
@@ -299,6 +323,7 @@ func (r *Runner) assignedNow() []*partState {
 // holds: onAssigned calls it, before the client fetches their offsets, so
 // that a paused partition assigned to this member again stays paused.
 func (r *Runner) pauseAssigned(cl *kgo.Client, assigned map[string][]int32) {
+	r.loadStored()
 	r.pauseMu.Lock()
 	defer r.pauseMu.Unlock()
 	tps := make(map[string][]int32)
