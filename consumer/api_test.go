@@ -62,6 +62,9 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
 		"DecodeValue", "Decoder", "Encoder", "Typed",
 		"Chain", "ExpiredAction", "ExpiredAction.String", "Middleware", "Recover", "Timeout",
+		"All", "Partition", "PauseFor", "PauseFrom", "PauseOption", "PauseReason", "PauseTopic", "PausedTarget",
+		"PersistPause", "Runner.Pause", "Runner.Paused", "Runner.Resume", "Target", "Target.String", "Topic",
+		"Rate", "RateLimit", "RateStats",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
