@@ -12,6 +12,29 @@ import (
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
+// handledValues is a handler that notes the values of the records it
+// handles.
+type handledValues struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (h *handledValues) Handle(_ context.Context, rec *consumer.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m[string(rec.Value)] = true
+	return nil
+}
+
+// has returns a condition: the record of value v was handled.
+func (h *handledValues) has(v string) func() bool {
+	return func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.m[v]
+	}
+}
+
 // A pause given PersistPause holds across a restart: the next process of
 // the group starts with the topic paused, and once it is resumed there, a
 // process after it starts unpaused.
@@ -25,27 +48,15 @@ func TestPersistedPauseHoldsAcrossARestart(t *testing.T) {
 	if err := k.CreateTopic(ctx, other, 1); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	handled := map[string]bool{}
+	seen := &handledValues{m: map[string]bool{}}
 	newRunner := func() *consumer.Runner {
-		r, err := consumer.New(baseConfig(t, k, group, topic, other), consumer.HandlerFunc(func(_ context.Context, rec *consumer.Record) error {
-			mu.Lock()
-			handled[string(rec.Value)] = true
-			mu.Unlock()
-			return nil
-		}))
+		r, err := consumer.New(baseConfig(t, k, group, topic, other), seen)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	has := func(v string) func() bool {
-		return func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return handled[v]
-		}
-	}
+	has := seen.has
 
 	r1 := newRunner()
 	stop1 := runAsync(t, r1)
