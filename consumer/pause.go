@@ -14,54 +14,82 @@ import (
 
 // Target names what a pause holds: every partition the runner consumes
 // ([All]), every partition of one topic ([Topic]), or one partition
-// ([Partition]). Its zero value is All.
+// ([Partition]). Build one with those functions: the zero Target names
+// nothing, and Pause and Resume refuse it.
 type Target struct {
-	topic     string // "" for All
-	partition int32  // -1: every partition of topic
+	kind      targetKind
+	topic     string
+	partition int32
 }
+
+type targetKind uint8
+
+const (
+	targetNone targetKind = iota
+	targetAll
+	targetTopic
+	targetPartition
+)
 
 // All is the target of every partition the runner consumes, the delay
 // (retry) topics included: a pause of the whole runner.
-func All() Target { return Target{partition: -1} }
+func All() Target { return Target{kind: targetAll} }
 
 // Topic is the target of every partition of topic, those assigned to this
 // member now and those assigned to it later.
-func Topic(name string) Target { return Target{topic: name, partition: -1} }
+func Topic(name string) Target { return Target{kind: targetTopic, topic: name} }
 
 // Partition is the target of one partition of topic.
-func Partition(topic string, p int32) Target { return Target{topic: topic, partition: p} }
+func Partition(topic string, p int32) Target {
+	return Target{kind: targetPartition, topic: topic, partition: p}
+}
 
 // String names the target: "all", the topic's name, or topic[partition].
 func (t Target) String() string {
-	switch {
-	case t.topic == "":
+	switch t.kind {
+	case targetAll:
 		return "all"
-	case t.partition < 0:
+	case targetTopic:
 		return t.topic
+	case targetPartition:
+		return t.topic + "[" + strconv.Itoa(int(t.partition)) + "]"
 	}
-	return t.topic + "[" + strconv.Itoa(int(t.partition)) + "]"
+	return "none"
 }
 
 // holds reports whether t covers partition p of topic.
 func (t Target) holds(topic string, p int32) bool {
-	return t.topic == "" || (t.topic == topic && (t.partition < 0 || t.partition == p))
+	switch t.kind {
+	case targetAll:
+		return true
+	case targetTopic:
+		return t.topic == topic
+	case targetPartition:
+		return t.topic == topic && t.partition == p
+	}
+	return false
 }
 
 // within reports whether t lies within u: u holds everything t holds.
 func (t Target) within(u Target) bool {
-	switch {
-	case u.topic == "":
+	switch u.kind {
+	case targetAll:
 		return true
-	case t.topic != u.topic:
-		return false
+	case targetTopic:
+		return t.kind != targetAll && t.topic == u.topic
 	}
-	return u.partition < 0 || t.partition == u.partition
+	return t == u
 }
 
-// check says what is wrong with a target built by hand.
+// check says what is wrong with a target that names nothing.
 func (t Target) check() error {
-	if t.topic == "" && t.partition >= 0 {
-		return fmt.Errorf("kscope: pause target: partition %d of no topic; use consumer.Partition(topic, %d), consumer.Topic or consumer.All", t.partition, t.partition)
+	switch {
+	case t.kind == targetNone || t.kind > targetPartition:
+		return errors.New("kscope: an empty pause target; build one with consumer.All, consumer.Topic or consumer.Partition")
+	case t.kind != targetAll && t.topic == "":
+		return fmt.Errorf("kscope: pause target %s names no topic; name the topic, or use consumer.All", t)
+	case t.kind == targetPartition && t.partition < 0:
+		return fmt.Errorf("kscope: pause target %s: partition %d; partitions count from 0", t, t.partition)
 	}
 	return nil
 }

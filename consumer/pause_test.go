@@ -76,6 +76,11 @@ func TestPauseTargetsAndReasons(t *testing.T) {
 	}
 	testenv.WaitFor(t, 10*time.Second, "the pause to end by itself", func() bool { return len(r.Paused()) == 0 })
 
+	for _, bad := range []consumer.Target{{}, consumer.Topic(""), consumer.Partition("a", -1)} {
+		if err := r.Pause(bad); err == nil {
+			t.Errorf("Pause(%v) = nil; want an error saying what the target lacks", bad)
+		}
+	}
 	if err := consumer.PauseFrom(context.Background(), consumer.All()); !errors.Is(err, consumer.ErrNotHandlerContext) {
 		t.Fatalf("PauseFrom(a context not a handler's) = %v; want ErrNotHandlerContext", err)
 	}

@@ -35,6 +35,7 @@ const storeTimeout = 10 * time.Second
 
 // storedPause is a persisted pause, the value of its record.
 type storedPause struct {
+	Kind      uint8     `json:"kind"` // targetKind
 	Topic     string    `json:"topic,omitempty"`
 	Partition int32     `json:"partition"`
 	Reason    string    `json:"reason"`
@@ -44,7 +45,8 @@ type storedPause struct {
 
 // storeKey is the key of p's record in the pause topic.
 func storeKey(p PausedTarget) []byte {
-	return []byte(p.Target.topic + "\x00" + strconv.Itoa(int(p.Target.partition)) + "\x00" + p.Reason)
+	t := p.Target
+	return []byte(strconv.Itoa(int(t.kind)) + "\x00" + t.topic + "\x00" + strconv.Itoa(int(t.partition)) + "\x00" + p.Reason)
 }
 
 // storeClient returns a client of the configured brokers (and the
@@ -67,7 +69,7 @@ func (r *Runner) store(p PausedTarget, on bool) error {
 	topic := PauseTopic(r.cfg.Group)
 	rec := &kgo.Record{Topic: topic, Partition: 0, Key: storeKey(p)}
 	if on {
-		if rec.Value, err = json.Marshal(storedPause{Topic: p.Target.topic, Partition: p.Target.partition, Reason: p.Reason, Since: p.Since, Until: p.Until}); err != nil {
+		if rec.Value, err = json.Marshal(storedPause{Kind: uint8(p.Target.kind), Topic: p.Target.topic, Partition: p.Target.partition, Reason: p.Reason, Since: p.Since, Until: p.Until}); err != nil {
 			return err
 		}
 		if err := ensurePauseTopic(ctx, kadm.NewClient(cl), topic); err != nil {
@@ -114,7 +116,7 @@ func (r *Runner) loadStored() {
 	r.pauseMu.Lock()
 	var added []PausedTarget
 	for _, s := range stored {
-		t := Target{topic: s.Topic, partition: s.Partition}
+		t := Target{kind: targetKind(s.Kind), topic: s.Topic, partition: s.Partition}
 		if (!s.Until.IsZero() && !now.Before(s.Until)) || r.user.find(t, s.Reason) != nil || t.check() != nil {
 			continue
 		}
