@@ -230,7 +230,8 @@ func (r *Runner) Pause(t Target, opts ...PauseOption) error {
 // of every reason, or only of the reason [PauseReason] names. A partition
 // another pause still holds stays paused: Resume(Partition(x, 0)) leaves
 // it paused while Topic(x) is. It logs each pause it ends at INFO, and
-// writes the end of a persisted one to the pause topic.
+// writes the end of a persisted one to the pause topic. Of opts, only
+// PauseReason counts.
 func (r *Runner) Resume(t Target, opts ...PauseOption) error {
 	if err := t.check(); err != nil {
 		return err
@@ -250,7 +251,7 @@ func (r *Runner) Resume(t Target, opts ...PauseOption) error {
 			up.timer.Stop()
 		}
 	}
-	resumed := r.fetchResume()
+	resumed := r.fetchResume(ended)
 	r.pauseMu.Unlock()
 	now := time.Now()
 	var errs []error
@@ -317,15 +318,15 @@ func (r *Runner) fetchPause(t Target) int {
 	return n
 }
 
-// fetchResume resumes fetching of the assigned partitions that nothing
-// holds any more (no pause, no engine hold), and returns how many. A
-// resume of a partition the client does not hold paused does nothing.
-// r.pauseMu is held.
-func (r *Runner) fetchResume() int {
+// fetchResume resumes fetching of the assigned partitions that the ended
+// pauses held and that nothing holds any more (no pause, no engine hold),
+// and returns how many. r.pauseMu is held.
+func (r *Runner) fetchResume(ended []*userPause) int {
 	tps := make(map[string][]int32)
 	n := 0
 	for _, st := range r.assignedNow() {
-		if !st.Revoked() && !st.paused.Load() && !st.holdPaused && !r.user.holds(st.Topic, st.Partition) {
+		was := slices.ContainsFunc(ended, func(up *userPause) bool { return up.Target.holds(st.Topic, st.Partition) })
+		if was && !st.Revoked() && !st.paused.Load() && !st.holdPaused && !r.user.holds(st.Topic, st.Partition) {
 			tps[st.Topic] = append(tps[st.Topic], st.Partition)
 			n++
 		}
