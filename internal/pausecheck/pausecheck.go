@@ -95,6 +95,16 @@ func produce(t *testing.T, k *testenv.Kafka, topic, prefix string, n int) {
 	}
 }
 
+// clientPaused returns how many partitions of the paused topic r's
+// client does not fetch.
+func clientPaused(r *consumer.Runner) int {
+	cl := r.Client()
+	if cl == nil {
+		return -1
+	}
+	return len(cl.PauseFetchPartitions(nil)[Paused])
+}
+
 func run(t *testing.T, r *consumer.Runner) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
@@ -160,10 +170,19 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner) {
 	}
 	stop2 := run(t, r2)
 	testenv.WaitFor(t, time.Minute, "the second member to take partitions", func() bool { return r1.Stats().Assigned < assigned && r2.Stats().Assigned > 0 })
+	// Of the partitions it took, those of the paused topic (all but the
+	// flowing topic's one, at most) are paused in its client.
+	testenv.WaitFor(t, time.Minute, "the second member's partitions of the paused topic paused", func() bool {
+		return clientPaused(r2) >= r2.Stats().Assigned-1
+	})
 	produce(t, k, Flowing, "shared-", 20)
 	testenv.WaitFor(t, time.Minute, "the flowing topic handled with two members", func() bool { return seen.all("shared-", 20) })
 	stop2()
 	testenv.WaitFor(t, time.Minute, "the partitions back with the first member", func() bool { return r1.Stats().Assigned == assigned })
+	// The partitions that came back are paused before they are fetched.
+	testenv.WaitFor(t, time.Minute, "every partition of the paused topic paused in the first member's client", func() bool {
+		return clientPaused(r1) == 4
+	})
 	produce(t, k, Flowing, "back-", 20)
 	testenv.WaitFor(t, time.Minute, "the flowing topic handled after the rebalance", func() bool { return seen.all("back-", 20) })
 	if early := seen.earlyOnes(); len(early) > 0 {
