@@ -170,10 +170,10 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner) {
 	}
 	stop2 := run(t, r2)
 	testenv.WaitFor(t, time.Minute, "the second member to take partitions", func() bool { return r1.Stats().Assigned < assigned && r2.Stats().Assigned > 0 })
-	// Of the partitions it took, those of the paused topic (all but the
-	// flowing topic's one, at most) are paused in its client.
-	testenv.WaitFor(t, time.Minute, "the second member's partitions of the paused topic paused", func() bool {
-		return clientPaused(r2) >= r2.Stats().Assigned-1
+	// Each member's client pauses the paused topic's partitions it owns,
+	// and only those: the first lifted its pause of those it gave up.
+	testenv.WaitFor(t, time.Minute, "the paused topic's partitions paused in their owners' clients", func() bool {
+		return clientPaused(r1)+clientPaused(r2) == 4
 	})
 	produce(t, k, Flowing, "shared-", 20)
 	testenv.WaitFor(t, time.Minute, "the flowing topic handled with two members", func() bool { return seen.all("shared-", 20) })
