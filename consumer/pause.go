@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -146,6 +147,13 @@ type userPause struct {
 	timer *time.Timer // ends it (PauseFor); nil without an end
 }
 
+// pauseState serializes pausing and resuming (the client's paused set and
+// the runner's flags cannot disagree), and holds the pauses in force.
+type pauseState struct {
+	sync.Mutex
+	user userPauses
+}
+
 // userPauses are a runner's pauses in force, under Runner.pauseMu: they
 // outlive assignments, so that a partition assigned to this member again
 // is paused before it is fetched (onAssigned).
@@ -192,11 +200,11 @@ func (r *Runner) Pause(t Target, opts ...PauseOption) error {
 	}
 	now := time.Now()
 	r.pauseMu.Lock()
-	up := r.user.find(t, s.reason)
+	up := r.pauseMu.user.find(t, s.reason)
 	fresh := up == nil
 	if fresh {
 		up = &userPause{PausedTarget: PausedTarget{Target: t, Since: now, Reason: s.reason}}
-		r.user.list = append(r.user.list, up)
+		r.pauseMu.user.list = append(r.pauseMu.user.list, up)
 	}
 	if up.timer != nil {
 		up.timer.Stop()
@@ -239,7 +247,7 @@ func (r *Runner) Resume(t Target, opts ...PauseOption) error {
 	s := specOf(opts)
 	r.pauseMu.Lock()
 	var ended []*userPause
-	r.user.list = slices.DeleteFunc(r.user.list, func(up *userPause) bool {
+	r.pauseMu.user.list = slices.DeleteFunc(r.pauseMu.user.list, func(up *userPause) bool {
 		if !up.Target.within(t) || (s.reason != "" && up.Reason != s.reason) {
 			return false
 		}
@@ -271,11 +279,11 @@ func (r *Runner) Resume(t Target, opts ...PauseOption) error {
 func (r *Runner) Paused() []PausedTarget {
 	r.pauseMu.Lock()
 	defer r.pauseMu.Unlock()
-	if len(r.user.list) == 0 {
+	if len(r.pauseMu.user.list) == 0 {
 		return nil
 	}
-	out := make([]PausedTarget, len(r.user.list))
-	for i, up := range r.user.list {
+	out := make([]PausedTarget, len(r.pauseMu.user.list))
+	for i, up := range r.pauseMu.user.list {
 		out[i] = up.PausedTarget
 	}
 	return out
@@ -285,7 +293,7 @@ func (r *Runner) Paused() []PausedTarget {
 // given again meanwhile.
 func (r *Runner) expire(up *userPause) {
 	r.pauseMu.Lock()
-	current := slices.Contains(r.user.list, up) && !up.Until.IsZero() && !time.Now().Before(up.Until)
+	current := slices.Contains(r.pauseMu.user.list, up) && !up.Until.IsZero() && !time.Now().Before(up.Until)
 	r.pauseMu.Unlock()
 	if current {
 		r.Resume(up.Target, PauseReason(up.Reason)) //nolint:errcheck // a target that was accepted once
@@ -326,7 +334,7 @@ func (r *Runner) fetchResume(ended []*userPause) int {
 	n := 0
 	for _, st := range r.assignedNow() {
 		was := slices.ContainsFunc(ended, func(up *userPause) bool { return up.Target.holds(st.Topic, st.Partition) })
-		if was && !st.Revoked() && !st.paused.Load() && !st.holdPaused && !r.user.holds(st.Topic, st.Partition) {
+		if was && !st.Revoked() && !st.paused.Load() && !st.holdPaused && !r.pauseMu.user.holds(st.Topic, st.Partition) {
 			tps[st.Topic] = append(tps[st.Topic], st.Partition)
 			n++
 		}
@@ -358,7 +366,7 @@ func (r *Runner) pauseAssigned(cl *kgo.Client, assigned map[string][]int32) {
 	tps := make(map[string][]int32)
 	for topic, ps := range assigned {
 		for _, p := range ps {
-			if r.user.holds(topic, p) {
+			if r.pauseMu.user.holds(topic, p) {
 				tps[topic] = append(tps[topic], p)
 			}
 		}
@@ -375,13 +383,13 @@ func (r *Runner) pauseAssigned(cl *kgo.Client, assigned map[string][]int32) {
 func (r *Runner) unpauseGone(st *partState) {
 	r.pauseMu.Lock()
 	defer r.pauseMu.Unlock()
-	if cl := r.Client(); r.user.holds(st.Topic, st.Partition) && cl != nil {
+	if cl := r.Client(); r.pauseMu.user.holds(st.Topic, st.Partition) && cl != nil {
 		cl.ResumeFetchPartitions(map[string][]int32{st.Topic: {st.Partition}})
 	}
 }
 
 // userHolds reports whether a pause holds st. r.pauseMu is held.
-func (r *Runner) userHolds(st *partState) bool { return r.user.holds(st.Topic, st.Partition) }
+func (r *Runner) userHolds(st *partState) bool { return r.pauseMu.user.holds(st.Topic, st.Partition) }
 
 // observePause tells the hook.PauseHook hooks that p began (on) or ended.
 func (r *Runner) observePause(p PausedTarget, on bool) {

@@ -101,8 +101,8 @@ func ensurePauseTopic(ctx context.Context, adm *kadm.Client, topic string) error
 // read is logged; the runner goes on with the pauses it has.
 func (r *Runner) loadStored() {
 	r.pauseMu.Lock()
-	loaded := r.user.loaded
-	r.user.loaded = true
+	loaded := r.pauseMu.user.loaded
+	r.pauseMu.user.loaded = true
 	r.pauseMu.Unlock()
 	if loaded {
 		return
@@ -117,14 +117,14 @@ func (r *Runner) loadStored() {
 	var added []PausedTarget
 	for _, s := range stored {
 		t := Target{kind: targetKind(s.Kind), topic: s.Topic, partition: s.Partition}
-		if (!s.Until.IsZero() && !now.Before(s.Until)) || r.user.find(t, s.Reason) != nil || t.check() != nil {
+		if (!s.Until.IsZero() && !now.Before(s.Until)) || r.pauseMu.user.find(t, s.Reason) != nil || t.check() != nil {
 			continue
 		}
 		up := &userPause{PausedTarget: PausedTarget{Target: t, Since: s.Since, Until: s.Until, Reason: s.Reason, Persisted: true}}
 		if !s.Until.IsZero() {
 			up.timer = time.AfterFunc(s.Until.Sub(now), func() { r.expire(up) })
 		}
-		r.user.list = append(r.user.list, up)
+		r.pauseMu.user.list = append(r.pauseMu.user.list, up)
 		added = append(added, up.PausedTarget)
 	}
 	r.pauseMu.Unlock()

@@ -277,8 +277,10 @@ func (l *limits) stats() RateStats {
 	return s
 }
 
-// flowStats fills in st's pauses and rate-limit counters.
-func (r *Runner) flowStats(st *Stats) {
+// callStats fills in st's counters of what the runner does around the
+// handler call: its admission rules, its rate limits, and the pauses.
+func (r *Runner) callStats(st *Stats) {
+	r.obs.admissionStats(st)
 	st.Paused = r.Paused()
 	r.stopMu.Lock()
 	f := r.failures

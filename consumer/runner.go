@@ -93,8 +93,7 @@ type Runner struct {
 	routeNext []int
 	doneBufs  []*doneBuf   // per shard
 	avgSize   atomic.Int64 // running average record size; 0 until one is seen
-	pauseMu   sync.Mutex
-	user      userPauses // the pauses in force (pause.go); under pauseMu
+	pauseMu   pauseState // serializes pausing and resuming; the user's pauses (pause.go)
 
 	inflight, inflightBytes         atomic.Int64
 	maxInflight, maxInflightBytes   atomic.Int64
@@ -237,8 +236,7 @@ func (r *Runner) Stats() Stats {
 		Failures:         r.failureStats(),
 		Hold:             r.holdStats(),
 	}
-	r.obs.admissionStats(&st)
-	r.flowStats(&st)
+	r.callStats(&st)
 	if r.txs != nil {
 		st.Kafka.Held = r.heldDue.Load()
 	}
