@@ -93,7 +93,7 @@ type Runner struct {
 	routeNext []int
 	doneBufs  []*doneBuf   // per shard
 	avgSize   atomic.Int64 // running average record size; 0 until one is seen
-	pauseMu   pauseState // serializes pausing and resuming; the user's pauses (pause.go)
+	pauseMu   pauseState   // serializes pausing and resuming; the user's pauses (pause.go)
 
 	inflight, inflightBytes         atomic.Int64
 	maxInflight, maxInflightBytes   atomic.Int64
