@@ -62,6 +62,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
 		"DecodeValue", "Decoder", "Encoder", "Typed",
 		"Chain", "ExpiredAction", "ExpiredAction.String", "Middleware", "Recover", "Timeout",
+		"IdleConfig", "PeriodicConfig", "PeriodicStats",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
