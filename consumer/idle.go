@@ -16,7 +16,9 @@ const minIdleWork = 10 * time.Millisecond
 // what a service buffers, close a file, or report that a source went
 // quiet. A partition is idle while no record of it is polled and none is
 // unfinished; the member is idle while all its partitions are (also while
-// it has none). In every scope.
+// it has none). The partitions of kscope's own topics the runner consumes
+// (the retry topics, a scope's delay topics) get no Partition call, but
+// their records keep the member from being idle. In every scope.
 //
 // Each function is called once per idle period, After into it: not again
 // while the partition (or member) stays idle, and again once records
@@ -41,16 +43,17 @@ type IdleConfig struct {
 	Member func(ctx context.Context, since time.Time)
 }
 
-// PeriodicConfig runs a function of the service's on every partition
+// PeriodicConfig runs a function of the service's on every partition of
+// its topics (Topics and TopicPatterns, not kscope's retry topics)
 // assigned to the member, every Interval (Config.Periodic): for
 // time-based work on the partition's state, such as expiring what is too
 // old. The first call comes Interval after the partition's assignment;
 // while it is assigned, the next comes Interval after the previous one
-// began (to within a tenth of Interval), or, when a call runs longer than
-// Interval, right after it returned.
+// was scheduled (to within a tenth of Interval), or, when a call runs
+// longer than Interval, right after it returned.
 //
-// The call runs on one of the partition's key-shard workers, in order
-// with that key-shard's records, with the same revoke and shutdown rules
+// The call runs on the key-shard worker of the partition's null-key
+// records, in order with that key-shard's records, with the same revoke and shutdown rules
 // as a handler: never two calls for one partition at once; none begins
 // after the partition's revoke or the runner's stop began; a revoke and a
 // stop wait for a running call up to DrainTimeout, then cancel its ctx.

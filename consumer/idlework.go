@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,10 +104,11 @@ func (w *idleWatch) look(now time.Time) {
 	busy := false
 	for _, st := range sts {
 		e := w.entry(st, now)
-		if w.after > 0 && w.watch(e, now) {
+		own := r.ownTopic(st.Topic)
+		if w.after > 0 && w.watch(e, now, !own) {
 			busy = true
 		}
-		if w.run != nil {
+		if w.run != nil && !own {
 			w.periodic(e, now)
 		}
 	}
@@ -140,10 +142,10 @@ func (w *idleWatch) entry(st *partState, now time.Time) *idleEntry {
 	return e
 }
 
-// watch updates e's activity and calls Idle.Partition when it has been
-// idle for After. It reports whether the partition had records since the
-// last look, or has some unfinished.
-func (w *idleWatch) watch(e *idleEntry, now time.Time) bool {
+// watch updates e's activity and, when call is set, calls Idle.Partition
+// when it has been idle for After. It reports whether the partition had
+// records since the last look, or has some unfinished.
+func (w *idleWatch) watch(e *idleEntry, now time.Time, call bool) bool {
 	if p := e.st.polledTo.Load(); p != e.polled || e.st.Watermark.Pending() > 0 {
 		e.polled, e.active, e.fired = p, now, false
 		return true
@@ -152,7 +154,7 @@ func (w *idleWatch) watch(e *idleEntry, now time.Time) bool {
 		return false
 	}
 	e.fired = true
-	if fn := w.r.cfg.Idle.Partition; fn != nil {
+	if fn := w.r.cfg.Idle.Partition; fn != nil && call {
 		st, since := e.st, e.active
 		w.call(st.RevokedCh(), "partition", func(ctx context.Context) { fn(ctx, st.Topic, st.Partition, since) },
 			"topic", st.Topic, "partition", st.Partition)
@@ -209,6 +211,15 @@ func (w *idleWatch) periodic(e *idleEntry, now time.Time) {
 	e.running = new(atomic.Bool)
 	e.running.Store(true)
 	w.r.schedulePeriodic(e.st, e.running, w.run)
+}
+
+// ownTopic reports whether topic is one of kscope's own the runner
+// consumes besides the service's topics (a retry topic, a delay topic):
+// its partitions count for the member's activity, but get no idle or
+// periodic calls of their own.
+func (r *Runner) ownTopic(topic string) bool {
+	_, delayed := r.delays[topic]
+	return delayed && !slices.Contains(r.cfg.Topics, topic)
 }
 
 // schedulePeriodic queues one periodic call for st's partition on its

@@ -15,12 +15,12 @@ import (
 // itself.
 type PeriodicFunc func(ctx context.Context, tx pgx.Tx, topic string, partition int32) error
 
-// Periodic runs Func on every partition assigned to the member, every
-// Interval, each call in a PostgreSQL transaction (Options.Periodic): for
-// time-based work on the state the handlers keep, such as expiring rows
-// that are too old. The runner schedules it as it schedules
-// consumer.Config.Periodic's plain function, on one of the partition's
-// key-shard workers, with a handler's revoke and shutdown rules (see
+// Periodic runs Func on every partition of the service's topics assigned
+// to the member, every Interval, each call in a PostgreSQL transaction
+// (Options.Periodic): for time-based work on the state the handlers
+// keep, such as expiring rows that are too old. The runner schedules it as it schedules
+// consumer.Config.Periodic's plain function, on a key-shard worker of
+// the partition, with a handler's revoke and shutdown rules (see
 // consumer.PeriodicConfig): never two calls for one partition at once,
 // none after the partition's revoke or the runner's stop began, a running
 // one waited for up to DrainTimeout, then its ctx canceled (its

@@ -93,7 +93,8 @@ type RetryTopicUser interface {
 }
 
 // Periodic is implemented by a Scope that has work of its own to do on
-// every partition assigned to the member, every so often: the DB scope
+// every partition of the service's topics assigned to the member (not
+// kscope's retry or delay topics), every so often: the DB scope
 // runs dbscope.Options.Periodic in a transaction. A scope without it (or
 // whose PeriodicInterval is 0) runs consumer.Config.Periodic's plain
 // function, if any; the runner refuses both at once.
