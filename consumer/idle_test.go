@@ -86,9 +86,14 @@ func TestIdleOncePerIdlePeriod(t *testing.T) {
 	// Records flow on partition 0 alone: it goes idle anew once they are
 	// handled, and so does the member; partition 1, idle all along, is
 	// not called again meanwhile.
+	cl, err := k.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
 	produced := time.Now()
 	for i := range 3 {
-		if err := k.Produce(ctx, &kgo.Record{Topic: topic, Partition: 0, Value: []byte{byte(i)}}); err != nil {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 0, Value: []byte{byte(i)}}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
