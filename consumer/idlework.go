@@ -231,8 +231,8 @@ func (r *Runner) schedulePeriodic(st *partState, running *atomic.Bool, run func(
 	shard := partition.Shard(st.Topic, st.Partition, -1, nil, r.cfg.Shards, NullKeyOrdered)
 	task := func(ctx context.Context, rec *Record) {
 		defer running.Store(false)
-		if ctx.Err() != nil || rec.Revoked() {
-			return
+		if ctx.Err() != nil || rec.Revoked() || r.runCtx.Err() != nil {
+			return // the partition's revoke or the runner's stop began
 		}
 		err := scope.Call(func() error { return run(ctx, st.Topic, st.Partition) })
 		switch {
