@@ -163,12 +163,14 @@ type periodicCalls struct {
 	first   map[string]map[int32]time.Time
 	last    map[string]map[int32]time.Time // when the member's last call for the partition began
 	running map[int32]int
+	members map[string]int // calls running, per member
 	overlap int
+	cut     int // calls whose context ended before their work did
 }
 
 func newPeriodicCalls() *periodicCalls {
 	return &periodicCalls{calls: map[string]map[int32]int{}, first: map[string]map[int32]time.Time{},
-		last: map[string]map[int32]time.Time{}, running: map[int32]int{}}
+		last: map[string]map[int32]time.Time{}, running: map[int32]int{}, members: map[string]int{}}
 }
 
 // fn returns member's Periodic.Func: each call takes a while, so that
@@ -186,6 +188,7 @@ func (c *periodicCalls) fn(member string) func(ctx context.Context, topic string
 		c.calls[member][p]++
 		c.last[member][p] = now
 		c.running[p]++
+		c.members[member]++
 		if c.running[p] > 1 {
 			c.overlap++
 		}
@@ -193,11 +196,15 @@ func (c *periodicCalls) fn(member string) func(ctx context.Context, topic string
 		defer func() {
 			c.mu.Lock()
 			c.running[p]--
+			c.members[member]--
 			c.mu.Unlock()
 		}()
 		select { // the work
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(60 * time.Millisecond):
 		case <-ctx.Done():
+			c.mu.Lock()
+			c.cut++
+			c.mu.Unlock()
 		}
 		return nil
 	}
@@ -215,14 +222,10 @@ func (c *periodicCalls) firstLast(member string, p int32) (first, last time.Time
 	return c.first[member][p], c.last[member][p]
 }
 
-func (c *periodicCalls) runningNow() int {
+func (c *periodicCalls) runningOf(member string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := 0
-	for _, v := range c.running {
-		n += v
-	}
-	return n
+	return c.members[member]
 }
 
 // Periodic runs every Interval for each partition while it is assigned to
@@ -281,6 +284,9 @@ func TestPeriodicFollowsAssignment(t *testing.T) {
 	if err := stopB(); err != nil {
 		t.Fatal(err)
 	}
+	if n := calls.runningOf("b"); n != 0 {
+		t.Fatalf("%d periodic calls of member b still running after its Run returned", n)
+	}
 	ofB := calls.count("b", moved)
 	back := calls.count("a", moved)
 	testenv.WaitFor(t, 60*time.Second, "member a's periodic calls on the partition it took back", func() bool {
@@ -292,13 +298,18 @@ func TestPeriodicFollowsAssignment(t *testing.T) {
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
-	if n := calls.runningNow(); n != 0 {
+	if n := calls.runningOf("a"); n != 0 {
 		t.Fatalf("%d periodic calls still running after Run returned", n)
 	}
 	calls.mu.Lock()
 	defer calls.mu.Unlock()
 	if calls.overlap != 0 {
 		t.Fatalf("%d times two periodic calls ran at once for one partition", calls.overlap)
+	}
+	// The revokes and the stops waited for the running calls (well within
+	// DrainTimeout) rather than cancel them.
+	if calls.cut != 0 {
+		t.Fatalf("%d periodic calls canceled by a revoke or a stop instead of waited for", calls.cut)
 	}
 }
 
