@@ -65,6 +65,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"All", "Partition", "PauseFor", "PauseFrom", "PauseOption", "PauseReason", "PauseTopic", "PausedTarget",
 		"PersistPause", "Runner.Pause", "Runner.Paused", "Runner.Resume", "Target", "Target.String", "Topic",
 		"Rate", "RateLimit", "RateStats",
+		"IdleConfig", "PeriodicConfig", "PeriodicStats",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

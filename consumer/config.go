@@ -227,6 +227,17 @@ type Config struct {
 	// docs/flow-control.md.
 	RateLimit RateLimit
 
+	// Idle calls functions of the service's when a partition, or the
+	// whole member, has had no record for a while (see IdleConfig). Off
+	// by default.
+	Idle IdleConfig
+
+	// Periodic runs a function of the service's on every assigned
+	// partition every Periodic.Interval, on the partition's key-shard
+	// worker (see PeriodicConfig; the DB scope runs its own,
+	// dbscope.Options.Periodic, in a transaction). Off by default.
+	Periodic PeriodicConfig
+
 	// Hooks observe the runner: metrics, traces, lag (see package hook;
 	// the kscopeprom and kscopeotel packages provide them). None by
 	// default.
@@ -298,6 +309,7 @@ func (c Config) validate() error {
 	c.validateBounds(bad)
 	c.validateHandlerCall(bad)
 	c.validateRateLimit(bad)
+	c.validateIdleWork(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)
 	}

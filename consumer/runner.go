@@ -128,6 +128,7 @@ type Runner struct {
 	loopBeat  loopBeat
 	brokers   brokerHealth
 	joined    atomic.Bool
+	idle      idleWork // the periodic work's counters (Config.Periodic; idlework.go)
 }
 
 // New returns an AtLeastOnce runner: every record is handled at least once
@@ -165,7 +166,7 @@ func NewScoped(cfg Config, s scope.Scope[*Record]) (*Runner, error) {
 }
 
 func newRunner(cfg Config, s workScope) (*Runner, error) {
-	if err := cfg.validate(); err != nil {
+	if err := errors.Join(cfg.validate(), checkPeriodic(cfg, s)); err != nil {
 		return nil, err
 	}
 	r := &Runner{
@@ -235,6 +236,7 @@ func (r *Runner) Stats() Stats {
 		StalledShards:    int(r.stalled.Load()),
 		Failures:         r.failureStats(),
 		Hold:             r.holdStats(),
+		Periodic:         r.idle.stats(),
 	}
 	r.callStats(&st)
 	if r.txs != nil {
@@ -395,6 +397,7 @@ func (r *Runner) startBackground(ctx context.Context) *sync.WaitGroup {
 		bg.Go(func() { r.commitLoop(ctx) })
 	}
 	bg.Go(func() { r.watchStalls(ctx) })
+	bg.Go(func() { r.runIdleWork(ctx) })
 	if b, ok := r.unit.(scope.Background); ok {
 		bg.Go(func() { b.RunBackground(ctx) })
 	}
@@ -504,11 +507,10 @@ func (r *Runner) consumedAtStart() []string {
 
 // newClient creates the runner's client: a transactional session for a
 // transactor scope, whose producer ID is initialised before it joins the
-// group and polls
-// (it fences the previous incarnation of the transactional id and aborts
-// its open transaction; until then the group's offsets that transaction
-// committed are unstable, and the consumer, which fetches them with
-// RequireStable, would wait for the broker to time it out).
+// group and polls (it fences the previous incarnation of the transactional
+// id and aborts its open transaction; until then the group's offsets that
+// transaction committed are unstable, and the consumer, which fetches them
+// with RequireStable, would wait for the broker to time it out).
 func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
 	if r.txs == nil {
 		cl, err := kgo.NewClient(r.clientOptions()...)

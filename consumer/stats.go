@@ -44,6 +44,10 @@ type Stats struct {
 	RateLimit RateStats
 	DB        DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
 	Kafka     KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
+
+	// Periodic counts the calls of the periodic work (Config.Periodic,
+	// or the scope's own, dbscope.Options.Periodic), in every scope.
+	Periodic PeriodicStats
 }
 
 // DBStats are the DB scope's counters (package dbscope), in [Stats].DB.

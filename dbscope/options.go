@@ -193,6 +193,12 @@ type Options struct {
 	// and on again, keys written in between find gaps at their next
 	// record (see sequence.Accept for the first run back).
 	Versions *sequence.Config
+
+	// Periodic, when its Func is set, runs Func in a transaction of its
+	// own on every assigned partition, every Interval (see Periodic):
+	// time-based expiry of the handlers' state, say. It takes the place
+	// of consumer.Config.Periodic, which is refused beside it.
+	Periodic Periodic
 }
 
 func (o Options) withDefaults(cfg consumer.Config) Options {
@@ -250,6 +256,7 @@ func (o Options) validate() error {
 	if o.StartTimeout < 0 {
 		bad("StartTimeout", "is %s; set it to a positive duration (0 selects %s)", o.StartTimeout, DefaultStartTimeout)
 	}
+	o.validatePeriodic(bad)
 	if o.Versions != nil {
 		if err := o.Versions.Validate(); err != nil {
 			bad("Versions", "%v", err)

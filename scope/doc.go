@@ -39,10 +39,10 @@
 //
 // The optional interfaces ([Batcher], [Background], [Delayer], [Starter],
 // [ClientOptioner], [StatsReporter], [EngineUser], [RetryTopicUser],
-// [Transactor]) are found by a type assertion on the scope when the runner
-// is built, as database/sql finds a driver's optional interfaces; a scope
-// declares the ones it means to implement with a compile-time assertion,
-// so that a changed signature is a compile error:
+// [Periodic], [Transactor]) are found by a type assertion on the scope
+// when the runner is built, as database/sql finds a driver's optional
+// interfaces; a scope declares the ones it means to implement with a
+// compile-time assertion, so that a changed signature is a compile error:
 //
 //	var (
 //		_ scope.Scope[*consumer.Record]      = (*myScope)(nil)

@@ -91,3 +91,29 @@ type EngineUser[R any] interface {
 type RetryTopicUser interface {
 	UsesRetryTopics() bool
 }
+
+// Periodic is implemented by a Scope that has work of its own to do on
+// every partition of the service's topics assigned to the member (not
+// kscope's retry or delay topics), every so often: the DB scope
+// runs dbscope.Options.Periodic in a transaction. A scope without it (or
+// whose PeriodicInterval is 0) runs consumer.Config.Periodic's plain
+// function, if any; the runner refuses both at once.
+//
+// Every PeriodicInterval while a partition is assigned to the member
+// (the first one PeriodicInterval after its assignment), the runner calls
+// RunPeriodic for it on one of the partition's key-shard workers, in
+// order with that key-shard's records, under the partition's assignment:
+// never two calls for one partition at once, and never after the
+// partition's revoke or the runner's stop began. A revoke and a stop wait
+// for a running call as they wait for a running record (up to
+// consumer.Config.DrainTimeout, then ctx is canceled); a [Transactor]'s
+// revoke cancels it at once, as it stops its records. An error is logged
+// and counted (consumer.Stats.Periodic), and the work runs again at the
+// next interval; a panic is an error ([Call]).
+type Periodic interface {
+	// PeriodicInterval returns how often RunPeriodic runs for each
+	// assigned partition; 0: the scope has no periodic work.
+	PeriodicInterval() time.Duration
+	// RunPeriodic does the work for one partition.
+	RunPeriodic(ctx context.Context, topic string, partition int32) error
+}
