@@ -18,7 +18,9 @@ const minIdleWork = 10 * time.Millisecond
 // unfinished; the member is idle while all its partitions are (also while
 // it has none). The partitions of kscope's own topics the runner consumes
 // (the retry topics, a scope's delay topics) get no Partition call, but
-// their records keep the member from being idle. In every scope.
+// their records keep the member from being idle. A partition a pause holds
+// (Runner.Pause) gets no Partition call: its idle period starts when it
+// resumes; it does not keep the member from being idle. In every scope.
 //
 // Each function is called once per idle period, After into it: not again
 // while the partition (or member) stays idle, and again once records

@@ -146,6 +146,12 @@ func (w *idleWatch) entry(st *partState, now time.Time) *idleEntry {
 // when it has been idle for After. It reports whether the partition had
 // records since the last look, or has some unfinished.
 func (w *idleWatch) watch(e *idleEntry, now time.Time, call bool) bool {
+	if w.r.userPaused(e.st) {
+		// Its quiet is the pause's, not the topic's: it is idle only
+		// After past its resume.
+		e.active, e.fired = now, false
+		return false
+	}
 	if p := e.st.polledTo.Load(); p != e.polled || e.st.Watermark.Pending() > 0 {
 		e.polled, e.active, e.fired = p, now, false
 		return true

@@ -388,6 +388,13 @@ func (r *Runner) unpauseGone(st *partState) {
 	}
 }
 
+// userPaused reports whether a user's pause holds st.
+func (r *Runner) userPaused(st *partState) bool {
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
+	return r.userHolds(st)
+}
+
 // userHolds reports whether a pause holds st. r.pauseMu is held.
 func (r *Runner) userHolds(st *partState) bool { return r.pauseMu.user.holds(st.Topic, st.Partition) }
 
