@@ -227,6 +227,13 @@ type Config struct {
 	// docs/flow-control.md.
 	RateLimit RateLimit
 
+	// Breakers are circuit breakers, one per dependency: the handler
+	// errors a breaker matches open it, and while it is open the runner
+	// pauses fetching and its records wait in place instead of going
+	// through the failure policy (see [BreakerConfig] and
+	// docs/flow-control.md#circuit-breakers). None by default.
+	Breakers []BreakerConfig
+
 	// Idle calls functions of the service's when a partition, or the
 	// whole member, has had no record for a while (see IdleConfig). Off
 	// by default.
@@ -309,6 +316,7 @@ func (c Config) validate() error {
 	c.validateBounds(bad)
 	c.validateHandlerCall(bad)
 	c.validateRateLimit(bad)
+	c.validateBreakers(bad)
 	c.validateIdleWork(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)

@@ -71,13 +71,14 @@ type callRules struct {
 	timeout    time.Duration
 	grace      time.Duration
 	limits     *limits          // Config.RateLimit; nil without one
+	breakers   *breakers        // Config.Breakers; nil without any
 	expiredLog *ratelog.Limiter // one INFO line per expired skip, up to a burst per window
 }
 
 // newCallRules returns cfg's rules for a handler call.
 func newCallRules(cfg Config) callRules {
 	return callRules{group: cfg.Group, retryName: retrytopic.SafeName(cfg.Group) + ".kscope-retry-", keep: cfg.Keep, maxAge: cfg.MaxAge, expired: cfg.Expired,
-		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), expiredLog: ratelog.New(10, 10*time.Second)}
+		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), breakers: newBreakers(cfg), expiredLog: ratelog.New(10, 10*time.Second)}
 }
 
 // validateHandlerCall checks the handler call's fields and reports each
@@ -107,7 +108,8 @@ func (c Config) validateHandlerCall(bad func(field, format string, args ...any))
 func (e engineOf) Admit(r *Record) error { return e.f.admit(r) }
 
 // Call implements scope.Engine: admission, then Config.RateLimit's wait
-// (not a stall, not under HandlerTimeout), then the call.
+// (not a stall, not under HandlerTimeout), then the call, through the
+// circuit breakers (Config.Breakers).
 func (e engineOf) Call(ctx context.Context, r *Record, call func(ctx context.Context) error) error {
 	if err := e.f.admit(r); err != nil {
 		return err
@@ -118,7 +120,7 @@ func (e engineOf) Call(ctx context.Context, r *Record, call func(ctx context.Con
 			return err
 		}
 	}
-	return e.f.call(ctx, r, call)
+	return e.f.calls.breakers.run(ctx, r, func() error { return e.f.call(ctx, r, call) })
 }
 
 // CallBatch implements scope.Engine.
@@ -129,7 +131,7 @@ func (e engineOf) CallBatch(ctx context.Context, rs []*Record, call func(ctx con
 	if err := e.f.calls.limits.take(ctx, rs); err != nil {
 		return err
 	}
-	return e.f.call(ctx, rs[0], call)
+	return e.f.calls.breakers.run(ctx, rs[0], func() error { return e.f.call(ctx, rs[0], call) })
 }
 
 // errFiltered is the error of every filtered record: one value, so that a

@@ -287,5 +287,6 @@ func (r *Runner) callStats(st *Stats) {
 	r.stopMu.Unlock()
 	if f != nil {
 		st.RateLimit = f.calls.limits.stats()
+		st.Breakers = f.calls.breakers.states()
 	}
 }

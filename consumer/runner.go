@@ -378,6 +378,7 @@ func (r *Runner) useClient(cl *kgo.Client) *failures {
 	if f == nil {
 		f = &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog(), calls: newCallRules(r.cfg)}
 		r.failures = f
+		f.calls.breakers.bind(r)
 	}
 	f.cl = cl
 	r.stopMu.Unlock()

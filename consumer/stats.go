@@ -42,8 +42,11 @@ type Stats struct {
 	Paused []PausedTarget
 	// RateLimit counts the waits for Config.RateLimit.
 	RateLimit RateStats
-	DB        DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
-	Kafka     KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
+	// Breakers are the circuit breakers' states (Config.Breakers), in
+	// their order.
+	Breakers []BreakerState
+	DB       DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
+	Kafka    KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 
 	// Periodic counts the calls of the periodic work (Config.Periodic,
 	// or the scope's own, dbscope.Options.Periodic), in every scope.
