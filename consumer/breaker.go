@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -175,24 +176,40 @@ func (bs *breakers) bind(r *Runner) {
 }
 
 // run makes rec's handler call (or its batch's) through the breakers:
-// it waits while one is open (or half-open with its probe out), and calls
-// again, after waiting, when the call failed with an error a breaker that
-// is not closed (or that this failure opened) matches. It returns the
-// call's last error, or the context's when ctx ended during a wait.
+// it waits while one is open (or half-open with its probe out), then
+// calls, and feeds the call's outcome to them. A failure that leaves a
+// matching breaker open (Decide turns it into a wait in place) is
+// returned as it is: the scope undoes the call's work as for any failure
+// (a transaction's savepoint, the Kafka scope's outputs), and the next
+// call of the record waits here.
 func (bs *breakers) run(ctx context.Context, rec *Record, call func() error) error {
 	if bs == nil {
 		return call()
 	}
-	for {
-		probes, err := bs.admit(ctx, rec)
-		if err != nil {
-			return err
-		}
-		err = call()
-		if !bs.done(probes, err) {
-			return err
+	probes, err := bs.admit(ctx, rec)
+	if err != nil {
+		return err
+	}
+	err = call()
+	bs.done(probes, err)
+	return err
+}
+
+// holds reports whether err is a failure a breaker that is not closed
+// matches: the record waits in place, outside the failure policy.
+func (bs *breakers) holds(err error) bool {
+	if bs == nil || err == nil {
+		return false
+	}
+	for _, b := range bs.list {
+		b.mu.Lock()
+		closed := b.state == BreakerClosed
+		b.mu.Unlock()
+		if !closed && b.matches(err) {
+			return true
 		}
 	}
+	return false
 }
 
 // admit waits until every breaker lets a call go, and returns those of
@@ -257,23 +274,15 @@ func (b *breaker) release() {
 }
 
 // done feeds a call's outcome to the breakers (probes: those of which it
-// was the probe), and reports whether the record waits in place: its
-// failure is one a breaker that is not closed now matches.
-func (bs *breakers) done(probes []*breaker, err error) bool {
-	wait := false
+// was the probe).
+func (bs *breakers) done(probes []*breaker, err error) {
 	for _, b := range bs.list {
-		probe := false
-		for _, p := range probes {
-			probe = probe || p == b
-		}
-		if b.done(probe, err) {
-			wait = true
-		}
+		b.done(slices.Contains(probes, b), err)
 	}
-	return wait
 }
 
-// done feeds one call's outcome to b; see breakers.done.
+// done feeds one call's outcome to b, and reports whether the call's
+// failure is one b, not closed now, matches.
 func (b *breaker) done(probe bool, err error) bool {
 	match := err != nil && b.matches(err)
 	b.mu.Lock()
@@ -392,4 +401,16 @@ func (bs *breakers) states() []BreakerState {
 		b.mu.Unlock()
 	}
 	return out
+}
+
+// breakerWait reports whether rec's failure err waits in place for a
+// circuit breaker (then Decide's step is a retry in place with no delay:
+// the record's next call waits at the breaker), and returns attempt less
+// the attempts that waited so: a wait uses up none of the retry budget.
+func (f *failures) breakerWait(rec *Record, err error, attempt int) (int, bool) {
+	if f.calls.breakers.holds(err) {
+		rec.breakerWaits++
+		return attempt, true
+	}
+	return max(attempt-int(rec.breakerWaits), 1), false
 }

@@ -73,6 +73,9 @@ func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt i
 	if herr != nil {
 		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", recordAttrs(rec, attempt, herr, 0)...)
 	}
+	if attempt, rec.breakerWait = f.breakerWait(rec, err, attempt); rec.breakerWait {
+		return retrytopic.Step{Action: retrytopic.ActionRetry, Class: f.classOf(err)}
+	}
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
 	return f.policy.Next(f.classOf(err), total, attempt, meta.Stage, topics && f.topics)
 }
@@ -98,6 +101,10 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 		f.stacks.forget(meta.ID)
 		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(recordAttrs(rec, total, err, 0), append(stack, slog.String("outcome", string(hook.OutcomeSkipped)))...)...)
 	case retrytopic.ActionRetry:
+		if rec.breakerWait {
+			f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: handler failed while a circuit breaker is open; the record waits in place", append(recordAttrs(rec, total, err, 0), slog.String("outcome", "waiting"))...)
+			break
+		}
 		f.retries.Add(1)
 		f.obs.Event(rec, hook.EventRetry, step.Class.String())
 		f.log.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
@@ -135,7 +142,7 @@ func (f *failures) routedRecord(rec *Record, err error, step retrytopic.Step, at
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	now := time.Now()
 	meta.Group = f.group
-	meta.Attempt = min(meta.Attempt+attempt, retrytopic.MaxAttempt)
+	meta.Attempt = min(meta.Attempt+max(attempt-int(rec.breakerWaits), 1), retrytopic.MaxAttempt)
 	if meta.FirstFailure.IsZero() {
 		meta.FirstFailure = firstFailure
 	}

@@ -19,8 +19,13 @@ type Record struct {
 	offset int64 // Record.Offset, kept beside the runner's own fields
 	shard  int32
 	state  uint8
-	turned uint8 // why the admission rules turned it away at its last handler call (handlercall.go), 0: admitted
-	due    int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
+	// breakerWaits counts the failures of this delivery that waited in
+	// place for a circuit breaker (breaker.go): they use up no attempt.
+	breakerWaits int32
+	// breakerWait says the last failure waits for a circuit breaker.
+	breakerWait bool
+	turned      uint8 // why the admission rules turned it away at its last handler call (handlercall.go), 0: admitted
+	due         int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
 
 	// The delivery's observation (Observer.Start), when hooks observe it.
 	obs *recordObs
