@@ -52,8 +52,8 @@ type Dep struct {
 	failures atomic.Int64 // calls that failed with ErrDown
 
 	mu     sync.Mutex
-	served map[string]int    // value → calls that succeeded
-	order  map[string][]int  // key → the n of its values, in the order served
+	served map[string]int   // value → calls that succeeded
+	order  map[string][]int // key → the n of its values, in the order served
 }
 
 // Call is the handler's call of the dependency for rec: ErrDown while it
