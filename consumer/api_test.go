@@ -66,6 +66,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"PersistPause", "Runner.Pause", "Runner.Paused", "Runner.Resume", "Target", "Target.String", "Topic",
 		"Rate", "RateLimit", "RateStats",
 		"IdleConfig", "PeriodicConfig", "PeriodicStats",
+		"BreakerConfig", "BreakerState", "BreakerStatus", "BreakerStatus.String",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
