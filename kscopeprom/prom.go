@@ -33,6 +33,11 @@
 //	                                         consumer.PauseFrom) is in force: when it
 //	                                         began, in Unix seconds (target: "all", a
 //	                                         topic, or topic[partition])
+//	kscope_breaker_state{breaker}            a circuit breaker's state (consumer.Config.Breakers):
+//	                                         0 closed, 1 half-open, 2 open
+//	kscope_breaker_transitions_total{breaker,state}
+//	                                         a circuit breaker's changes of state, by the
+//	                                         state entered
 //	kscope_offset_commits_total{result}      offset commit requests: ok or error
 //	kscope_route_produces_total{route,class,result}
 //	                                         retry (route="retry") and dead-letter (route="dlt")
@@ -99,6 +104,8 @@ type Metrics struct {
 	lag       *prometheus.GaugeVec
 	lagAge    *prometheus.GaugeVec
 	paused    *prometheus.GaugeVec
+	breakers  *prometheus.GaugeVec
+	trans     *prometheus.CounterVec
 	commits   *prometheus.CounterVec
 	routes    *prometheus.CounterVec
 	lateness  *prometheus.HistogramVec
@@ -125,6 +132,7 @@ var (
 	_ hook.StallHook         = (*Metrics)(nil)
 	_ hook.HoldHook          = (*Metrics)(nil)
 	_ hook.PauseHook         = (*Metrics)(nil)
+	_ hook.BreakerHook       = (*Metrics)(nil)
 )
 
 // New creates the metrics and registers them.
@@ -162,7 +170,9 @@ func New(o Options) (*Metrics, error) {
 	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_key_shards", Help: "Key-shards holding their records because the deployment is wrong (a missing table or column, a refused privilege): nothing is routed for them."}, []string{"consumer_group", "reason"})
 	m.decode = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_decode_failures_total", Help: "Records dead-lettered because their payload could not be decoded."}, append(gt, "format"))
 	m.pauses = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_paused", Help: "While a pause of fetching (consumer.Runner.Pause, consumer.PauseFrom) is in force: when it began, in Unix seconds."}, []string{"consumer_group", "target", "reason"})
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses} {
+	m.breakers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_breaker_state", Help: "A circuit breaker's state (consumer.Config.Breakers): 0 closed, 1 half-open, 2 open."}, []string{"consumer_group", "breaker"})
+	m.trans = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_breaker_transitions_total", Help: "A circuit breaker's changes of state, by the state entered (closed, half-open, open)."}, []string{"consumer_group", "breaker", "state"})
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -277,6 +287,21 @@ func (m *Metrics) OnPause(p hook.Pause) {
 		return
 	}
 	m.pauses.WithLabelValues(p.Group, p.Target, p.Reason).Set(float64(p.Since.UnixNano()) / 1e9)
+}
+
+// OnBreaker implements hook.BreakerHook: kscope_breaker_state takes the
+// breaker's new state, and kscope_breaker_transitions_total counts the
+// change.
+func (m *Metrics) OnBreaker(b hook.Breaker) {
+	v := 0.0
+	switch b.State {
+	case "half-open":
+		v = 1
+	case "open":
+		v = 2
+	}
+	m.breakers.WithLabelValues(b.Group, b.Name).Set(v)
+	m.trans.WithLabelValues(b.Group, b.Name, b.State).Inc()
 }
 
 func result(err error) string {
