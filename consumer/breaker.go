@@ -129,7 +129,8 @@ type breaker struct {
 	cfg BreakerConfig
 	bs  *breakers
 
-	mu      sync.Mutex
+	ctl     sync.Mutex // held while a change of state is made and carried out (report), in turn
+	mu      sync.Mutex // guards the fields below; never held while calling out
 	state   BreakerStatus
 	since   time.Time
 	trips   int64
@@ -281,41 +282,38 @@ func (bs *breakers) done(probes []*breaker, err error) {
 	}
 }
 
-// done feeds one call's outcome to b, and reports whether the call's
-// failure is one b, not closed now, matches.
-func (b *breaker) done(probe bool, err error) bool {
+// done feeds one call's outcome to b.
+func (b *breaker) done(probe bool, err error) {
 	match := err != nil && b.matches(err)
+	if !probe && !match {
+		return
+	}
+	b.ctl.Lock()
+	defer b.ctl.Unlock()
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	now := time.Now()
-	if probe {
+	var to transition
+	switch {
+	case probe && match:
 		b.probing = false
-		if match {
-			b.open(now, err)
-			return true
+		to = b.open(now, err)
+	case probe:
+		b.probing = false
+		to = b.to(BreakerClosed, now, nil)
+	case b.state == BreakerClosed:
+		keep := b.fails[:0]
+		for _, t := range b.fails {
+			if now.Sub(t) < b.cfg.Window {
+				keep = append(keep, t)
+			}
 		}
-		b.to(BreakerClosed, now, nil)
-		b.bs.pauseFor(b, false)
-		return false
-	}
-	if !match {
-		return false
-	}
-	if b.state != BreakerClosed {
-		return true
-	}
-	keep := b.fails[:0]
-	for _, t := range b.fails {
-		if now.Sub(t) < b.cfg.Window {
-			keep = append(keep, t)
+		b.fails = append(keep, now)
+		if len(b.fails) >= b.cfg.Failures {
+			to = b.open(now, err)
 		}
 	}
-	b.fails = append(keep, now)
-	if len(b.fails) < b.cfg.Failures {
-		return false
-	}
-	b.open(now, err)
-	return true
+	b.mu.Unlock()
+	b.report(to)
 }
 
 // matches asks the breaker's Trips about err; a panic in it is no match.
@@ -329,40 +327,62 @@ func (b *breaker) matches(err error) (match bool) {
 	return b.cfg.Trips(err)
 }
 
-// open opens b for OpenFor after err: it pauses fetching, and turns
-// half-open when OpenFor passed. b.mu is held.
-func (b *breaker) open(now time.Time, err error) {
+// open opens b after err, and turns it half-open when OpenFor passed.
+// b.ctl and b.mu are held.
+func (b *breaker) open(now time.Time, err error) transition {
 	b.trips++
 	b.fails = nil
-	b.to(BreakerOpen, now, err)
-	b.bs.pauseFor(b, true)
 	time.AfterFunc(b.cfg.OpenFor, b.halfOpen)
+	return b.to(BreakerOpen, now, err)
 }
 
 // halfOpen turns an open breaker half-open: fetching resumes and one
 // probe call may go.
 func (b *breaker) halfOpen() {
+	b.ctl.Lock()
+	defer b.ctl.Unlock()
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.state != BreakerOpen {
-		return
+	var to transition
+	if b.state == BreakerOpen {
+		to = b.to(BreakerHalfOpen, time.Now(), nil)
 	}
-	b.to(BreakerHalfOpen, time.Now(), nil)
-	b.bs.pauseFor(b, false)
+	b.mu.Unlock()
+	b.report(to)
 }
 
-// to moves b to state s, logs the change once and tells the hooks, and
-// wakes the waiting calls. b.mu is held.
-func (b *breaker) to(s BreakerStatus, now time.Time, err error) {
+// transition is a change of a breaker's state, to report.
+type transition struct {
+	changed bool
+	state   BreakerStatus
+	since   time.Time
+	err     error
+	trips   int64
+}
+
+// to moves b to state s and wakes the waiting calls; it returns the
+// change, for report. b.ctl and b.mu are held.
+func (b *breaker) to(s BreakerStatus, now time.Time, err error) transition {
 	if b.state == s {
-		return
+		return transition{}
 	}
 	b.state, b.since = s, now
 	b.wake()
-	attrs := []slog.Attr{slog.String("breaker", b.cfg.Name), slog.String("state", s.String())}
-	switch s {
+	return transition{changed: true, state: s, since: now, err: err, trips: b.trips}
+}
+
+// report carries out a change of b's state: it pauses fetching (open) or
+// resumes it, logs the change once and tells the hooks. b.ctl is held
+// (the changes are carried out in their order), b.mu is not (a hook may
+// read Stats).
+func (b *breaker) report(t transition) {
+	if !t.changed {
+		return
+	}
+	b.bs.pauseFor(b, t.state == BreakerOpen)
+	attrs := []slog.Attr{slog.String("breaker", b.cfg.Name), slog.String("state", t.state.String())}
+	switch t.state {
 	case BreakerOpen:
-		attrs = append(attrs, slog.Any("err", err), slog.Duration("open_for", b.cfg.OpenFor), slog.Int64("trips", b.trips))
+		attrs = append(attrs, slog.Any("err", t.err), slog.Duration("open_for", b.cfg.OpenFor), slog.Int64("trips", t.trips))
 		b.bs.log.LogAttrs(context.Background(), slog.LevelWarn, "kscope: circuit breaker open: handler calls wait and fetching is paused", attrs...)
 	case BreakerHalfOpen:
 		b.bs.log.LogAttrs(context.Background(), slog.LevelInfo, "kscope: circuit breaker half-open: one probe call goes through", attrs...)
@@ -371,7 +391,7 @@ func (b *breaker) to(s BreakerStatus, now time.Time, err error) {
 	}
 	for _, h := range b.bs.hooks {
 		if bh, ok := h.(hook.BreakerHook); ok {
-			bh.OnBreaker(hook.Breaker{Group: b.bs.group, Name: b.cfg.Name, State: s.String(), Since: now, Err: err})
+			bh.OnBreaker(hook.Breaker{Group: b.bs.group, Name: b.cfg.Name, State: t.state.String(), Since: t.since, Err: t.err})
 		}
 	}
 }
