@@ -13,7 +13,7 @@ import (
 
 // Defaults of a BreakerConfig.
 const (
-	DefaultBreakerFailures = 5                // BreakerConfig.Failures
+	DefaultBreakerFailures = 3                // BreakerConfig.Failures: retrytopic.DefaultInPlaceAttempts
 	DefaultBreakerWindow   = 10 * time.Second // BreakerConfig.Window
 	DefaultBreakerOpenFor  = 30 * time.Second // BreakerConfig.OpenFor
 )
@@ -43,7 +43,11 @@ type BreakerConfig struct {
 	// Required.
 	Trips func(err error) bool
 	// Failures is how many matching failures within Window open the
-	// breaker. Default DefaultBreakerFailures.
+	// breaker. Until it opens, failures follow the failure policy: keep
+	// it at most Failures.InPlaceAttempts (default 3), so that a record
+	// failing alone opens the breaker on its last attempt in place
+	// rather than going on to a retry topic or the dead-letter topic.
+	// Default DefaultBreakerFailures.
 	Failures int
 	// Window is how far back failures count. Default DefaultBreakerWindow.
 	Window time.Duration

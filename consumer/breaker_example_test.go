@@ -14,7 +14,7 @@ import (
 // down.
 var errLedgerDown = errors.New("ledger API: 503")
 
-// A breaker for the ledger API: five of its failures within ten seconds
+// A breaker for the ledger API: three of its failures within ten seconds
 // open it. While it is open, fetching is paused and the failing records
 // wait in place (no retry topic, no dead-letter topic, no attempt used);
 // after 30 seconds one probe call goes through, and its success closes the
@@ -28,7 +28,7 @@ func ExampleBreakerConfig() {
 		Breakers: []consumer.BreakerConfig{{
 			Name:     "ledger",
 			Trips:    func(err error) bool { return errors.Is(err, errLedgerDown) },
-			Failures: 5,
+			Failures: 3, // at most Failures.InPlaceAttempts
 			Window:   10 * time.Second,
 			OpenFor:  30 * time.Second,
 		}},

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/breakercheck"
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // In the AtLeastOnce scope, a dependency's breaker opens after its
@@ -37,7 +41,7 @@ func TestBreakerConfigErrors(t *testing.T) {
 		{"no name", []consumer.BreakerConfig{{Trips: trips}}, "Breakers[0].Name", "name the breaker's dependency"},
 		{"same name", []consumer.BreakerConfig{{Name: "db", Trips: trips}, {Name: "db", Trips: trips}}, "Breakers[1].Name", "give each breaker its own name"},
 		{"no trips", []consumer.BreakerConfig{{Name: "db"}}, "Breakers[0].Trips", "reports whether a handler error is a failure of the dependency"},
-		{"negative failures", []consumer.BreakerConfig{{Name: "db", Trips: trips, Failures: -1}}, "Breakers[0].Failures", "0 selects 5"},
+		{"negative failures", []consumer.BreakerConfig{{Name: "db", Trips: trips, Failures: -1}}, "Breakers[0].Failures", "0 selects 3"},
 		{"negative window", []consumer.BreakerConfig{{Name: "db", Trips: trips, Window: -time.Second}}, "Breakers[0].Window", "positive duration"},
 		{"negative open-for", []consumer.BreakerConfig{{Name: "db", Trips: trips, OpenFor: -time.Second}}, "Breakers[0].OpenFor", "positive duration"},
 	}
@@ -63,5 +67,50 @@ func TestBreakerConfigErrors(t *testing.T) {
 	defer r.Close()
 	if st := r.Stats().Breakers; len(st) != 0 && (st[0].Name != "db" || st[0].State != consumer.BreakerClosed) {
 		t.Errorf("Stats.Breakers %+v before Run; want db closed, or none yet", st)
+	}
+}
+
+// A record failing alone opens a breaker whose Failures is the in-place
+// attempts (the defaults: 3 and 3) on its last attempt in place: it waits
+// instead of going to the dead-letter topic, and is handled once the
+// dependency recovers.
+func TestBreakerOpensOnARecordFailingAlone(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "brk-alone", "g-brk-alone"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	var handled atomic.Int64
+	down.Store(true)
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Failures.Backoff = time.Millisecond
+	cfg.Breakers = []consumer.BreakerConfig{{Name: "dep", Trips: func(err error) bool { return errors.Is(err, errDown) }, OpenFor: 100 * time.Millisecond}}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		if down.Load() {
+			return errDown
+		}
+		handled.Add(1)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the breaker open", func() bool {
+		bs := r.Stats().Breakers
+		return len(bs) == 1 && bs[0].Trips >= 2
+	})
+	down.Store(false)
+	testenv.WaitFor(t, time.Minute, "the record handled and committed", func() bool { return handled.Load() == 1 && k.CaughtUp(ctx, group, topic) })
+	if f := r.Stats().Failures; f.DeadLettered != 0 || f.Retries != 2 {
+		t.Errorf("Stats.Failures %+v; want no dead letter, the 2 retries in place before the breaker opened", f)
+	}
+	if ends, err := k.EndOffsets(ctx, retrytopic.DLTopic(group)); err == nil && ends[0] != 0 {
+		t.Errorf("the dead-letter topic holds %d records; want none", ends[0])
 	}
 }
