@@ -436,5 +436,14 @@ func (f *failures) breakerWait(rec *Record, err error, attempt int) (int, bool) 
 		rec.breakerWaits++
 		return attempt, true
 	}
-	return max(attempt-int(rec.breakerWaits), 1), false
+	return spent(rec, attempt), false
+}
+
+// spent returns attempt, the attempts of rec made on this hop, less those
+// that waited in place for a circuit breaker.
+func spent(rec *Record, attempt int) int {
+	if rec.breakerWaits == 0 {
+		return attempt
+	}
+	return max(attempt-int(rec.breakerWaits), 1)
 }

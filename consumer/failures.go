@@ -142,7 +142,7 @@ func (f *failures) routedRecord(rec *Record, err error, step retrytopic.Step, at
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	now := time.Now()
 	meta.Group = f.group
-	meta.Attempt = min(meta.Attempt+max(attempt-int(rec.breakerWaits), 1), retrytopic.MaxAttempt)
+	meta.Attempt = min(meta.Attempt+spent(rec, attempt), retrytopic.MaxAttempt)
 	if meta.FirstFailure.IsZero() {
 		meta.FirstFailure = firstFailure
 	}
