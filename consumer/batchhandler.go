@@ -97,6 +97,11 @@ func NewBatch(cfg Config, h BatchHandler) (*Runner, error) {
 }
 
 // batchScope is the AtLeastOnce scope with a batch handler.
+// KeyHolds implements scope.KeyHolder: a batch call takes the records of
+// many keys at once, so no key is held alone (Config.KeyBreaker is
+// refused).
+func (s *batchScope) KeyHolds() scope.KeyHold { return 0 }
+
 type batchScope struct {
 	atLeastOnce
 	bh BatchHandler

@@ -234,6 +234,14 @@ type Config struct {
 	// docs/flow-control.md#circuit-breakers). None by default.
 	Breakers []BreakerConfig
 
+	// KeyBreaker, when set, is the circuit breaker of each key: a key
+	// whose records keep failing is held alone, its records waiting,
+	// while every other key flows; after a cool-down one probe record of
+	// it goes through, and on success its held records run in order (see
+	// [KeyBreakerConfig] and docs/flow-control.md#per-key-circuit-breaker).
+	// Off by default.
+	KeyBreaker *KeyBreakerConfig
+
 	// Idle calls functions of the service's when a partition, or the
 	// whole member, has had no record for a while (see IdleConfig). Off
 	// by default.
@@ -317,6 +325,7 @@ func (c Config) validate() error {
 	c.validateHandlerCall(bad)
 	c.validateRateLimit(bad)
 	c.validateBreakers(bad)
+	c.validateKeyBreaker(bad)
 	c.validateIdleWork(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)

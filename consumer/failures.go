@@ -76,6 +76,9 @@ func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt i
 	if attempt, rec.breakerWait = f.breakerWait(rec, err, attempt); rec.breakerWait {
 		return retrytopic.Step{Action: retrytopic.ActionRetry, Class: f.classOf(err)}
 	}
+	if st, ok := f.calls.keys.decide(f, rec, err); ok {
+		return st
+	}
 	total := min(meta.Attempt+attempt, retrytopic.MaxAttempt)
 	return f.policy.Next(f.classOf(err), total, attempt, meta.Stage, topics && f.topics)
 }

@@ -152,9 +152,19 @@ func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 	d.begin(batch)
 	r.unit.Process(ctx, batch, d.fn)
 	d.end()
-	var bytes int64
+	if kb := r.keys(); kb != nil {
+		// A record its key's breaker holds keeps its room; the lock
+		// orders this with the drop of a revoked partition's holds.
+		kb.mu.Lock()
+		defer kb.mu.Unlock()
+	}
+	var n, bytes int64
 	stopping := r.runCtx != nil && r.runCtx.Err() != nil
 	for _, rec := range batch {
+		if rec.state == recKeyHeld {
+			continue
+		}
+		n++
 		bytes += rec.size
 		if rec.state == recPending && ctx.Err() == nil && !rec.Revoked() && !stopping {
 			// Left undone while the partition is still ours.
@@ -162,7 +172,7 @@ func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 		}
 		rec.state = recDone
 	}
-	r.releaseN(int64(len(batch)), bytes)
+	r.releaseN(n, bytes)
 }
 
 // drop is the pool's DropFunc for records that will never run here.

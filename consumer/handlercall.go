@@ -72,13 +72,14 @@ type callRules struct {
 	grace      time.Duration
 	limits     *limits          // Config.RateLimit; nil without one
 	breakers   *breakers        // Config.Breakers; nil without any
+	keys       *keyBreaker      // Config.KeyBreaker; nil without one
 	expiredLog *ratelog.Limiter // one INFO line per expired skip, up to a burst per window
 }
 
 // newCallRules returns cfg's rules for a handler call.
 func newCallRules(cfg Config) callRules {
 	return callRules{group: cfg.Group, retryName: retrytopic.SafeName(cfg.Group) + ".kscope-retry-", keep: cfg.Keep, maxAge: cfg.MaxAge, expired: cfg.Expired,
-		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), breakers: newBreakers(cfg), expiredLog: ratelog.New(10, 10*time.Second)}
+		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), breakers: newBreakers(cfg), keys: newKeyBreaker(cfg), expiredLog: ratelog.New(10, 10*time.Second)}
 }
 
 // validateHandlerCall checks the handler call's fields and reports each
@@ -111,6 +112,9 @@ func (e engineOf) Admit(r *Record) error { return e.f.admit(r) }
 // (not a stall, not under HandlerTimeout), then the call, through the
 // circuit breakers (Config.Breakers).
 func (e engineOf) Call(ctx context.Context, r *Record, call func(ctx context.Context) error) error {
+	if e.f.calls.keys.heldNow(r) {
+		return errKeyHeld
+	}
 	if err := e.f.admit(r); err != nil {
 		return err
 	}
@@ -119,6 +123,9 @@ func (e engineOf) Call(ctx context.Context, r *Record, call func(ctx context.Con
 		if err := l.take(ctx, rs[:]); err != nil {
 			return err
 		}
+	}
+	if e.f.calls.breakers == nil {
+		return e.f.call(ctx, r, call)
 	}
 	return e.f.calls.breakers.run(ctx, r, func() error { return e.f.call(ctx, r, call) })
 }
@@ -130,6 +137,9 @@ func (e engineOf) CallBatch(ctx context.Context, rs []*Record, call func(ctx con
 	}
 	if err := e.f.calls.limits.take(ctx, rs); err != nil {
 		return err
+	}
+	if e.f.calls.breakers == nil {
+		return e.f.call(ctx, rs[0], call)
 	}
 	return e.f.calls.breakers.run(ctx, rs[0], func() error { return e.f.call(ctx, rs[0], call) })
 }

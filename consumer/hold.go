@@ -168,6 +168,7 @@ func (r *Runner) releaseSlots(st *partState) {
 // dropHeld forgets the held records of a revoked or lost partition: its next
 // owner consumes them again.
 func (r *Runner) dropHeld(st *partState) {
+	r.keys().dropPart() // and the records its keys' breakers hold
 	st.holdMu.Lock()
 	defer st.holdMu.Unlock()
 	if st.holdTimer != nil {

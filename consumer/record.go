@@ -24,8 +24,13 @@ type Record struct {
 	breakerWaits int32
 	// breakerWait says the last failure waits for a circuit breaker.
 	breakerWait bool
-	turned      uint8 // why the admission rules turned it away at its last handler call (handlercall.go), 0: admitted
-	due         int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
+	// keyProbe is 1 + the failed probes before it when the record is its
+	// key's probe (Config.KeyBreaker), 0 otherwise; keyRelease says the
+	// runner gives it back to the scope from its key's hold (keyhold.go).
+	keyProbe   int16
+	keyRelease bool
+	turned     uint8 // why the admission rules turned it away at its last handler call (handlercall.go), 0: admitted
+	due        int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
 
 	// The delivery's observation (Observer.Start), when hooks observe it.
 	obs *recordObs
@@ -47,6 +52,7 @@ const (
 	recPending  uint8 = iota
 	recFinished       // done by the scope; its in-flight room not yet given back
 	recDone           // given back: nothing more to do for it
+	recKeyHeld        // held by its key's circuit breaker: not done, its in-flight room kept (keyhold.go)
 )
 
 // Header returns the value of the last header named key, and whether there

@@ -131,6 +131,10 @@ func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done 
 			a.First = time.Now()
 		}
 		a.Step = f.Decide(ctx, rec, a.Err, a.N, topics)
+		if a.Step.Action == retrytopic.ActionHold && f.calls.keys.inMemory {
+			a.Held = true
+			f.calls.keys.hold(rec, a.Step.Delay)
+		}
 		if a.Step.Action != retrytopic.ActionRetry {
 			return scope.Round[*Record]{}
 		}

@@ -75,6 +75,7 @@ type Runner struct {
 	obs       *observer
 	cl        *kgo.Client
 	failures  *failures
+	kb        *keyBreaker // Config.KeyBreaker; nil without it
 	tracker   *commit.Tracker
 	committer *commit.Committer
 	pool      *partition.Pool[*Record]
@@ -177,6 +178,10 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 		maxBatch: 1,
 		parts:    make(map[tp]*partState),
 		room:     make(chan struct{}, 1),
+		kb:       newKeyBreaker(cfg),
+	}
+	if err := r.useKeyBreaker(s); err != nil {
+		return nil, err
 	}
 	if b, ok := s.(scope.Batcher); ok {
 		r.maxBatch, r.linger = b.BatchLimits()
@@ -237,6 +242,7 @@ func (r *Runner) Stats() Stats {
 		Failures:         r.failureStats(),
 		Hold:             r.holdStats(),
 		Periodic:         r.idle.stats(),
+		KeyBreaker:       r.kb.stats(),
 	}
 	r.callStats(&st)
 	if r.txs != nil {
@@ -379,6 +385,7 @@ func (r *Runner) useClient(cl *kgo.Client) *failures {
 		f = &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, topics: r.retryTopics, obs: r.obs, dltLog: newDLTLog(), calls: newCallRules(r.cfg)}
 		r.failures = f
 		f.calls.breakers.bind(r)
+		f.calls.keys = r.kb
 	}
 	f.cl = cl
 	r.stopMu.Unlock()

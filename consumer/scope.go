@@ -32,6 +32,7 @@ var (
 	_ scope.Batcher             = (*atLeastOnce)(nil)
 	_ scope.EngineUser[*Record] = (*atLeastOnce)(nil)
 	_ scope.RetryTopicUser      = (*atLeastOnce)(nil)
+	_ scope.KeyHolder           = (*atLeastOnce)(nil)
 	_ scope.Engine[*Record]     = engineOf{}
 	_ scope.Failures[*Record]   = (*failures)(nil)
 	_ scope.Observer[*Record]   = (*observer)(nil)
@@ -70,6 +71,10 @@ func (s *atLeastOnce) BatchLimits() (int, time.Duration) { return atLeastOnceBat
 // unless the policy is Unordered.
 func (s *atLeastOnce) UsesRetryTopics() bool { return s.unordered }
 
+// KeyHolds implements scope.KeyHolder: the runner keeps the records of a
+// key its circuit breaker holds (Config.KeyBreaker) in memory.
+func (s *atLeastOnce) KeyHolds() scope.KeyHold { return scope.HoldInMemory }
+
 func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*Record)) {
 	obs := s.obs
 	for _, r := range batch {
@@ -87,6 +92,10 @@ func (s *atLeastOnce) deliver(ctx context.Context, obs scope.Observer[*Record], 
 	a := s.f.Attempts(ctx, r, s.unordered, done, func() error { return s.e.Call(hctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, r) }) })
 	if !a.OK {
 		return false
+	}
+	if a.Held {
+		obs.End(r, hook.OutcomeHeld, a.Err)
+		return true // the runner keeps it, and gives it back at its key's probe
 	}
 	if a.Err == nil {
 		obs.End(r, hook.OutcomeSuccess, nil)

@@ -45,6 +45,9 @@ type Stats struct {
 	// Breakers are the circuit breakers' states (Config.Breakers), in
 	// their order.
 	Breakers []BreakerState
+	// KeyBreaker counts the work of the circuit breaker of each key
+	// (Config.KeyBreaker).
+	KeyBreaker KeyBreakerStats
 	DB       DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
 	Kafka    KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 

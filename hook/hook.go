@@ -38,6 +38,10 @@ const (
 	OutcomeStale        Outcome = "stale"         // at or below its key's last applied version: skipped
 	OutcomeGap          Outcome = "gap"           // ahead of its key's next version: waits for the versions before it
 	OutcomeFiltered     Outcome = "filtered"      // dropped by consumer.Config.Keep before any handler: acknowledged, not handled
+	// OutcomeHeld: its key is held by its circuit breaker
+	// (consumer.Config.KeyBreaker); the record waits, not done, and is
+	// delivered again after the key's probe.
+	OutcomeHeld Outcome = "held"
 	// OutcomeExpired: older than consumer.Config.MaxAge, skipped before
 	// any handler (consumer.ExpiredSkip). An expired record sent to the
 	// dead-letter topic (consumer.ExpiredDeadLetter) ends dead_lettered.
@@ -60,6 +64,10 @@ const (
 	EventDeadLetter  Event = "kscope.dead_letter"  // routed to the dead-letter topic
 	EventVersionGap  Event = "kscope.version_gap"  // ahead of its key's next version
 	EventVersionHeal Event = "kscope.version_heal" // applied after waiting for the versions before it
+	// EventKeyHeld: the record's failure opened its key's circuit breaker
+	// (consumer.Config.KeyBreaker), or a probe of the key failed: the key
+	// is held until its next probe.
+	EventKeyHeld Event = "kscope.key_held"
 	// EventDecodeFailure: the record's payload could not be decoded (a
 	// retrytopic.DecodeFailure) and it goes to the dead-letter topic;
 	// detail is its format and schema id, such as "avro schema-id=7".

@@ -277,6 +277,11 @@ const (
 	// ActionRetryTopic sends the record to retry topic Step.Stage, to run
 	// again after that topic's delay.
 	ActionRetryTopic
+	// ActionHold holds the record's key (consumer.Config.KeyBreaker, the
+	// circuit breaker of each key): the record, and every later record of
+	// its key, waits until the key's probe, Step.Delay from now. The
+	// policy (Next) never returns it; the runner's key breaker does.
+	ActionHold
 )
 
 // String returns the action's name.
@@ -290,6 +295,8 @@ func (a Action) String() string {
 		return "dead_letter"
 	case ActionRetryTopic:
 		return "retry_topic"
+	case ActionHold:
+		return "hold"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -298,7 +305,7 @@ func (a Action) String() string {
 type Step struct {
 	Action Action
 	Class  Class
-	Delay  time.Duration // for ActionRetry: the in-place wait; for ActionRetryTopic: the topic's delay
+	Delay  time.Duration // for ActionRetry: the in-place wait; for ActionRetryTopic: the topic's delay; for ActionHold: the time until the key's probe
 	Stage  int           // for ActionRetryTopic: the ladder step
 	Topic  string        // for ActionRetryTopic: the retry topic
 }

@@ -67,7 +67,12 @@ type Failures[R any] interface {
 	// this hop. topics says whether the record may go to a retry topic;
 	// it may only when the scope's UsesRetryTopics (RetryTopicUser) said
 	// so too, since only then does the runner create and consume them.
-	// It has no effect: Route carries the decision out.
+	// It has no effect: Route carries the decision out. With
+	// consumer.Config.KeyBreaker it counts a failure the key breaker's
+	// Trips matches against rec's key (call it once per failed attempt)
+	// and returns retrytopic.ActionHold once the key failed so
+	// KeyBreakerConfig.Failures times within its Window; only a
+	// [KeyHolder] scope is given that setting.
 	Decide(ctx context.Context, rec R, err error, attempt int, topics bool) retrytopic.Step
 	// Route carries out step for rec: for a skip it logs and counts; for
 	// a retry topic or the dead-letter topic it produces the record with
@@ -103,6 +108,12 @@ type Failures[R any] interface {
 	MetadataOf(rec R, id string) retrytopic.Metadata
 	// Policy returns the failure policy, with its defaults.
 	Policy() retrytopic.Policy
+	// KeyProbe marks rec as its key's probe for a scope that holds keys
+	// itself ([HoldInScope]), after failed probes that failed before it:
+	// Decide then returns retrytopic.ActionHold, with the next cool-down
+	// as Step.Delay, for a failure the key breaker's Trips matches, and
+	// the policy's step for any other (the key's breaker closes).
+	KeyProbe(rec R, failed int)
 	// PanicStack returns the log attribute that carries the stack of the
 	// handler panic err holds, the first time it is asked for rec (by
 	// identity); nil after that, and when err holds no panic. Route adds
@@ -142,6 +153,13 @@ type Attempt struct {
 	N     int             // the attempts made on this hop
 	First time.Time       // when the first of them failed
 	OK    bool            // false: the record was left undone (stopped, or its partition revoked)
+	// Held says the record's key is held by its circuit breaker
+	// (consumer.Config.KeyBreaker) and the runner keeps the record
+	// ([HoldInMemory]): the scope ends its delivery with
+	// hook.OutcomeHeld, does not report it done, and goes on with the
+	// next record of its batch. The runner gives it to the scope's
+	// Process again, on its key-shard, at the key's probe. OK is true.
+	Held bool
 }
 
 // Observer dispatches a runner's hooks (consumer.Config.Hooks); every
@@ -174,6 +192,8 @@ func OutcomeOf(a retrytopic.Action) hook.Outcome {
 		return hook.OutcomeRetried
 	case retrytopic.ActionDeadLetter:
 		return hook.OutcomeDeadLettered
+	case retrytopic.ActionHold:
+		return hook.OutcomeHeld
 	}
 	return hook.OutcomeAborted
 }

@@ -92,6 +92,39 @@ type RetryTopicUser interface {
 	UsesRetryTopics() bool
 }
 
+// KeyHolder is implemented by a scope that supports
+// consumer.Config.KeyBreaker, the circuit breaker of each key; the runner
+// refuses that setting for a scope without it. KeyHolds says who keeps the
+// records of a held key.
+type KeyHolder interface {
+	KeyHolds() KeyHold
+}
+
+// KeyHold says who keeps the records of a key its circuit breaker holds
+// ([KeyHolder]).
+type KeyHold int
+
+const (
+	// HoldInMemory: the runner keeps them, in memory, counted against its
+	// in-flight bounds. Failures.Attempts returns Attempt.Held for a
+	// record whose key is held (the one whose failure opened the breaker
+	// too, and every later one of its key, turned away by Engine.Call
+	// before its handler); the scope ends its delivery and goes on, and
+	// the runner gives the key's records back to the scope's Process, in
+	// order, on their key-shard, once the key's cool-down passed: the
+	// first as its probe, the rest once the probe succeeded. A record of a
+	// partition revoked meanwhile is dropped, for its next owner.
+	HoldInMemory KeyHold = iota + 1
+	// HoldInScope: the scope keeps them itself, in its own store (the DB
+	// scope parks them in PostgreSQL). Failures.Decide returns
+	// retrytopic.ActionHold for the failure that holds a key, with the
+	// cool-down as Step.Delay; the scope stores the record and every
+	// later record of its key, reports them done once stored, and after
+	// the cool-down runs the first as the key's probe (Failures.KeyProbe
+	// marks it) and, once it succeeded, the rest in order.
+	HoldInScope
+)
+
 // Periodic is implemented by a Scope that has work of its own to do on
 // every partition of the service's topics assigned to the member (not
 // kscope's retry or delay topics), every so often: the DB scope
