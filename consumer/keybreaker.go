@@ -69,9 +69,9 @@ type KeyBreakerConfig struct {
 }
 
 // KeyBreakerStats counts the work of the circuit breaker of each key
-// (Config.KeyBreaker), in [Stats].KeyBreaker. HeldKeys and HeldRecords
-// count the holds kept in memory (the AtLeastOnce and Kafka scopes); the
-// DB scope's are in its own section (DBStats).
+// (Config.KeyBreaker), in [Stats].KeyBreaker, in every scope. HeldKeys
+// and HeldRecords count the holds kept in memory (the AtLeastOnce and
+// Kafka scopes); the DB scope's live in PostgreSQL (DBStats).
 type KeyBreakerStats struct {
 	HeldKeys     int   // keys held now
 	HeldRecords  int   // their records, waiting in memory

@@ -64,6 +64,10 @@ func NewBatch(cfg consumer.Config, o Options, h BatchHandler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "txn.NewBatch's handler", Reason: "is nil; pass the function that turns each batch of inputs into outputs"}
 	}
+	if cfg.KeyBreaker != nil {
+		return nil, &consumer.ConfigError{Field: "KeyBreaker", Reason: "is set for a batch handler (txn.NewBatch), whose calls take the records of many keys at once; " +
+			"the circuit breaker of each key holds one key's records: use a per-record handler (txn.New), or leave KeyBreaker nil"}
+	}
 	bs := &batchState{h: h}
 	r, err := New(cfg, o, bs)
 	if err != nil {

@@ -33,9 +33,13 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 	} else {
 		hctx := w.start(ctx, obs, rec)
 		out, err := s.run(ctx, hctx, w, rec, done)
-		if out == hook.OutcomeAborted {
+		switch out {
+		case hook.OutcomeAborted:
 			obs.End(rec, out, err)
 			return false
+		case hook.OutcomeHeld:
+			obs.End(rec, out, err)
+			return true // the runner keeps it, and gives it back at its key's probe
 		}
 		w.do(func(tx *txnState) {
 			tx.records.Add(1)
@@ -85,6 +89,9 @@ func (s *kafkaScope) run(ctx, hctx context.Context, w *work, rec *consumer.Recor
 		return s.eng.Call(hctx, rec, func(ctx context.Context) error { return s.h.Handle(ctx, rec, em) })
 	})
 	err, step, attempt, first := a.Err, a.Step, a.N, a.First
+	if a.Held {
+		return hook.OutcomeHeld, err
+	}
 	if !a.OK || w.stale(ctx) {
 		return hook.OutcomeAborted, err
 	}

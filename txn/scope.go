@@ -123,6 +123,13 @@ func (s *kafkaScope) ClientOptions() []kgo.Opt {
 	return opts
 }
 
+// KeyHolds implements scope.KeyHolder: the runner keeps the records of a
+// key its circuit breaker holds in memory (consumer.Config.KeyBreaker;
+// New refuses it with Options.Versions, NewBatch with a batch handler).
+// The records of other keys commit past them in the transactions'
+// offset metadata (commit.Done).
+func (s *kafkaScope) KeyHolds() scope.KeyHold { return scope.HoldInMemory }
+
 // BatchLimits: a worker takes the queued records of a partition together;
 // each is handled and joins a transaction on its own.
 func (s *kafkaScope) BatchLimits() (int, time.Duration) { return 64, 0 }
@@ -449,6 +456,7 @@ var (
 	_ scope.Transactor[*consumer.Record]  = (*kafkaScope)(nil)
 	_ scope.EngineUser[*consumer.Record]  = (*kafkaScope)(nil)
 	_ scope.RetryTopicUser                = (*kafkaScope)(nil)
+	_ scope.KeyHolder                     = (*kafkaScope)(nil)
 	_ scope.Batcher                       = (*kafkaScope)(nil)
 	_ scope.ClientOptioner                = (*kafkaScope)(nil)
 	_ scope.Starter                       = (*kafkaScope)(nil)
