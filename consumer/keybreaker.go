@@ -128,6 +128,7 @@ type keyBreaker struct {
 	held  map[keyID]*heldKey    // the keys held in memory (keyhold.go)
 
 	nheld        atomic.Int32 // len(held): the fast path of a record whose key is not held
+	reported     atomic.Int32 // nheld as last reported to the hooks
 	holds        atomic.Int64
 	probes       atomic.Int64
 	failedProbes atomic.Int64
@@ -137,6 +138,8 @@ type keyBreaker struct {
 	inMemory bool // the runner keeps held records (scope.HoldInMemory)
 	log      *slog.Logger
 	logs     *ratelog.Limiter
+	hooks    []hook.Hook
+	group    string
 }
 
 // newKeyBreaker returns cfg's key breaker, or nil without one.
@@ -160,7 +163,7 @@ func newKeyBreaker(cfg Config) *keyBreaker {
 	if c.MaxKeys == 0 {
 		c.MaxKeys = DefaultKeyBreakerMaxKeys
 	}
-	return &keyBreaker{cfg: c, fails: map[keyID][]time.Time{}, held: map[keyID]*heldKey{}, log: cfg.Logger, logs: ratelog.New(10, 10*time.Second)}
+	return &keyBreaker{cfg: c, fails: map[keyID][]time.Time{}, held: map[keyID]*heldKey{}, log: cfg.Logger, logs: ratelog.New(10, 10*time.Second), hooks: cfg.Hooks, group: cfg.Group}
 }
 
 // trips reports whether err counts against its record's key.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/partition"
 	"github.com/kscope-dev/kscope/scope"
 )
@@ -86,6 +87,7 @@ func (kb *keyBreaker) heldNow(r *Record) bool {
 // sets the time until the key's next probe.
 func (kb *keyBreaker) hold(rec *Record, d time.Duration) {
 	k := keyOf(rec)
+	defer kb.report()
 	kb.mu.Lock()
 	defer kb.mu.Unlock()
 	h := kb.held[k]
@@ -125,6 +127,7 @@ func (kb *keyBreaker) arm(k keyID, h *heldKey, d time.Duration) {
 // Should the task be dropped (its assignment revoked before it ran), due
 // runs again after OpenFor.
 func (kb *keyBreaker) due(k keyID, g uint64) {
+	defer kb.report()
 	kb.mu.Lock()
 	h := kb.held[k]
 	if h == nil || h.gen != g {
@@ -154,6 +157,7 @@ func (kb *keyBreaker) due(k keyID, g uint64) {
 // stops, or when none is left: the key is then no longer held. Records of
 // a revoked partition are dropped, for its next owner.
 func (kb *keyBreaker) release(ctx context.Context, k keyID, g uint64) {
+	defer kb.report()
 	probe := true
 	for {
 		kb.mu.Lock()
@@ -188,6 +192,21 @@ func (kb *keyBreaker) release(ctx context.Context, k keyID, g uint64) {
 		kb.mu.Unlock()
 		kb.r.processRecords(ctx, []*Record{rec})
 		probe = false
+	}
+}
+
+// report tells the hooks (hook.KeyHoldHook) how many keys are held, when
+// that changed since the last report. kb.mu is not held: a hook may read
+// Stats.
+func (kb *keyBreaker) report() {
+	n := kb.nheld.Load()
+	if kb.reported.Swap(n) == n {
+		return
+	}
+	for _, h := range kb.hooks {
+		if kh, ok := h.(hook.KeyHoldHook); ok {
+			kh.OnKeyHold(hook.KeyHold{Group: kb.group, Keys: int(n)})
+		}
 	}
 }
 

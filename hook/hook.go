@@ -234,6 +234,20 @@ type Hold struct {
 	Err    error  // the error that started the hold; nil once Shards is 0
 }
 
+// KeyHold is the count of keys their circuit breakers hold
+// (consumer.Config.KeyBreaker) in a runner's memory (the AtLeastOnce and
+// Kafka scopes), reported to a KeyHoldHook each time it changes.
+type KeyHold struct {
+	Group string
+	Keys  int // keys held now
+}
+
+// KeyHoldHook is called when a key's circuit breaker starts or stops
+// holding it (see KeyHold).
+type KeyHoldHook interface {
+	OnKeyHold(h KeyHold)
+}
+
 // HoldHook is called when key-shards start or stop holding (see Hold): the
 // first call of a hold has Shards 1, the last Shards 0.
 type HoldHook interface {

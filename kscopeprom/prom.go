@@ -14,7 +14,9 @@
 //	kscope_records_processed_total{outcome}  deliveries by outcome: success, duplicate,
 //	                                         retried, parked, dead_lettered, skipped,
 //	                                         stale, gap, filtered (consumer.Config.Keep),
-//	                                         expired (consumer.Config.MaxAge, skipped)
+//	                                         expired (consumer.Config.MaxAge, skipped),
+//	                                         held (its key's circuit breaker holds it: it
+//	                                         is delivered again at the key's probe)
 //	kscope_handler_retries_total             failed attempts retried in place
 //	kscope_decode_failures_total{format}     records dead-lettered because their payload could
 //	                                         not be decoded (format: json, avro, protobuf, or
@@ -38,6 +40,11 @@
 //	kscope_breaker_transitions_total{breaker,state}
 //	                                         a circuit breaker's changes of state, by the
 //	                                         state entered
+//	kscope_held_keys                         keys their circuit breakers hold in memory
+//	                                         (consumer.Config.KeyBreaker; the DB scope's
+//	                                         wait in PostgreSQL)
+//	kscope_key_holds_total                   times a key's circuit breaker held it (its
+//	                                         failures, or a failed probe)
 //	kscope_offset_commits_total{result}      offset commit requests: ok or error
 //	kscope_route_produces_total{route,class,result}
 //	                                         retry (route="retry") and dead-letter (route="dlt")
@@ -105,6 +112,8 @@ type Metrics struct {
 	lagAge    *prometheus.GaugeVec
 	paused    *prometheus.GaugeVec
 	breakers  *prometheus.GaugeVec
+	heldKeys  *prometheus.GaugeVec
+	keyHolds  *prometheus.CounterVec
 	trans     *prometheus.CounterVec
 	commits   *prometheus.CounterVec
 	routes    *prometheus.CounterVec
@@ -172,7 +181,9 @@ func New(o Options) (*Metrics, error) {
 	m.pauses = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_paused", Help: "While a pause of fetching (consumer.Runner.Pause, consumer.PauseFrom) is in force: when it began, in Unix seconds."}, []string{"consumer_group", "target", "reason"})
 	m.breakers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_breaker_state", Help: "A circuit breaker's state (consumer.Config.Breakers): 0 closed, 1 half-open, 2 open."}, []string{"consumer_group", "breaker"})
 	m.trans = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_breaker_transitions_total", Help: "A circuit breaker's changes of state, by the state entered (closed, half-open, open)."}, []string{"consumer_group", "breaker", "state"})
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans} {
+	m.heldKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_keys", Help: "Keys their circuit breakers hold in memory (consumer.Config.KeyBreaker)."}, []string{"consumer_group"})
+	m.keyHolds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_key_holds_total", Help: "Times a key's circuit breaker held it (its failures, or a failed probe)."}, gt)
+	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans, m.heldKeys, m.keyHolds} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -215,6 +226,8 @@ func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, 
 		m.decode.WithLabelValues(group, r.Topic, format).Inc()
 	case hook.EventHandlerOverrun:
 		m.overruns.WithLabelValues(group, r.Topic).Inc()
+	case hook.EventKeyHeld:
+		m.keyHolds.WithLabelValues(group, r.Topic).Inc()
 	}
 }
 
@@ -277,6 +290,11 @@ func (m *Metrics) OnStall(s hook.Stall) {
 // OnHold implements hook.HoldHook.
 func (m *Metrics) OnHold(h hook.Hold) {
 	m.held.WithLabelValues(h.Group, h.Reason).Set(float64(h.Shards))
+}
+
+// OnKeyHold implements hook.KeyHoldHook.
+func (m *Metrics) OnKeyHold(h hook.KeyHold) {
+	m.heldKeys.WithLabelValues(h.Group).Set(float64(h.Keys))
 }
 
 // OnPause implements hook.PauseHook: the series of a pause in force holds
