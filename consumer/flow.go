@@ -229,35 +229,40 @@ func (r *Runner) roomNow() (room, capacity int64) {
 // the partitions with records in flight or waiting that hold less. It pauses nothing when the load is
 // about even, or when no other partition would be left fetching: a pause
 // drops what the client buffered for the partition, to be fetched again on
-// resume. A paused partition resumes when its unfinished records fall to
-// half its share.
+// resume. A partition that a user's pause (or a breaker's) or a delay hold
+// keeps from fetching is not left fetching, and competes only with the
+// records it has in flight. A paused partition resumes when its unfinished
+// records fall to half its share.
 func (r *Runner) pauseBusiest(capacity int64) {
 	type cand struct {
 		st      *partState
 		pending int
+		held    bool // another reason keeps it from fetching
 	}
+	r.pauseMu.Lock()
+	defer r.pauseMu.Unlock()
 	// The partitions that compete for room are those with records in
-	// flight or records waiting to be polled; an idle one (an empty retry
-	// topic's, say) takes none.
+	// flight or, when they fetch, records waiting to be polled; an idle
+	// one (an empty retry topic's, say) takes none, and neither does one
+	// with records waiting that a pause holds.
 	r.mu.Lock()
 	cs := make([]cand, 0, len(r.parts))
 	all := make([]*partState, 0, len(r.parts))
 	for _, st := range r.parts {
 		all = append(all, st)
-		if n := st.Watermark.Pending(); n > 0 || st.hwm.Load() > st.polledTo.Load() {
-			cs = append(cs, cand{st, n})
+		held := st.holdPaused || r.userHolds(st)
+		if n := st.Watermark.Pending(); n > 0 || (!held && st.hwm.Load() > st.polledTo.Load()) {
+			cs = append(cs, cand{st, n, held})
 		}
 	}
 	r.mu.Unlock()
 	sort.Slice(cs, func(i, j int) bool { return cs[i].pending > cs[j].pending })
 	pending, paused := make([]int, len(cs)), make([]bool, len(cs))
 	for i, c := range cs {
-		pending[i], paused[i] = c.pending, c.st.paused.Load()
+		pending[i], paused[i] = c.pending, c.held || c.st.paused.Load()
 	}
 	busy, share := hogs(pending, paused, capacity)
 
-	r.pauseMu.Lock()
-	defer r.pauseMu.Unlock()
 	toPause := make(map[string][]int32)
 	for _, c := range cs[:busy] {
 		c.st.resumeAt.Store(share / 2)
@@ -325,7 +330,8 @@ func (r *Runner) setHoldPaused(st *partState, on bool) {
 
 // hogs decides a backpressure pause: given the pending records of the
 // partitions that compete for room, busiest first, and which of them are
-// paused, it returns how many of the busiest hold more than one and a half
+// not fetching (paused for backpressure, by a user's pause or by a delay
+// hold), it returns how many of the busiest hold more than one and a half
 // times their share of capacity (to pause them), and the share. It returns none when
 // pausing them would leave no other competing partition fetching.
 func hogs(pending []int, paused []bool, capacity int64) (busy int, share int64) {

@@ -26,8 +26,10 @@ func PauseTopic(group string) string { return retrytopic.SafeName(group) + ".ksc
 // the group's pause topic ([PauseTopic]) before it returns, and every
 // member of the group that starts later reads the topic at its first
 // assignment and starts with the pause in force, until Resume (which
-// writes its end there) or its PauseFor time. Without it a pause lives
-// in the runner only.
+// writes its end there) or its PauseFor time. Members already running
+// do not read the topic again, so they see the pause only when they
+// restart: pause each of them too. Without it a pause lives in the runner
+// only.
 func PersistPause() PauseOption { return func(s *pauseSpec) { s.persist = true } }
 
 // storeTimeout bounds a write to, or the read of, the pause topic.
