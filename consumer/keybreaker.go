@@ -90,7 +90,7 @@ func (c Config) validateKeyBreaker(bad func(field, format string, args ...any)) 
 		bad("KeyBreaker.Failures", "is %d; set it to a positive count (0 selects %d)", k.Failures, DefaultKeyBreakerFailures)
 	}
 	for _, d := range []struct {
-		field string
+		field  string
 		v, def time.Duration
 	}{{"Window", k.Window, DefaultKeyBreakerWindow}, {"OpenFor", k.OpenFor, DefaultKeyBreakerOpenFor}, {"MaxOpenFor", k.MaxOpenFor, DefaultKeyBreakerMaxOpenFor}} {
 		if d.v < 0 {
@@ -302,4 +302,3 @@ func keyText(k []byte) string {
 	}
 	return fmt.Sprintf("%q", k)
 }
-
