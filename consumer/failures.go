@@ -69,6 +69,9 @@ func (f *failures) Class(err error) Class { return f.classOf(err) }
 // the runner creates and consumes them only then. It has no effect: Route
 // carries the decision out.
 func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt int, topics bool) retrytopic.Step {
+	if err == errKeyHeld {
+		return retrytopic.Step{Action: retrytopic.ActionHold, Class: retrytopic.ClassRetryable} // behind its key's held records
+	}
 	meta, herr := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	if herr != nil {
 		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", recordAttrs(rec, attempt, herr, 0)...)

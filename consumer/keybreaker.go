@@ -196,9 +196,6 @@ func (kb *keyBreaker) decide(f *failures, rec *Record, err error) (retrytopic.St
 	if kb == nil || rec.Key == nil {
 		return retrytopic.Step{}, false
 	}
-	if err == errKeyHeld {
-		return retrytopic.Step{Action: retrytopic.ActionHold, Class: retrytopic.ClassRetryable}, true
-	}
 	if !kb.trips(f, err) {
 		return retrytopic.Step{}, false
 	}

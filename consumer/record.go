@@ -18,18 +18,19 @@ type Record struct {
 	size   int64
 	offset int64 // Record.Offset, kept beside the runner's own fields
 	shard  int32
-	state  uint8
 	// breakerWaits counts the failures of this delivery that waited in
 	// place for a circuit breaker (breaker.go): they use up no attempt.
 	breakerWaits int32
+	state        uint8
 	// breakerWait says the last failure waits for a circuit breaker.
 	breakerWait bool
-	// keyProbe is 1 + the failed probes before it when the record is its
-	// key's probe (Config.KeyBreaker), 0 otherwise; keyRelease says the
-	// runner gives it back to the scope from its key's hold (keyhold.go).
-	keyProbe   int16
+	// keyRelease says the runner gives the record back to the scope from
+	// its key's hold (keyhold.go); keyProbe is 1 + the failed probes
+	// before it when the record is its key's probe (Config.KeyBreaker), 0
+	// otherwise.
 	keyRelease bool
 	turned     uint8 // why the admission rules turned it away at its last handler call (handlercall.go), 0: admitted
+	keyProbe   int16
 	due        int64 // on a delay topic: when it may run, in Unix nanoseconds; 0 otherwise
 
 	// The delivery's observation (Observer.Start), when hooks observe it.
