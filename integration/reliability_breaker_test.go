@@ -99,6 +99,7 @@ type outageRun struct {
 	role    string
 	env     []string
 	members map[string]*child
+	handled map[string]*atomic.Int64 // records each member handled
 }
 
 func newOutageRun(t *testing.T, scope string, openFor time.Duration) *outageRun {
@@ -107,7 +108,7 @@ func newOutageRun(t *testing.T, scope string, openFor time.Duration) *outageRun 
 	e := &relRun{t: t, sc: relScenario{scope: scope}, keys: keys, perKey: perKey,
 		topic: "rel-breaker-in", group: "g-rel-breaker-" + strings.ToLower(scope)}
 	e.k = testenv.KafkaT(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	o := &outageRun{e: e, gw: startPayGateway(t), role: "txn-breaker", members: map[string]*child{}}
+	o := &outageRun{e: e, gw: startPayGateway(t), role: "txn-breaker", members: map[string]*child{}, handled: map[string]*atomic.Int64{}}
 	o.env = []string{gatewayEnv + "=" + o.gw.url, breakerOpenForEnv + "=" + openFor.String()}
 	topics := []string{e.topic}
 	if scope == "DB" {
@@ -129,9 +130,10 @@ func newOutageRun(t *testing.T, scope string, openFor time.Duration) *outageRun 
 // start starts a child member named name.
 func (o *outageRun) start(name string) *child {
 	o.e.t.Helper()
-	c := startChild(o.e.t, o.e.k, o.role, o.e.group, o.e.topic, time.Millisecond, func([]byte) {},
+	handled := new(atomic.Int64)
+	c := startChild(o.e.t, o.e.k, o.role, o.e.group, o.e.topic, time.Millisecond, func([]byte) { handled.Add(1) },
 		append(o.env, childNameEnv+"="+name)...)
-	o.members[name] = c
+	o.members[name], o.handled[name] = c, handled
 	return c
 }
 
@@ -193,6 +195,9 @@ func breakerOutage(t *testing.T, scope string) {
 	}
 	a, b := o.start("a"), o.start("b")
 	e.waitProgress(int64(n / 10))
+	testenv.WaitFor(t, time.Minute, "both members handling records", func() bool {
+		return o.handled["a"].Load() > 0 && o.handled["b"].Load() > 0
+	})
 
 	// The outage, while the stream goes on.
 	o.gw.down.Store(true)
@@ -246,7 +251,11 @@ func (o *outageRun) report(r outageReport) {
 	for name, c := range o.members {
 		state, n := c.events.breakerState()
 		opens += n
-		t.Logf("member %s: breaker opened %d times, last %s", name, n, state)
+		var states []string
+		for _, ev := range c.events.list(breakerEvent) {
+			states = append(states, fmt.Sprintf("%s at %s", ev.line, ev.at.Sub(r.outageStart).Round(time.Millisecond)))
+		}
+		t.Logf("member %s: breaker opened %d times, last %s; relative to the outage's start: %s", name, n, state, strings.Join(states, ", "))
 		for _, ev := range c.events.list(routedEvent) {
 			t.Errorf("member %s routed %s at %s (outage %s to %s)", name, ev.line,
 				ev.at.Format("15:04:05.000"), r.outageStart.Format("15:04:05.000"), r.outageEnd.Format("15:04:05.000"))
