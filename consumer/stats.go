@@ -91,4 +91,5 @@ type KafkaStats struct {
 	GapsHealed   int64 // parked records applied once the versions before them were
 	GapsAccepted int64 // records applied over a gap (sequence.Accept)
 	GapsTimedOut int64 // parked records that waited past GapTimeout and went to the DLT
+	Duplicates   int64 // input records whose identity was remembered (txn.Options.Dedupe): no output, committed
 }
