@@ -10,8 +10,9 @@ type idMemory struct {
 	order []idAt           // oldest first; an entry whose time is not at's is stale
 	head  int
 
-	pend   map[string]int64 // remembered in the open transaction
-	forget map[string]int64 // committed identities the open transaction forgets
+	pend      map[string]int64 // remembered in the open transaction
+	pendOrder []idAt           // the same, in the order remembered
+	forget    map[string]int64 // committed identities the open transaction forgets
 }
 
 type idAt struct {
@@ -55,6 +56,7 @@ func (m *idMemory) seen(id string, now time.Time, window time.Duration) bool {
 func (m *idMemory) remember(id string, now time.Time, window time.Duration, max int) []string {
 	ms := now.UnixMilli()
 	m.pend[id] = ms
+	m.pendOrder = append(m.pendOrder, idAt{id, ms})
 	var out []string
 	for i := m.head; i < len(m.order) && len(out) < 2; i++ {
 		e := m.order[i]
@@ -85,13 +87,17 @@ func (m *idMemory) end(committed bool) {
 				delete(m.at, id)
 			}
 		}
-		for id, ms := range m.pend {
-			m.at[id] = ms
-			m.order = append(m.order, idAt{id, ms})
+		for _, e := range m.pendOrder {
+			if m.pend[e.id] == e.ms {
+				m.at[e.id] = e.ms
+				m.order = append(m.order, e)
+			}
 		}
 		m.trim()
 	}
 	clear(m.pend)
+	clear(m.pendOrder)
+	m.pendOrder = m.pendOrder[:0]
 	clear(m.forget)
 }
 
