@@ -1,122 +1,203 @@
 package txn
 
-import "time"
+import (
+	"encoding/binary"
+	"errors"
+	"slices"
+	"time"
+)
 
 // idMemory is the idempotency guard's state of one input partition: the
-// identities remembered (committed), and those the open transaction
-// remembers and forgets, which become committed only when it does.
+// identities remembered, in segments (one changelog record each: the
+// identities one transaction remembered, and when), and those the open
+// transaction remembers, which become a segment only when it commits.
 type idMemory struct {
-	at    map[string]int64 // identity → when remembered (Unix ms)
-	order []idAt           // oldest first; an entry whose time is not at's is stale
-	head  int
+	at      map[string]idRef   // identity → the committed segment that holds it
+	segs    map[uint64]segment // committed segments, by sequence number
+	order   []uint64           // their sequence numbers, oldest first
+	nextSeq uint64
+	loaded  bool // at and order are built from segs (restore loads segs alone)
 
-	pend      map[string]int64 // remembered in the open transaction
-	pendOrder []idAt           // the same, in the order remembered
-	forget    map[string]int64 // committed identities the open transaction forgets
+	pend       []string            // remembered in the open transaction, in order
+	pendSet    map[string]struct{} // the same, for lookups
+	forgetting map[uint64]bool     // committed segments the open transaction forgets
+	writing    []segment           // the segments the open transaction writes
 }
 
-type idAt struct {
-	id string
-	ms int64
+type idRef struct {
+	seq uint64
+	ms  int64
 }
+
+// segment is the identities a transaction remembered at ms (Unix ms).
+type segment struct {
+	seq uint64
+	ms  int64
+	ids []string
+}
+
+// Bounds of a segment: a transaction that remembers more writes several.
+const (
+	segmentMaxIDs   = 2048
+	segmentMaxBytes = 128 << 10
+)
 
 func newIDMemory() *idMemory {
-	return &idMemory{at: map[string]int64{}, pend: map[string]int64{}, forget: map[string]int64{}}
+	return &idMemory{at: map[string]idRef{}, segs: map[uint64]segment{}, pendSet: map[string]struct{}{}, forgetting: map[uint64]bool{}}
 }
 
-// load applies a changelog record: ms < 0 forgets id.
-func (m *idMemory) load(id string, ms int64) {
-	if ms < 0 {
-		delete(m.at, id)
+// load applies a changelog record of segment seq: ids nil forgets it.
+func (m *idMemory) load(seq uint64, ms int64, ids []string) {
+	m.loaded = false
+	if ids == nil {
+		delete(m.segs, seq)
 		return
 	}
-	m.at[id] = ms
-	m.order = append(m.order, idAt{id, ms})
+	m.segs[seq] = segment{seq: seq, ms: ms, ids: ids}
+}
+
+// build makes at and order from segs, once after a restore.
+func (m *idMemory) build() {
+	if m.loaded {
+		return
+	}
+	m.loaded = true
+	clear(m.at)
+	m.order = m.order[:0]
+	for seq := range m.segs {
+		m.order = append(m.order, seq)
+	}
+	slices.Sort(m.order)
+	for _, seq := range m.order {
+		s := m.segs[seq]
+		for _, id := range s.ids {
+			m.at[id] = idRef{seq, s.ms}
+		}
+		m.nextSeq = seq + 1
+	}
 }
 
 // seen reports whether id is remembered within window.
 func (m *idMemory) seen(id string, now time.Time, window time.Duration) bool {
-	if _, ok := m.pend[id]; ok {
+	m.build()
+	if _, ok := m.pendSet[id]; ok {
 		return true
 	}
-	ms, ok := m.at[id]
-	if !ok {
+	ref, ok := m.at[id]
+	if !ok || m.forgetting[ref.seq] {
 		return false
 	}
-	if _, gone := m.forget[id]; gone {
-		return false
-	}
-	return now.UnixMilli()-ms < window.Milliseconds()
+	return now.UnixMilli()-ref.ms < window.Milliseconds()
 }
 
-// remember remembers id in the open transaction and returns the committed
-// identities it forgets with it: past window, or beyond max, oldest first,
-// at most two for each one remembered (so that the changelog's tombstones
-// keep pace with its new records).
-func (m *idMemory) remember(id string, now time.Time, window time.Duration, max int) []string {
+// remember remembers id in the open transaction.
+func (m *idMemory) remember(id string) {
+	m.build()
+	if _, ok := m.pendSet[id]; ok {
+		return
+	}
+	m.pendSet[id] = struct{}{}
+	m.pend = append(m.pend, id)
+}
+
+// write returns what the open transaction writes to the changelog as it
+// ends: the segments of the identities it remembered, and the committed
+// segments it forgets (past window, or, oldest first, beyond max
+// identities).
+func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []segment, forget []uint64) {
+	if len(m.pend) == 0 {
+		return nil, nil
+	}
 	ms := now.UnixMilli()
-	m.pend[id] = ms
-	m.pendOrder = append(m.pendOrder, idAt{id, ms})
-	var out []string
-	for i := m.head; i < len(m.order) && len(out) < 2; i++ {
-		e := m.order[i]
-		cur, ok := m.at[e.id]
-		if !ok || cur != e.ms {
-			continue // stale: forgotten, or remembered again since
+	for ids := m.pend; len(ids) > 0; {
+		n, bytes := 0, 0
+		for n < len(ids) && n < segmentMaxIDs && bytes < segmentMaxBytes {
+			bytes += len(ids[n]) + binary.MaxVarintLen32
+			n++
 		}
-		if _, gone := m.forget[e.id]; gone {
-			continue
-		}
-		if ms-e.ms < window.Milliseconds() && len(m.at)-len(m.forget) < max {
+		m.writing = append(m.writing, segment{seq: m.nextSeq, ms: ms, ids: ids[:n:n]})
+		m.nextSeq++
+		ids = ids[n:]
+	}
+	kept := len(m.at) + len(m.pend)
+	for _, seq := range m.order {
+		s := m.segs[seq]
+		if ms-s.ms < window.Milliseconds() && kept <= max {
 			break
 		}
-		if _, again := m.pend[e.id]; again {
-			continue
-		}
-		m.forget[e.id] = e.ms
-		out = append(out, e.id)
+		m.forgetting[seq] = true
+		forget = append(forget, seq)
+		kept -= len(s.ids)
 	}
-	return out
+	return m.writing, forget
 }
 
 // end makes the open transaction's changes committed, or drops them.
 func (m *idMemory) end(committed bool) {
 	if committed {
-		for id, ms := range m.forget {
-			if m.at[id] == ms {
-				delete(m.at, id)
+		for seq := range m.forgetting {
+			for _, id := range m.segs[seq].ids {
+				if m.at[id].seq == seq {
+					delete(m.at, id)
+				}
+			}
+			delete(m.segs, seq)
+		}
+		if len(m.forgetting) > 0 {
+			m.order = slices.DeleteFunc(m.order, func(seq uint64) bool { return m.forgetting[seq] })
+		}
+		for _, s := range m.writing {
+			m.segs[s.seq] = s
+			m.order = append(m.order, s.seq)
+			for _, id := range s.ids {
+				m.at[id] = idRef{s.seq, s.ms}
 			}
 		}
-		for _, e := range m.pendOrder {
-			if m.pend[e.id] == e.ms {
-				m.at[e.id] = e.ms
-				m.order = append(m.order, e)
-			}
-		}
-		m.trim()
 	}
-	clear(m.pend)
-	clear(m.pendOrder)
-	m.pendOrder = m.pendOrder[:0]
-	clear(m.forget)
+	m.pend, m.writing = nil, nil
+	clear(m.pendSet)
+	clear(m.forgetting)
 }
 
-// trim drops the stale entries at the front of the order, and compacts it
-// once most of it is dropped.
-func (m *idMemory) trim() {
-	for m.head < len(m.order) {
-		e := m.order[m.head]
-		if cur, ok := m.at[e.id]; ok && cur == e.ms {
-			break
+// segmentKey is the changelog key of segment seq.
+func segmentKey(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{kindDedupe}, seq)
+}
+
+// segmentValue encodes s: its time, then each identity, length first.
+func segmentValue(s segment) []byte {
+	b := binary.BigEndian.AppendUint64(nil, uint64(s.ms))
+	for _, id := range s.ids {
+		b = binary.AppendUvarint(b, uint64(len(id)))
+		b = append(b, id...)
+	}
+	return b
+}
+
+// parseSegment decodes a segment's changelog record (value nil: a
+// tombstone, ids nil).
+func parseSegment(key, value []byte) (seq uint64, ms int64, ids []string, err error) {
+	if len(key) != 9 {
+		return 0, 0, nil, errors.New("dedupe segment key: not 9 bytes")
+	}
+	seq = binary.BigEndian.Uint64(key[1:])
+	if value == nil {
+		return seq, 0, nil, nil
+	}
+	if len(value) < 8 {
+		return 0, 0, nil, errors.New("dedupe segment: shorter than its time")
+	}
+	ms = int64(binary.BigEndian.Uint64(value))
+	ids = []string{}
+	for b := value[8:]; len(b) > 0; {
+		n, w := binary.Uvarint(b)
+		if w <= 0 || uint64(len(b)-w) < n {
+			return 0, 0, nil, errors.New("dedupe segment: a truncated identity")
 		}
-		m.order[m.head] = idAt{}
-		m.head++
+		ids = append(ids, string(b[w:w+int(n)]))
+		b = b[w+int(n):]
 	}
-	if m.head > 1024 && m.head*2 >= len(m.order) {
-		n := copy(m.order, m.order[m.head:])
-		clear(m.order[n:])
-		m.order, m.head = m.order[:n], 0
-	}
+	return seq, ms, ids, nil
 }
 
 // idsOf returns pv's remembered identities, created on first use. pv.mu
@@ -135,10 +216,20 @@ func (pv *partVersions) seenID(id string, now time.Time, window time.Duration) b
 	return pv.idsOf().seen(id, now, window)
 }
 
-// rememberID remembers id in the open transaction and returns the
-// identities it forgets with it.
-func (pv *partVersions) rememberID(id string, now time.Time, window time.Duration, max int) []string {
+// rememberID remembers id in the open transaction.
+func (pv *partVersions) rememberID(id string) {
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
-	return pv.idsOf().remember(id, now, window, max)
+	pv.idsOf().remember(id)
+}
+
+// writeIDs returns the changelog writes of the open transaction's
+// remembered identities (idMemory.write).
+func (pv *partVersions) writeIDs(now time.Time, window time.Duration, max int) ([]segment, []uint64) {
+	pv.mu.Lock()
+	defer pv.mu.Unlock()
+	if pv.ids == nil {
+		return nil, nil
+	}
+	return pv.ids.write(now, window, max)
 }

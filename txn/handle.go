@@ -45,7 +45,7 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 			return true // the runner keeps it, and gives it back at its key's probe
 		}
 		if out == hook.OutcomeSuccess && s.o.Dedupe != nil {
-			s.remember(ctx, w, rec)
+			s.remember(w, rec)
 		}
 		w.do(func(tx *txnState) {
 			tx.records.Add(1)
