@@ -72,15 +72,24 @@ func (d DedupeOptions) validate(bad func(field, format string, args ...any)) {
 	}
 }
 
-// duplicate reports whether rec, an input, repeats one whose identity is
-// remembered; then it ends rec as a duplicate in the transaction w joins.
-func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) bool {
+// guardRef is what the guard found of an input: its partition's state
+// (nil: not an input) and its identity.
+type guardRef struct {
+	pv *partVersions
+	id string
+}
+
+// duplicate looks rec, an input, up: when it repeats one whose identity
+// is remembered, it ends rec as a duplicate in the transaction w joins and
+// reports true. Otherwise it returns what remember needs.
+func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) (guardRef, bool) {
 	pv := s.vs.get(tp{rec.Topic, rec.Partition})
 	if pv == nil {
-		return false // not an input (a retry topic's record)
+		return guardRef{}, false // not an input (a retry topic's record)
 	}
-	if !pv.seenID(s.cfg.Identity.Of(rec), time.Now(), s.o.Dedupe.Window) {
-		return false
+	g := guardRef{pv, s.cfg.Identity.Of(rec)}
+	if !pv.seenID(g.id) {
+		return g, false
 	}
 	s.obs.Event(rec, hook.EventDuplicate, "")
 	w.do(func(tx *txnState) {
@@ -88,21 +97,19 @@ func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) bool {
 		tx.duplicates.Add(1)
 		tx.end(s.obs, rec, hook.OutcomeDuplicate, nil)
 	})
-	return true
+	return g, true
 }
 
-// remember remembers the identity of rec, whose handler succeeded, in the
-// transaction w joins; the transaction writes it to the changelog as it
-// ends (writeRemembered).
-func (s *kafkaScope) remember(w *work, rec *consumer.Record) {
-	pv := s.vs.get(tp{rec.Topic, rec.Partition})
-	if pv == nil {
+// remember remembers g's identity, of an input whose handler succeeded,
+// in the transaction w joins; the transaction writes it to the changelog
+// as it ends (writeRemembered).
+func (s *kafkaScope) remember(w *work, g guardRef) {
+	if g.pv == nil {
 		return
 	}
-	id := s.cfg.Identity.Of(rec)
 	w.do(func(tx *txnState) {
 		tx.remembered.Add(1)
-		pv.rememberID(id)
+		g.pv.rememberID(g.id)
 	})
 }
 

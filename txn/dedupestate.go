@@ -18,9 +18,8 @@ type idMemory struct {
 	nextSeq uint64
 	loaded  bool // at and order are built from segs (restore loads segs alone)
 
-	pend       []string            // remembered in the open transaction, in order
-	pendSet    map[string]struct{} // the same, for lookups
-	forgetting map[uint64]bool     // committed segments the open transaction forgets
+	pend       []string        // remembered in the open transaction, in order (in at with seq pending)
+	forgetting map[uint64]bool // committed segments the open transaction forgets
 	writing    []segment           // the segments the open transaction writes
 }
 
@@ -28,6 +27,9 @@ type idRef struct {
 	seq uint64
 	ms  int64
 }
+
+// pending is the seq of an identity the open transaction remembers.
+const pending = ^uint64(0)
 
 // segment is the identities a transaction remembered at ms (Unix ms).
 type segment struct {
@@ -43,7 +45,7 @@ const (
 )
 
 func newIDMemory() *idMemory {
-	return &idMemory{at: map[string]idRef{}, segs: map[uint64]segment{}, pendSet: map[string]struct{}{}, forgetting: map[uint64]bool{}}
+	return &idMemory{at: map[string]idRef{}, segs: map[uint64]segment{}, forgetting: map[uint64]bool{}}
 }
 
 // load applies a changelog record of segment seq: ids nil forgets it.
@@ -77,26 +79,23 @@ func (m *idMemory) build() {
 	}
 }
 
-// seen reports whether id is remembered within window.
-func (m *idMemory) seen(id string, now time.Time, window time.Duration) bool {
+// seen reports whether id is remembered: by a committed segment that the
+// open transaction does not forget, or by the open transaction. A segment
+// past the window is forgotten as the next transaction ends, so an
+// identity may be remembered up to a transaction longer than the window.
+func (m *idMemory) seen(id string) bool {
 	m.build()
-	if _, ok := m.pendSet[id]; ok {
-		return true
-	}
 	ref, ok := m.at[id]
-	if !ok || m.forgetting[ref.seq] {
-		return false
-	}
-	return now.UnixMilli()-ref.ms < window.Milliseconds()
+	return ok && (ref.seq == pending || !m.forgetting[ref.seq])
 }
 
 // remember remembers id in the open transaction.
 func (m *idMemory) remember(id string) {
 	m.build()
-	if _, ok := m.pendSet[id]; ok {
+	if ref, ok := m.at[id]; ok && ref.seq == pending {
 		return
 	}
-	m.pendSet[id] = struct{}{}
+	m.at[id] = idRef{seq: pending}
 	m.pend = append(m.pend, id)
 }
 
@@ -119,7 +118,7 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 		m.nextSeq++
 		ids = ids[n:]
 	}
-	kept := len(m.at) + len(m.pend)
+	kept := len(m.at)
 	for _, seq := range m.order {
 		s := m.segs[seq]
 		if ms-s.ms < window.Milliseconds() && kept <= max {
@@ -134,7 +133,13 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 
 // end makes the open transaction's changes committed, or drops them.
 func (m *idMemory) end(committed bool) {
-	if committed {
+	if !committed {
+		for _, id := range m.pend {
+			if m.at[id].seq == pending {
+				delete(m.at, id)
+			}
+		}
+	} else {
 		for seq := range m.forgetting {
 			for _, id := range m.segs[seq].ids {
 				if m.at[id].seq == seq {
@@ -155,7 +160,6 @@ func (m *idMemory) end(committed bool) {
 		}
 	}
 	m.pend, m.writing = nil, nil
-	clear(m.pendSet)
 	clear(m.forgetting)
 }
 
@@ -209,11 +213,11 @@ func (pv *partVersions) idsOf() *idMemory {
 	return pv.ids
 }
 
-// seenID reports whether id is remembered within window.
-func (pv *partVersions) seenID(id string, now time.Time, window time.Duration) bool {
+// seenID reports whether id is remembered.
+func (pv *partVersions) seenID(id string) bool {
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
-	return pv.idsOf().seen(id, now, window)
+	return pv.idsOf().seen(id)
 }
 
 // rememberID remembers id in the open transaction.
