@@ -70,6 +70,10 @@ func NewBatch(cfg consumer.Config, o Options, h BatchHandler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope.NewBatch's handler", Reason: "is nil; pass the function that applies each batch of records in its transaction"}
 	}
+	if cfg.KeyBreaker != nil {
+		return nil, &consumer.ConfigError{Field: "KeyBreaker", Reason: "is set for a batch handler (dbscope.NewBatch), whose calls take the records of many keys at once; " +
+			"the circuit breaker of each key holds one key's records: use a per-record handler (dbscope.New or dbscope.NewQueued), or leave KeyBreaker nil"}
+	}
 	return newRunner(cfg, o, nil, nil, h)
 }
 

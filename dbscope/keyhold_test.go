@@ -239,8 +239,8 @@ func TestDBKeyBreakerRefusedByNewBatch(t *testing.T) {
 	_, err = dbscope.NewBatch(cfg, dbscope.Options{Pool: pool}, dbscope.BatchHandlerFunc(
 		func(context.Context, pgx.Tx, []*consumer.Record) error { return nil }))
 	var ce *consumer.ConfigError
-	if !errors.As(err, &ce) || ce.Field != "KeyBreaker" || !strings.Contains(err.Error(), "batch handler") {
-		t.Fatalf("NewBatch with a key breaker: %v; want a *consumer.ConfigError on KeyBreaker that names the batch handler", err)
+	if !errors.As(err, &ce) || ce.Field != "KeyBreaker" || !strings.Contains(err.Error(), "use a per-record handler (dbscope.New") {
+		t.Fatalf("NewBatch with a key breaker: %v; want a *consumer.ConfigError on KeyBreaker that names dbscope.New", err)
 	}
 	if _, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(insertEffect)); err != nil {
 		t.Fatalf("New with a key breaker: %v", err)
