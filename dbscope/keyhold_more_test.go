@@ -134,3 +134,67 @@ func TestDBKeyBreakerRecordBehindTheProbeHoldsAgain(t *testing.T) {
 	wantKeyEffects(t, pool, "k", 3)
 	wantNothingRouted(t, r)
 }
+
+// A runner stopped while its probe's handler runs rolls the probe's
+// transaction back: the key stays held in PostgreSQL, and the next runner
+// probes it again and applies its records once each, in order.
+func TestDBKeyBreakerStopDuringProbe(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	pool := newPool(t)
+	const topic, group = "ledger", "g-key-stop-probe"
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	tn := newTenant("k003")
+	var block atomic.Bool
+	entered := make(chan struct{}, 1)
+	newRunner := func() *dbscope.Runner {
+		cfg := baseConfig(k, group, topic)
+		cfg.KeyBreaker = &consumer.KeyBreakerConfig{OpenFor: 200 * time.Millisecond}
+		r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(
+			func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+				if string(r.Value) == "k003/0" && block.Load() {
+					select {
+					case entered <- struct{}{}:
+					default:
+					}
+					<-ctx.Done() // the probe runs until its runner stops
+					return ctx.Err()
+				}
+				return tn.handle(ctx, tx, r)
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r1 := newRunner()
+	stop := run(t, r1)
+	k.ProduceKeyed(t, topic, 5, 3)
+	testenv.WaitFor(t, time.Minute, "the other keys applied", func() bool { return r1.Stats().DB.Applied >= 12 })
+	testenv.WaitFor(t, time.Minute, "k003 held", func() bool { return r1.Stats().DB.HeldKeys == 1 })
+	block.Store(true)
+	tn.down.Store(false)
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("k003's probe did not run")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	block.Store(false)
+	r2 := newRunner()
+	stop = run(t, r2)
+	testenv.WaitFor(t, time.Minute, "k003's records applied by the next runner", func() bool { return r2.Stats().DB.Applied == 3 })
+	testenv.WaitFor(t, time.Minute, "no key held", func() bool { return r2.Stats().DB.HeldKeys == 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if c := countEffects(t, pool); c.rows != 15 || c.unique != 15 {
+		t.Fatalf("effects %+v, want 15 applied once each", c)
+	}
+	wantKeyOrder(t, pool)
+	wantKeyEffects(t, pool, "k003", 3)
+}

@@ -133,9 +133,9 @@ type heldKey struct {
 // that did not apply: a parked record is stored in PostgreSQL and done; a
 // failed one is retried in place (kept, after wait), sent to a retry topic
 // or dead-lettered, and done once the broker has it; a held one (its key's
-// circuit breaker opened) is stored in PostgreSQL and done. It returns the keys
-// whose head resolved, to release their waiting records. ok is false when
-// ctx ended while routing.
+// circuit breaker opened) is stored in PostgreSQL and done. It returns
+// the keys whose head resolved, to release their waiting records. ok is
+// false when ctx ended while routing.
 func (s *dbScope) settle(ctx context.Context, work []*consumer.Record, res []result, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (kept []*consumer.Record, wait time.Duration, release []heldKey, ok bool) {
 	obs := s.obs
 	for i, r := range work {

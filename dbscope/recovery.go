@@ -29,9 +29,9 @@ type recovery struct {
 // head row found by the pass before too, so that a release of another
 // process has that long to finish its own routing. A head row this
 // process is routing is left alone. Then the keys held by their circuit
-// breaker whose probe is due are probed (probeHeld). In a pipeline that parks no new
-// failure, a pass first looks whether the consumer has parked or waiting
-// rows at all, and keeps s.parkRows up to date.
+// breaker whose probe is due are probed (probeHeld). In a pipeline that
+// parks no new failure, a pass first looks whether the consumer has
+// parked or waiting rows at all, and keeps s.parkRows up to date.
 func (s *dbScope) recoverParking(ctx context.Context, rec *recovery) {
 	if err := s.recoverPass(ctx, rec); err != nil {
 		s.logRecover(ctx, err)
