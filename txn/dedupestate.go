@@ -10,26 +10,22 @@ import (
 // idMemory is the idempotency guard's state of one input partition: the
 // identities remembered, in segments (one changelog record each: the
 // identities one transaction remembered, and when), and those the open
-// transaction remembers, which become a segment only when it commits.
+// transaction remembers, which become segments only when it commits. An
+// identity maps to the sequence number of its segment; the open
+// transaction's identities get the numbers its segments will have, so
+// that its commit changes no entry.
 type idMemory struct {
-	at      map[string]idRef   // identity → the committed segment that holds it
+	at      map[string]uint64  // identity → its segment's sequence number
 	segs    map[uint64]segment // committed segments, by sequence number
 	order   []uint64           // their sequence numbers, oldest first
-	nextSeq uint64
-	loaded  bool // at and order are built from segs (restore loads segs alone)
+	nextSeq uint64             // the open transaction's first segment
+	loaded  bool               // at and order are built from segs (a restore loads segs alone)
 
-	pend       []string        // remembered in the open transaction, in order (in at with seq pending)
-	forgetting map[uint64]bool // committed segments the open transaction forgets
-	writing    []segment           // the segments the open transaction writes
+	pend       []string          // remembered in the open transaction, in order
+	prev       map[string]uint64 // the committed segment of a pending identity it replaced
+	forgetting map[uint64]bool   // committed segments the open transaction forgets
+	writing    []segment         // the segments the open transaction writes
 }
-
-type idRef struct {
-	seq uint64
-	ms  int64
-}
-
-// pending is the seq of an identity the open transaction remembers.
-const pending = ^uint64(0)
 
 // segment is the identities a transaction remembered at ms (Unix ms).
 type segment struct {
@@ -38,14 +34,13 @@ type segment struct {
 	ids []string
 }
 
-// Bounds of a segment: a transaction that remembers more writes several.
-const (
-	segmentMaxIDs   = 2048
-	segmentMaxBytes = 128 << 10
-)
+// segmentMaxIDs bounds a segment: with identities of at most
+// retrytopic.MaxIDLength bytes a segment record stays under 256 KiB, well
+// within a producer batch.
+const segmentMaxIDs = 1024
 
 func newIDMemory() *idMemory {
-	return &idMemory{at: map[string]idRef{}, segs: map[uint64]segment{}, forgetting: map[uint64]bool{}}
+	return &idMemory{at: map[string]uint64{}, segs: map[uint64]segment{}, prev: map[string]uint64{}, forgetting: map[uint64]bool{}}
 }
 
 // load applies a changelog record of segment seq: ids nil forgets it.
@@ -71,9 +66,8 @@ func (m *idMemory) build() {
 	}
 	slices.Sort(m.order)
 	for _, seq := range m.order {
-		s := m.segs[seq]
-		for _, id := range s.ids {
-			m.at[id] = idRef{seq, s.ms}
+		for _, id := range m.segs[seq].ids {
+			m.at[id] = seq
 		}
 		m.nextSeq = seq + 1
 	}
@@ -85,17 +79,21 @@ func (m *idMemory) build() {
 // identity may be remembered up to a transaction longer than the window.
 func (m *idMemory) seen(id string) bool {
 	m.build()
-	ref, ok := m.at[id]
-	return ok && (ref.seq == pending || !m.forgetting[ref.seq])
+	seq, ok := m.at[id]
+	return ok && !m.forgetting[seq]
 }
 
 // remember remembers id in the open transaction.
 func (m *idMemory) remember(id string) {
 	m.build()
-	if ref, ok := m.at[id]; ok && ref.seq == pending {
-		return
+	old, ok := m.at[id]
+	if ok && old >= m.nextSeq {
+		return // already, in this transaction
 	}
-	m.at[id] = idRef{seq: pending}
+	if ok {
+		m.prev[id] = old // in a segment this transaction forgets
+	}
+	m.at[id] = m.nextSeq + uint64(len(m.pend)/segmentMaxIDs)
 	m.pend = append(m.pend, id)
 }
 
@@ -108,15 +106,10 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 		return nil, nil
 	}
 	ms := now.UnixMilli()
-	for ids := m.pend; len(ids) > 0; {
-		n, bytes := 0, 0
-		for n < len(ids) && n < segmentMaxIDs && bytes < segmentMaxBytes {
-			bytes += len(ids[n]) + binary.MaxVarintLen32
-			n++
-		}
-		m.writing = append(m.writing, segment{seq: m.nextSeq, ms: ms, ids: ids[:n:n]})
-		m.nextSeq++
-		ids = ids[n:]
+	m.writing = m.writing[:0]
+	for i := 0; i < len(m.pend); i += segmentMaxIDs {
+		ids := m.pend[i:min(i+segmentMaxIDs, len(m.pend)):min(i+segmentMaxIDs, len(m.pend))]
+		m.writing = append(m.writing, segment{seq: m.nextSeq + uint64(i/segmentMaxIDs), ms: ms, ids: ids})
 	}
 	kept := len(m.at)
 	for _, seq := range m.order {
@@ -135,14 +128,16 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 func (m *idMemory) end(committed bool) {
 	if !committed {
 		for _, id := range m.pend {
-			if m.at[id].seq == pending {
+			if old, ok := m.prev[id]; ok {
+				m.at[id] = old
+			} else {
 				delete(m.at, id)
 			}
 		}
 	} else {
 		for seq := range m.forgetting {
 			for _, id := range m.segs[seq].ids {
-				if m.at[id].seq == seq {
+				if m.at[id] == seq {
 					delete(m.at, id)
 				}
 			}
@@ -154,12 +149,13 @@ func (m *idMemory) end(committed bool) {
 		for _, s := range m.writing {
 			m.segs[s.seq] = s
 			m.order = append(m.order, s.seq)
-			for _, id := range s.ids {
-				m.at[id] = idRef{s.seq, s.ms}
-			}
+		}
+		if len(m.pend) > 0 {
+			m.nextSeq += uint64((len(m.pend) + segmentMaxIDs - 1) / segmentMaxIDs)
 		}
 	}
 	m.pend, m.writing = nil, nil
+	clear(m.prev)
 	clear(m.forgetting)
 }
 
