@@ -1,11 +1,23 @@
 package txn
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"slices"
 	"time"
 )
+
+// idKey is what the guard keeps of an identity: the first 128 bits of its
+// SHA-256. A fixed-size key makes each lookup one probe of a flat map and
+// each changelog entry 16 bytes, and two identities share a key only by a
+// SHA-256 collision (far less likely than any hardware fault).
+type idKey [16]byte
+
+func keyOfID(id string) idKey {
+	sum := sha256.Sum256([]byte(id))
+	return idKey(sum[:16])
+}
 
 // idMemory is the idempotency guard's state of one input partition: the
 // identities remembered, in segments (one changelog record each: the
@@ -15,14 +27,14 @@ import (
 // transaction's identities get the numbers its segments will have, so
 // that its commit changes no entry.
 type idMemory struct {
-	at      map[string]uint64  // identity → its segment's sequence number
+	at      map[idKey]uint64   // identity → its segment's sequence number
 	segs    map[uint64]segment // committed segments, by sequence number
 	order   []uint64           // their sequence numbers, oldest first
 	nextSeq uint64             // the open transaction's first segment
 	loaded  bool               // at and order are built from segs (a restore loads segs alone)
 
-	pend       []string          // remembered in the open transaction, in order
-	prev       map[string]uint64 // the committed segment of a pending identity it replaced
+	pend       []idKey          // remembered in the open transaction, in order
+	prev       map[idKey]uint64 // the committed segment of a pending identity it replaced
 	forgetting map[uint64]bool   // committed segments the open transaction forgets
 	writing    []segment         // the segments the open transaction writes
 }
@@ -31,20 +43,19 @@ type idMemory struct {
 type segment struct {
 	seq uint64
 	ms  int64
-	ids []string
+	ids []idKey
 }
 
-// segmentMaxIDs bounds a segment: with identities of at most
-// retrytopic.MaxIDLength bytes a segment record stays under 256 KiB, well
+// segmentMaxIDs bounds a segment: its record stays under 64 KiB, well
 // within a producer batch.
-const segmentMaxIDs = 1024
+const segmentMaxIDs = 4000
 
 func newIDMemory() *idMemory {
-	return &idMemory{at: map[string]uint64{}, segs: map[uint64]segment{}, prev: map[string]uint64{}, forgetting: map[uint64]bool{}}
+	return &idMemory{at: map[idKey]uint64{}, segs: map[uint64]segment{}, prev: map[idKey]uint64{}, forgetting: map[uint64]bool{}}
 }
 
 // load applies a changelog record of segment seq: ids nil forgets it.
-func (m *idMemory) load(seq uint64, ms int64, ids []string) {
+func (m *idMemory) load(seq uint64, ms int64, ids []idKey) {
 	m.loaded = false
 	if ids == nil {
 		delete(m.segs, seq)
@@ -77,14 +88,14 @@ func (m *idMemory) build() {
 // open transaction does not forget, or by the open transaction. A segment
 // past the window is forgotten as the next transaction ends, so an
 // identity may be remembered up to a transaction longer than the window.
-func (m *idMemory) seen(id string) bool {
+func (m *idMemory) seen(id idKey) bool {
 	m.build()
 	seq, ok := m.at[id]
 	return ok && !m.forgetting[seq]
 }
 
 // remember remembers id in the open transaction.
-func (m *idMemory) remember(id string) {
+func (m *idMemory) remember(id idKey) {
 	m.build()
 	old, ok := m.at[id]
 	if ok && old >= m.nextSeq {
@@ -164,19 +175,19 @@ func segmentKey(seq uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte{kindDedupe}, seq)
 }
 
-// segmentValue encodes s: its time, then each identity, length first.
+// segmentValue encodes s: its time, then each identity's key.
 func segmentValue(s segment) []byte {
-	b := binary.BigEndian.AppendUint64(nil, uint64(s.ms))
+	b := make([]byte, 8, 8+len(s.ids)*len(idKey{}))
+	binary.BigEndian.PutUint64(b, uint64(s.ms))
 	for _, id := range s.ids {
-		b = binary.AppendUvarint(b, uint64(len(id)))
-		b = append(b, id...)
+		b = append(b, id[:]...)
 	}
 	return b
 }
 
 // parseSegment decodes a segment's changelog record (value nil: a
 // tombstone, ids nil).
-func parseSegment(key, value []byte) (seq uint64, ms int64, ids []string, err error) {
+func parseSegment(key, value []byte) (seq uint64, ms int64, ids []idKey, err error) {
 	if len(key) != 9 {
 		return 0, 0, nil, errors.New("dedupe segment key: not 9 bytes")
 	}
@@ -184,18 +195,13 @@ func parseSegment(key, value []byte) (seq uint64, ms int64, ids []string, err er
 	if value == nil {
 		return seq, 0, nil, nil
 	}
-	if len(value) < 8 {
-		return 0, 0, nil, errors.New("dedupe segment: shorter than its time")
+	if len(value) < 8 || (len(value)-8)%len(idKey{}) != 0 {
+		return 0, 0, nil, errors.New("dedupe segment: not a time and whole identity keys")
 	}
 	ms = int64(binary.BigEndian.Uint64(value))
-	ids = []string{}
-	for b := value[8:]; len(b) > 0; {
-		n, w := binary.Uvarint(b)
-		if w <= 0 || uint64(len(b)-w) < n {
-			return 0, 0, nil, errors.New("dedupe segment: a truncated identity")
-		}
-		ids = append(ids, string(b[w:w+int(n)]))
-		b = b[w+int(n):]
+	ids = make([]idKey, 0, (len(value)-8)/len(idKey{}))
+	for b := value[8:]; len(b) > 0; b = b[len(idKey{}):] {
+		ids = append(ids, idKey(b[:len(idKey{})]))
 	}
 	return seq, ms, ids, nil
 }
@@ -210,14 +216,14 @@ func (pv *partVersions) idsOf() *idMemory {
 }
 
 // seenID reports whether id is remembered.
-func (pv *partVersions) seenID(id string) bool {
+func (pv *partVersions) seenID(id idKey) bool {
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
 	return pv.idsOf().seen(id)
 }
 
 // rememberID remembers id in the open transaction.
-func (pv *partVersions) rememberID(id string) {
+func (pv *partVersions) rememberID(id idKey) {
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
 	pv.idsOf().remember(id)

@@ -1,0 +1,44 @@
+package txn
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// BenchmarkGuardPerInput measures the idempotency guard's own work per
+// input in one partition's state that holds DefaultDedupeMaxIDs
+// identities: the lookup, the remembering, and its share of a
+// transaction's end (segments of 1,000 inputs, the oldest forgotten).
+func BenchmarkGuardPerInput(b *testing.B) {
+	pv := newPartVersions()
+	ids := make([]string, DefaultDedupeMaxIDs+b.N)
+	for i := range ids {
+		ids[i] = "bench.in/3/" + strconv.Itoa(i)
+	}
+	key := func(i int) idKey { return keyOfID(ids[i]) }
+	now := time.Now()
+	fill := func(from, to int) {
+		for i := from; i < to; i++ {
+			pv.rememberID(key(i))
+			if (i+1)%1000 == 0 {
+				pv.writeIDs(now, time.Hour, DefaultDedupeMaxIDs)
+				pv.end(true)
+			}
+		}
+	}
+	fill(0, DefaultDedupeMaxIDs)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		id := key(DefaultDedupeMaxIDs + i)
+		if pv.seenID(id) {
+			b.Fatal("a new identity seen")
+		}
+		pv.rememberID(id)
+		if (i+1)%1000 == 0 {
+			pv.writeIDs(now, time.Hour, DefaultDedupeMaxIDs)
+			pv.end(true)
+		}
+	}
+}
