@@ -35,8 +35,8 @@ type idMemory struct {
 
 	pend       []idKey          // remembered in the open transaction, in order
 	prev       map[idKey]uint64 // the committed segment of a pending identity it replaced
-	forgetting map[uint64]bool   // committed segments the open transaction forgets
-	writing    []segment         // the segments the open transaction writes
+	forgetting map[uint64]bool  // committed segments the open transaction forgets
+	writing    []segment        // the segments the open transaction writes
 }
 
 // segment is the identities a transaction remembered at ms (Unix ms).
