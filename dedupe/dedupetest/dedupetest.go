@@ -33,7 +33,7 @@ const longTTL = time.Hour
 
 // waitLimit bounds each wait for a condition, deadline each check.
 const (
-	waitLimit = 10 * time.Second
+	waitLimit = 5 * time.Second
 	deadline  = 30 * time.Second
 )
 
