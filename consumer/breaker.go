@@ -266,6 +266,10 @@ func (b *breaker) admit(ctx context.Context, rec *Record) (bool, error) {
 		case <-ch:
 		case <-ctx.Done():
 			return false, fmt.Errorf("kscope: waiting for circuit breaker %q before the handler call: %w", b.cfg.Name, ctx.Err())
+		case <-revokedCh(rec):
+			// A revoke does not wait for a call that has not started: the
+			// partition's next owner handles the record.
+			return false, fmt.Errorf("kscope: waiting for circuit breaker %q before the handler call: the record's partition was revoked", b.cfg.Name)
 		}
 	}
 }

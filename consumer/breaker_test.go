@@ -114,3 +114,52 @@ func TestBreakerOpensOnARecordFailingAlone(t *testing.T) {
 		t.Errorf("the dead-letter topic holds %d records; want none", ends[0])
 	}
 }
+
+// A revoke does not wait for the records that wait at an open breaker
+// (their calls have not started): a member that joins while the breaker
+// is open gets its partitions well within DrainTimeout.
+func TestBreakerRevokeDoesNotWaitForWaitingRecords(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic, group = "brk-revoke", "g-brk-revoke"
+	if err := k.CreateTopic(ctx, topic, 4); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 40 {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte{byte('a' + i%20)}, Value: []byte("v")})
+	}
+	if err := k.Produce(ctx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	down.Store(true)
+	member := func() *consumer.Runner {
+		cfg := baseConfig(t, k, group, topic)
+		cfg.DrainTimeout = 40 * time.Second
+		cfg.Failures.Backoff = time.Millisecond
+		cfg.Breakers = []consumer.BreakerConfig{{Name: "dep", Trips: func(err error) bool { return errors.Is(err, errDown) }, OpenFor: time.Hour}}
+		r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+			if down.Load() {
+				return errDown
+			}
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runAsync(t, r)
+		return r
+	}
+	a := member()
+	testenv.WaitFor(t, time.Minute, "the breaker open", func() bool {
+		bs := a.Stats().Breakers
+		return len(bs) == 1 && bs[0].State == consumer.BreakerOpen
+	})
+	start := time.Now()
+	b := member()
+	testenv.WaitFor(t, time.Minute, "the partitions shared", func() bool { return a.Stats().Assigned == 2 && b.Stats().Assigned == 2 })
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("the rebalance took %s with records waiting at the open breaker; want no wait for them (DrainTimeout is 40s)", d)
+	}
+}

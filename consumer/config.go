@@ -234,6 +234,12 @@ type Config struct {
 	// docs/flow-control.md#circuit-breakers). None by default.
 	Breakers []BreakerConfig
 
+	// Dedupe is the AtLeastOnce scope's idempotency guard: with a Store,
+	// a record whose identity was remembered after an earlier success is
+	// not handled again (see [DedupeConfig] and docs/dedupe.md). Off by
+	// default.
+	Dedupe DedupeConfig
+
 	// KeyBreaker, when set, is the circuit breaker of each key: a key
 	// whose records keep failing is held alone, its records waiting,
 	// while every other key flows; after a cool-down one probe record of
@@ -326,6 +332,7 @@ func (c Config) validate() error {
 	c.validateRateLimit(bad)
 	c.validateBreakers(bad)
 	c.validateKeyBreaker(bad)
+	c.validateDedupe(bad)
 	c.validateIdleWork(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)

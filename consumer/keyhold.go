@@ -92,13 +92,14 @@ func (kb *keyBreaker) hold(rec *Record, d time.Duration) {
 	defer kb.mu.Unlock()
 	h := kb.held[k]
 	if h == nil {
-		h = &heldKey{since: time.Now(), pool: kb.r.pool}
+		h = &heldKey{since: time.Now()}
 		kb.held[k] = h
 		kb.nheld.Store(int32(len(kb.held)))
 		if d == 0 {
 			d = kb.cfg.OpenFor // its hold ended meanwhile (its partition was revoked)
 		}
 	}
+	h.pool = kb.r.pool // the current session's
 	if rec.keyRelease {
 		h.recs = append([]*Record{rec}, h.recs...)
 	} else {

@@ -78,7 +78,7 @@ func (r *Record) Revoked() bool {
 // revoked from (or lost by) this member (nil for a record not consumed by
 // a runner).
 func revokedCh(r *Record) <-chan struct{} {
-	if r.part == nil {
+	if r == nil || r.part == nil {
 		return nil
 	}
 	return r.part.RevokedCh()

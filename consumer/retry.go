@@ -124,8 +124,8 @@ func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done 
 				return scope.Round[*Record]{}
 			}
 		}
-		if ctx.Err() != nil {
-			return scope.Round[*Record]{Stop: true} // canceled mid-handler: the next owner handles it
+		if ctx.Err() != nil || rec.Revoked() {
+			return scope.Round[*Record]{Stop: true} // canceled mid-handler, or revoked: the next owner handles it
 		}
 		if a.First.IsZero() {
 			a.First = time.Now()

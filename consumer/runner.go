@@ -147,7 +147,7 @@ func New(cfg Config, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &ConfigError{Struct: "consumer.New's handler", Reason: "is nil; pass the function that handles each record"}
 	}
-	r, err := newRunner(cfg.WithDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered})
+	r, err := newRunner(cfg.WithDefaults(), &atLeastOnce{h: h, unordered: cfg.Failures.Unordered, g: newGuard(cfg.WithDefaults())})
 	if err = errors.Join(err, CheckRoutes(cfg, h)); err != nil {
 		return nil, err
 	}
@@ -182,6 +182,10 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 	}
 	if err := r.useKeyBreaker(s); err != nil {
 		return nil, err
+	}
+	if _, ok := s.(*atLeastOnce); cfg.Dedupe.Store != nil && !ok {
+		return nil, &ConfigError{Field: "Dedupe.Store", Reason: fmt.Sprintf("is set for scope %T; only the AtLeastOnce scope with a per-record handler (consumer.New) uses a dedupe store: "+
+			"the DB scope's inbox is its guard, the Kafka scope keeps its own in its transactions (txn.Options.Dedupe); leave Dedupe empty", s)}
 	}
 	if b, ok := s.(scope.Batcher); ok {
 		r.maxBatch, r.linger = b.BatchLimits()
@@ -243,6 +247,7 @@ func (r *Runner) Stats() Stats {
 		Hold:             r.holdStats(),
 		Periodic:         r.idle.stats(),
 		KeyBreaker:       r.kb.stats(),
+		Dedupe:           r.dedupeStats(),
 	}
 	r.callStats(&st)
 	if r.txs != nil {

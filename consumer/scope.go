@@ -48,11 +48,15 @@ type atLeastOnce struct {
 	f         scope.Failures[*Record]
 	obs       scope.Observer[*Record]
 	unordered bool
+	g         *dedupeGuard // Config.Dedupe; nil without a store
 }
 
 // UseEngine implements scope.EngineUser.
 func (s *atLeastOnce) UseEngine(e scope.Engine[*Record]) {
 	s.e, s.f, s.obs = e, e.Failures(), e.Observer()
+	if s.g != nil {
+		s.g.f, s.g.obs = s.f, s.obs
+	}
 }
 
 // atLeastOnceBatch is how many queued records of one partition an
@@ -76,9 +80,13 @@ func (s *atLeastOnce) UsesRetryTopics() bool { return s.unordered }
 func (s *atLeastOnce) KeyHolds() scope.KeyHold { return scope.HoldInMemory }
 
 func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*Record)) {
+	if s.g != nil {
+		s.processGuarded(ctx, batch, done)
+		return
+	}
 	obs := s.obs
 	for _, r := range batch {
-		if !s.deliver(ctx, obs, r, done) {
+		if ok, _ := s.deliver(ctx, obs, r, done, false); !ok {
 			obs.End(r, hook.OutcomeAborted, nil)
 			return
 		}
@@ -87,25 +95,30 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 
 // deliver runs one record through the handler and the failure policy. It
 // reports false when the record was left undone (ctx done or revoked).
-func (s *atLeastOnce) deliver(ctx context.Context, obs scope.Observer[*Record], r *Record, done func(*Record)) bool {
+// With later, a success is neither ended nor reported done but returned
+// (succeeded): the caller does both once the guard remembered it.
+func (s *atLeastOnce) deliver(ctx context.Context, obs scope.Observer[*Record], r *Record, done func(*Record), later bool) (ok, succeeded bool) {
 	hctx := obs.Start(ctx, r)
 	a := s.f.Attempts(ctx, r, s.unordered, done, func() error { return s.e.Call(hctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, r) }) })
 	if !a.OK {
-		return false
+		return false, false
 	}
 	if a.Held {
 		obs.End(r, hook.OutcomeHeld, a.Err)
-		return true // the runner keeps it, and gives it back at its key's probe
+		return true, false // the runner keeps it, and gives it back at its key's probe
 	}
 	if a.Err == nil {
+		if later {
+			return true, true
+		}
 		obs.End(r, hook.OutcomeSuccess, nil)
 		done(r)
-		return true
+		return true, true
 	}
 	if err := s.f.Route(ctx, r, a.Err, a.Step, a.N, a.First); err != nil {
-		return false // ctx done while routing: not done, redelivered
+		return false, false // ctx done while routing: not done, redelivered
 	}
 	obs.End(r, scope.OutcomeOf(a.Step.Action), a.Err)
 	done(r)
-	return true
+	return true, false
 }

@@ -48,8 +48,11 @@ type Stats struct {
 	// KeyBreaker counts the work of the circuit breaker of each key
 	// (Config.KeyBreaker).
 	KeyBreaker KeyBreakerStats
-	DB         DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
-	Kafka      KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
+	// Dedupe counts the AtLeastOnce scope's idempotency guard's work
+	// (Config.Dedupe).
+	Dedupe DedupeStats
+	DB     DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
+	Kafka  KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 
 	// Periodic counts the calls of the periodic work (Config.Periodic,
 	// or the scope's own, dbscope.Options.Periodic), in every scope.
@@ -88,4 +91,5 @@ type KafkaStats struct {
 	GapsHealed   int64 // parked records applied once the versions before them were
 	GapsAccepted int64 // records applied over a gap (sequence.Accept)
 	GapsTimedOut int64 // parked records that waited past GapTimeout and went to the DLT
+	Duplicates   int64 // input records whose identity was remembered (txn.Options.Dedupe): no output, committed
 }

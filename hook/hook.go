@@ -68,6 +68,10 @@ const (
 	// (consumer.Config.KeyBreaker), or a probe of the key failed: the key
 	// is held until its next probe.
 	EventKeyHeld Event = "kscope.key_held"
+	// EventDedupeUnavailable: the AtLeastOnce scope's dedupe store
+	// (consumer.Config.Dedupe) did not answer, and the record is handled
+	// without its answer (consumer.FailOpen): it may be a duplicate.
+	EventDedupeUnavailable Event = "kscope.dedupe_unavailable"
 	// EventDecodeFailure: the record's payload could not be decoded (a
 	// retrytopic.DecodeFailure) and it goes to the dead-letter topic;
 	// detail is its format and schema id, such as "avro schema-id=7".

@@ -101,6 +101,8 @@ func runChild(role string) int {
 		return runIntentChild(ctx, cfg, maxDelay, emit)
 	case "txn", "txn-versions":
 		return runTxnChild(ctx, cfg, maxDelay, role == "txn-versions")
+	case "db-breaker", "txn-breaker":
+		return runBreakerChild(ctx, cfg, role == "db-breaker", maxDelay, emit, say)
 	case "at-least-once":
 		h = consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
 			if maxDelay > 0 {
@@ -133,6 +135,7 @@ type child struct {
 	err    error
 	stats  string        // the STATS line a child prints on a graceful exit
 	failed chan struct{} // closed at the child's first FAIL line
+	events childEvents   // its EVENT lines (roles that print them)
 }
 
 // startChild starts a child consumer whose record lines go to onRecord.
@@ -165,6 +168,8 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 				onRecord([]byte(v))
 			} else if v, ok := strings.CutPrefix(sc.Text(), statsLinePref); ok {
 				c.stats = v
+			} else if v, ok := strings.CutPrefix(sc.Text(), eventLinePref); ok {
+				c.events.add(v)
 			} else if strings.HasPrefix(sc.Text(), failLinePref) && !failed {
 				failed = true
 				close(c.failed)

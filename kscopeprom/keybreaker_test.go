@@ -4,7 +4,10 @@ import (
 	"context"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/keybreakercheck"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/kscopeprom"
@@ -36,5 +39,20 @@ func TestKeyBreakerMetrics(t *testing.T) {
 	}})
 	if v := value(t, m.Gatherer(), "kscope_held_keys", g); v != 0 {
 		t.Errorf("kscope_held_keys = %v once the key is released; want 0", v)
+	}
+}
+
+// A record handled while the dedupe store did not answer (FailOpen)
+// counts in kscope_dedupe_unavailable_total.
+func TestDedupeUnavailableMetric(t *testing.T) {
+	m, err := kscopeprom.New(kscopeprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: "payments"}
+	m.OnRecordEvent(context.Background(), "g", rec, hook.EventDedupeUnavailable, "")
+	m.OnRecordEvent(context.Background(), "g", rec, hook.EventDedupeUnavailable, "")
+	if v := value(t, m.Gatherer(), "kscope_dedupe_unavailable_total", map[string]string{"consumer_group": "g", "topic": "payments"}); v != 2 {
+		t.Errorf("kscope_dedupe_unavailable_total = %v; want 2", v)
 	}
 }

@@ -40,6 +40,8 @@
 //	kscope_breaker_transitions_total{breaker,state}
 //	                                         a circuit breaker's changes of state, by the
 //	                                         state entered
+//	kscope_dedupe_unavailable_total          records the AtLeastOnce scope handled while its
+//	                                         dedupe store did not answer (consumer.FailOpen)
 //	kscope_held_keys                         keys their circuit breakers hold in memory
 //	                                         (consumer.Config.KeyBreaker; the DB scope's
 //	                                         wait in PostgreSQL)
@@ -113,6 +115,7 @@ type Metrics struct {
 	paused    *prometheus.GaugeVec
 	breakers  *prometheus.GaugeVec
 	heldKeys  *prometheus.GaugeVec
+	dedupeNA  *prometheus.CounterVec
 	keyHolds  *prometheus.CounterVec
 	trans     *prometheus.CounterVec
 	commits   *prometheus.CounterVec
@@ -183,7 +186,8 @@ func New(o Options) (*Metrics, error) {
 	m.trans = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_breaker_transitions_total", Help: "A circuit breaker's changes of state, by the state entered (closed, half-open, open)."}, []string{"consumer_group", "breaker", "state"})
 	m.heldKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_keys", Help: "Keys their circuit breakers hold in memory (consumer.Config.KeyBreaker)."}, []string{"consumer_group"})
 	m.keyHolds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_key_holds_total", Help: "Times a key's circuit breaker held it (its failures, or a failed probe)."}, gt)
-	for _, c := range []prometheus.Collector{m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans, m.heldKeys, m.keyHolds} {
+	m.dedupeNA = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_dedupe_unavailable_total", Help: "Records the AtLeastOnce scope handled while its dedupe store did not answer (consumer.FailOpen)."}, gt)
+	for _, c := range []prometheus.Collector{m.dedupeNA, m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans, m.heldKeys, m.keyHolds} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -228,6 +232,8 @@ func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, 
 		m.overruns.WithLabelValues(group, r.Topic).Inc()
 	case hook.EventKeyHeld:
 		m.keyHolds.WithLabelValues(group, r.Topic).Inc()
+	case hook.EventDedupeUnavailable:
+		m.dedupeNA.WithLabelValues(group, r.Topic).Inc()
 	}
 }
 

@@ -28,10 +28,13 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 		return false
 	}
 	obs := s.obs
-	if s.vs != nil && rec.Key != nil {
+	if s.o.Versions != nil && rec.Key != nil {
 		s.handleVersioned(ctx, w, rec, done)
 	} else {
 		hctx := w.start(ctx, obs, rec)
+		if s.o.Dedupe != nil && s.duplicate(w, rec) {
+			return s.join(ctx, w, done)
+		}
 		out, err := s.run(ctx, hctx, w, rec, done)
 		switch out {
 		case hook.OutcomeAborted:
@@ -40,6 +43,9 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 		case hook.OutcomeHeld:
 			obs.End(rec, out, err)
 			return true // the runner keeps it, and gives it back at its key's probe
+		}
+		if out == hook.OutcomeSuccess && s.o.Dedupe != nil {
+			s.remember(ctx, w, rec)
 		}
 		w.do(func(tx *txnState) {
 			tx.records.Add(1)
@@ -347,11 +353,17 @@ func (s *kafkaScope) unpark(ctx context.Context, w *work, pv *partVersions, p *p
 // changelog adds one changelog record to w, to the partition of the input
 // partition it belongs to.
 func (s *kafkaScope) changelog(ctx context.Context, w *work, topic string, p int32, key, value []byte) {
-	rec := &kgo.Record{Topic: VersionsTopic(s.cfg.Group, topic), Partition: p, Key: key, Value: value}
+	rec := changelogRecord(s.cfg.Group, topic, p, key, value)
 	input := w.rec
 	w.do(func(tx *txnState) {
 		tx.produce(ctx, s.sess, rec, input, producedChangelog, "a version changelog record", s.limit, nil)
 	})
+}
+
+// changelogRecord is a record of the changelog of input partition p of
+// topic.
+func changelogRecord(group, topic string, p int32, key, value []byte) *kgo.Record {
+	return &kgo.Record{Topic: VersionsTopic(group, topic), Partition: p, Key: key, Value: value}
 }
 
 // parkGap parks rec, whose version v is ahead of its key's next one, until

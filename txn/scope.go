@@ -16,6 +16,7 @@ import (
 	"github.com/kscope-dev/kscope/internal/backoff"
 	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/scope"
+	"github.com/kscope-dev/kscope/sequence"
 )
 
 type tp struct {
@@ -28,6 +29,7 @@ type tp struct {
 type counters struct {
 	records, outputs, dead, skipped, retryTopic             atomic.Int64
 	stale, gapsDetected, gapsHealed, gapsAccepted, timedOut atomic.Int64
+	duplicates, remembered                                  atomic.Int64
 }
 
 func (c *counters) add(o *counters) {
@@ -41,6 +43,8 @@ func (c *counters) add(o *counters) {
 	c.gapsHealed.Add(o.gapsHealed.Load())
 	c.gapsAccepted.Add(o.gapsAccepted.Load())
 	c.timedOut.Add(o.timedOut.Load())
+	c.duplicates.Add(o.duplicates.Load())
+	c.remembered.Add(o.remembered.Load())
 }
 
 // kafkaScope is the Kafka scope's unit of work on the runner (a
@@ -95,8 +99,12 @@ func (s *kafkaScope) init(cfg consumer.Config) {
 	s.log = cfg.Logger.With("group", cfg.Group, "scope", "kafka")
 	s.cur = &txnState{}
 	s.unwritable = map[recKey]error{}
-	if s.o.Versions != nil {
-		s.vs = &versionStore{cfg: *s.o.Versions, group: cfg.Group, kcfg: cfg, parts: map[tp]*partVersions{}, owned: map[tp]uint64{}, expiringSet: map[*parkedRec]bool{}}
+	if s.o.Versions != nil || s.o.Dedupe != nil {
+		var vcfg sequence.Config
+		if s.o.Versions != nil {
+			vcfg = *s.o.Versions
+		}
+		s.vs = &versionStore{cfg: vcfg, group: cfg.Group, kcfg: cfg, parts: map[tp]*partVersions{}, owned: map[tp]uint64{}, expiringSet: map[*parkedRec]bool{}}
 	}
 }
 
@@ -154,7 +162,7 @@ func (s *kafkaScope) UseTxn(e scope.TxnEngine[*consumer.Record]) error {
 		s.vs.setKick(s.kick)
 	}
 	s.log.Info("kscope: transactional runner started", "topics", s.cfg.Topics, "transactional_id", s.o.TransactionalID,
-		"retry_topics", s.UsesRetryTopics(), "versions", s.vs != nil)
+		"retry_topics", s.UsesRetryTopics(), "versions", s.o.Versions != nil, "dedupe", s.o.Dedupe != nil)
 	return s.begin()
 }
 
@@ -444,6 +452,8 @@ func (s *kafkaScope) ReportStats(st *consumer.Stats) {
 	k.Aborted, k.DeadLettered, k.Skipped = s.aborted.Load(), s.c.dead.Load(), s.c.skipped.Load()
 	k.RetryTopic, k.Stale, k.GapsDetected = s.c.retryTopic.Load(), s.c.stale.Load(), s.c.gapsDetected.Load()
 	k.GapsHealed, k.GapsAccepted, k.GapsTimedOut = s.c.gapsHealed.Load(), s.c.gapsAccepted.Load(), s.c.timedOut.Load()
+	k.Duplicates = s.c.duplicates.Load()
+	st.Dedupe.Hits, st.Dedupe.Remembered = k.Duplicates, s.c.remembered.Load()
 	st.Done, st.Commits = k.Records, k.Committed
 }
 

@@ -170,6 +170,13 @@ type Options struct {
 	// it unless it is that record delivered again (see the package
 	// documentation).
 	Versions *sequence.Config
+
+	// Dedupe, when not nil, turns on the idempotency guard: an input whose
+	// identity an earlier input of its partition succeeded with produces
+	// no output (see DedupeOptions). With Versions it is not needed (a
+	// duplicate carries its original's version and is skipped as stale)
+	// and New refuses both at once.
+	Dedupe *DedupeOptions
 }
 
 func (o Options) withDefaults(group string) Options {
@@ -193,6 +200,10 @@ func (o Options) withDefaults(group string) Options {
 		v := o.Versions.WithDefaults()
 		o.Versions = &v
 	}
+	if o.Dedupe != nil {
+		d := o.Dedupe.withDefaults()
+		o.Dedupe = &d
+	}
 	return o
 }
 
@@ -209,6 +220,12 @@ func (o Options) validate() error {
 	}
 	if o.TransactionTimeout < 0 || (o.TransactionTimeout > 0 && o.TransactionTimeout <= o.CommitInterval) {
 		bad("TransactionTimeout", "is %s; it must be longer than CommitInterval (%s)", o.TransactionTimeout, o.CommitInterval)
+	}
+	if o.Dedupe != nil {
+		o.Dedupe.validate(bad)
+		if o.Versions != nil {
+			bad("Dedupe", "is set with Versions, which skip a duplicate as stale already (it carries its original's version); unset Dedupe")
+		}
 	}
 	if o.Versions != nil {
 		if err := o.Versions.Validate(); err != nil {

@@ -107,6 +107,7 @@ type partVersions struct {
 	parked  map[string]map[int64]*parkedRec
 	pLast   map[string]int64
 	pParked map[string]map[int64]*parkedRec // a nil entry: removed in this transaction
+	ids     *idMemory                       // the idempotency guard's (Options.Dedupe); nil until used
 }
 
 func newPartVersions() *partVersions {
@@ -168,6 +169,9 @@ func (pv *partVersions) end(committed bool) {
 	}
 	clear(pv.pLast)
 	clear(pv.pParked)
+	if pv.ids != nil {
+		pv.ids.end(committed)
+	}
 }
 
 func (pv *partVersions) applyParked(key string, v int64, p *parkedRec) {
@@ -249,6 +253,15 @@ func (pv *partVersions) apply(r *kgo.Record) error {
 			return fmt.Errorf("parked record: %w", err)
 		}
 		pv.applyParked(key, v, &p)
+	case kindDedupe:
+		ms := int64(-1)
+		if r.Value != nil {
+			var err error
+			if ms, err = parseRemembered(r.Value); err != nil {
+				return err
+			}
+		}
+		pv.idsOf().load(string(r.Key[1:]), ms)
 	default:
 		return fmt.Errorf("unknown record kind %q", r.Key[0])
 	}
