@@ -50,8 +50,8 @@ type Store interface {
 
 // Cleaner is a Store that removes the identities whose window has passed
 // when asked, rather than on its own: [Postgres] deletes their rows,
-// [Memory] frees their entries. The runner calls Cleanup periodically
-// (consumer.DedupeConfig says how often); a Store whose server expires
+// [Memory] frees their entries. The runner calls Cleanup every
+// consumer.DedupeConfig.CleanupInterval; a Store whose server expires
 // identities itself (Redis) does not implement it.
 type Cleaner interface {
 	// Cleanup removes expired identities and returns how many it removed.

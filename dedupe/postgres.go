@@ -42,8 +42,9 @@ type PostgresOptions struct {
 // call is one statement, whatever the number of identities: Seen one
 // index lookup per id, Remember one upsert, Forget one delete. Rows whose
 // window has passed are never seen; Cleanup deletes them (the runner calls
-// it periodically, as Postgres is a [Cleaner]). A row costs about 60 bytes
-// plus the identity's length, its index entries as much again.
+// it periodically, as Postgres is a [Cleaner]). An identity costs about 80
+// bytes plus twice its length: its row, its primary key's entry and its
+// entry in the index on expires_at.
 //
 // Its window is measured by the server's clock (now()), so every member
 // of a group agrees on it. An identity PostgreSQL's text cannot hold (one

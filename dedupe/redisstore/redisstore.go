@@ -11,7 +11,13 @@
 // or one DEL of many keys, work the same on a Redis Cluster, where a
 // command over keys of several hash slots is refused (the cluster client
 // sends each node its part of the pipeline). A remembered identity costs
-// Redis about 70 bytes plus the key's length.
+// Redis about 90 bytes plus the key's length (prefix and identity).
+//
+// When Redis is unreachable a call returns its error after the client's
+// retries: with go-redis's defaults (MaxRetries 3 with backoff, five
+// dials 100ms apart) several seconds per call, during which the record
+// waits. Set the client's DialTimeout, ReadTimeout, MaxRetries and
+// DialerRetries to the wait a record may spend on the store.
 //
 // # Why SET and not SET NX
 //

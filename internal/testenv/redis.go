@@ -221,3 +221,20 @@ func RedisT(t testing.TB) *Redis {
 	}
 	return sharedRedis
 }
+
+// LocalRedisT starts a throwaway redis-server of the test's own, stopped
+// when the test ends: for a test that stops and starts it (the shared one
+// and REDIS_URL's are not to be stopped). Without redis-server the test
+// fails saying what to install, or, when REDIS_URL is set, is skipped.
+func LocalRedisT(t testing.TB) *Redis {
+	t.Helper()
+	r, err := StartLocalRedis(context.Background())
+	if errors.Is(err, ErrNoRedis) && strings.TrimSpace(os.Getenv("REDIS_URL")) != "" {
+		t.Skip("this test stops and starts a Redis server of its own, and redis-server is not installed: install it (Debian: apt-get install redis-server)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
