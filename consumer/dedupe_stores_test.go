@@ -206,3 +206,42 @@ func TestDedupeStoresFailureLeavesNoMark(t *testing.T) {
 		})
 	}
 }
+
+// The runner asks a Postgres store to delete its expired rows every
+// CleanupInterval: rows whose window passed go, the others stay.
+func TestDedupePostgresCleanedByTheRunner(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.DatabaseT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := dedupe.NewPostgres(pool, dedupe.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO kscope_dedupe (id, expires_at) VALUES ('old-1', now() - interval '1 minute'),
+		('old-2', now() - interval '1 second'), ('live', now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.KafkaT(t)
+	const topic, group = "dds-cleanup", "g-dds-cleanup"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Dedupe = consumer.DedupeConfig{Store: store, CleanupInterval: 50 * time.Millisecond}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "the expired rows deleted", func() bool {
+		var n int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM kscope_dedupe`).Scan(&n) == nil && n == 1
+	})
+	expectRemembered(t, store, []string{"live"}, []bool{true})
+}
