@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dedupe"
 )
 
@@ -23,8 +24,9 @@ func ExampleMemory() {
 	// Output: [true false true]
 }
 
-// The PostgreSQL store: NewPostgres checks the options, Migrate creates
-// the table and its index once.
+// The AtLeastOnce scope's guard on PostgreSQL: NewPostgres checks the
+// options, Migrate creates the table and its index once, and the runner
+// deletes expired rows every CleanupInterval.
 func ExampleNewPostgres() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, "postgres://localhost/orders")
@@ -38,5 +40,18 @@ func ExampleNewPostgres() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	_ = store // consumer.Config.Dedupe's Store
+	r, err := consumer.New(consumer.Config{
+		Brokers: []string{"localhost:9092"},
+		Group:   "shipping",
+		Topics:  []string{"orders.paid"},
+		Dedupe:  consumer.DedupeConfig{Store: store, Window: 7 * 24 * time.Hour},
+	}, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		return nil // ship the order: once per message id within the week, but for the crash window
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
 }

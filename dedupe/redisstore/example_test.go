@@ -1,15 +1,19 @@
 package redisstore_test
 
 import (
+	"context"
+	"log"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dedupe/redisstore"
 )
 
-// The Redis store on a client whose timeouts and retries bound how long a
-// record waits for the store when Redis is unreachable.
+// The AtLeastOnce scope's guard on Redis, with a client whose timeouts and
+// retries bound how long a record waits for the store when Redis is
+// unreachable.
 func ExampleNew() {
 	client := redis.NewClient(&redis.Options{
 		Addr:         "localhost:6379",
@@ -18,6 +22,22 @@ func ExampleNew() {
 		WriteTimeout: 500 * time.Millisecond,
 		MaxRetries:   1,
 	})
-	store := redisstore.New(client, redisstore.Options{Prefix: "orders:dedupe:"})
-	_ = store // consumer.Config.Dedupe's Store
+	r, err := consumer.New(consumer.Config{
+		Brokers: []string{"localhost:9092"},
+		Group:   "notifications",
+		Topics:  []string{"orders.placed"},
+		Dedupe: consumer.DedupeConfig{
+			Store:       redisstore.New(client, redisstore.Options{Prefix: "notifications:dedupe:"}),
+			Window:      time.Hour,
+			Unavailable: consumer.FailOpen, // the handler is idempotent anyway: keep going while Redis is down
+		},
+	}, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		return nil // send the notification
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Run(context.Background()); err != nil {
+		log.Fatal(err)
+	}
 }
