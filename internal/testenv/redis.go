@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -28,8 +29,9 @@ type Redis struct {
 	// Dir is the local server's directory ("" otherwise).
 	Dir string
 
-	bin  string
-	port int
+	bin     string
+	port    int
+	unwatch func()
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -53,8 +55,9 @@ func StartRedis(ctx context.Context) (*Redis, error) {
 // StartLocalRedis starts redis-server (found on PATH, else ErrNoRedis),
 // whatever REDIS_URL says: on a free port of 127.0.0.1, in a temporary
 // directory, without snapshots or an append-only file, and waits until it
-// answers PING. Close stops it and removes its directory; the kernel
-// kills it when this process dies.
+// answers PING. Close stops it and removes its directory; when this
+// process dies without closing it, the kernel kills the server and a
+// watchdog removes the directory.
 func StartLocalRedis(ctx context.Context) (*Redis, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -69,13 +72,45 @@ func StartLocalRedis(ctx context.Context) (*Redis, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	r := &Redis{Kind: "local", Dir: dir, bin: bin, port: port,
-		URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port)}
-	if err := r.Start(ctx); err != nil {
+	unwatch, err := watchDir(dir)
+	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
+	r := &Redis{Kind: "local", Dir: dir, bin: bin, port: port, unwatch: unwatch,
+		URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port)}
+	if err := r.Start(ctx); err != nil {
+		os.RemoveAll(dir)
+		unwatch()
+		return nil, err
+	}
 	return r, nil
+}
+
+// watchDir starts a watchdog that removes dir when this process ends
+// without doing so (killed by go test's timeout, or with kill -9; the
+// kernel kills the server itself, see childProcAttr). It waits on a pipe
+// whose write end only this process holds, in a process group of its own;
+// unwatch ends it.
+func watchDir(dir string) (unwatch func(), err error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("/bin/sh", "-c", `read _ ; rm -rf "$0"`, dir)
+	cmd.Stdin = r
+	cmd.Dir = os.TempDir()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("testenv: starting the Redis server's watchdog: %w", err)
+	}
+	return func() {
+		w.Close()
+		cmd.Wait() //nolint:errcheck // it removes a directory already gone
+	}, nil
 }
 
 // Addr is the server's host:port (local servers only: "" otherwise).
@@ -199,6 +234,7 @@ func (r *Redis) Close() {
 		r.cmd = nil
 	}
 	os.RemoveAll(r.Dir)
+	r.unwatch()
 }
 
 var sharedRedis *Redis // guarded by sharedMu
