@@ -90,8 +90,16 @@ func openRedisStore(t *testing.T, outage bool) (dedupe.Store, func(), func()) {
 	// client's retries.
 	o.MaxRetries, o.DialerRetries, o.DialTimeout = -1, 1, time.Second
 	c := redis.NewClient(o)
-	t.Cleanup(func() { c.Close() })
-	s := redisstore.New(c, redisstore.Options{Prefix: fmt.Sprintf("kscope-test:%s:%d:", t.Name(), redisPrefixes.Add(1))})
+	prefix := fmt.Sprintf("kscope-test:%d:%d:", time.Now().UnixNano(), redisPrefixes.Add(1))
+	t.Cleanup(func() { // REDIS_URL's server is the user's: leave no key
+		ctx := context.Background()
+		it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for it.Next(ctx) {
+			c.Del(ctx, it.Val())
+		}
+		c.Close()
+	})
+	s := redisstore.New(c, redisstore.Options{Prefix: prefix})
 	down := func() {
 		if err := r.Stop(); err != nil {
 			t.Fatal(err)

@@ -28,9 +28,11 @@ type PostgresOptions struct {
 	// Table is the table's name: lower-case letters, digits and
 	// underscores, starting with a letter or an underscore, at most 48
 	// characters, resolved through the connection's search_path. ""
-	// selects DefaultPostgresTable. Several consumers can share a table
-	// when their identities cannot collide (a message-id header unique
-	// across topics); otherwise give each its own.
+	// selects DefaultPostgresTable. A table serves one consumer group:
+	// identities are the messages', so two groups that consume the same
+	// messages (two services on one topic) sharing a table would each skip
+	// what the other handled. Give each group its own table
+	// ("shipping_dedupe"), or its own database.
 	Table string
 	// CleanupBatch is the rows Cleanup deletes per statement. 0 selects
 	// DefaultCleanupBatch.

@@ -53,11 +53,13 @@ const DefaultPrefix = "kscope:dedupe:"
 
 // Options configure a Store.
 type Options struct {
-	// Prefix starts every key of the store: give each consumer group its
-	// own when their identities could collide (coordinates, or a
-	// message-id header unique per topic only). "" selects DefaultPrefix.
-	// A prefix with a hash tag ("kscope:{orders}:") keeps every key in
-	// one slot of a Redis Cluster.
+	// Prefix starts every key of the store. "" selects DefaultPrefix. A
+	// prefix serves one consumer group: identities are the messages', so
+	// two groups that consume the same messages (two services on one
+	// topic) sharing a prefix would each skip what the other handled.
+	// Give each group its own ("kscope:dedupe:shipping:"). A prefix with a
+	// hash tag ("kscope:{shipping}:") keeps every key in one slot of a
+	// Redis Cluster.
 	Prefix string
 }
 

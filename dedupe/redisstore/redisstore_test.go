@@ -38,10 +38,24 @@ func uniquePrefix(t *testing.T) string {
 	return fmt.Sprintf("kscope-test:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
 }
 
+// deleteOnCleanup deletes the keys under prefix when t ends: REDIS_URL's
+// server is the user's.
+func deleteOnCleanup(t *testing.T, c *redis.Client, prefix string) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for it.Next(ctx) {
+			c.Del(ctx, it.Val())
+		}
+	})
+}
+
 func TestRedisConformance(t *testing.T) {
 	srv := testenv.RedisT(t)
 	dedupetest.Run(t, func(t *testing.T) dedupe.Store {
-		return redisstore.New(newClient(t, srv), redisstore.Options{Prefix: uniquePrefix(t)})
+		c, p := newClient(t, srv), uniquePrefix(t)
+		deleteOnCleanup(t, c, p)
+		return redisstore.New(c, redisstore.Options{Prefix: p})
 	})
 }
 
@@ -50,6 +64,7 @@ func TestRedisKeysAreThePrefixAndTheIdentity(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t, testenv.RedisT(t))
 	p := uniquePrefix(t)
+	deleteOnCleanup(t, c, p)
 	s := redisstore.New(c, redisstore.Options{Prefix: p})
 	if err := s.Remember(ctx, []string{"orders/0/7"}, 90*time.Second); err != nil {
 		t.Fatal(err)
