@@ -40,6 +40,9 @@ var notes = map[string]string{
 		"offset could be committed before the output exists). The Kafka scope produces inside a transaction that commits every 100 ms " +
 		"(the default `CommitInterval`) together with the input offsets. It does not wait for each output's acknowledgment: outputs are " +
 		"produced asynchronously and flushed once per transaction, which is why it outruns a correct at-least-once handler that must wait for each one.",
+	"r5_dedupe_cost": "Both are the r5 Kafka-scope runner; with the guard each input's identity is looked up in its partition's state before the handler " +
+		"and, once it succeeded, remembered there and written to the version changelog in the same transaction: one more record produced per input " +
+		"(plus a tombstone for each identity forgotten past the window or the count), the changelog partitions restored when a partition is assigned.",
 }
 
 // analysis explains a missed target with the run's own numbers.

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/txn"
 )
 
 // plan is the size of one benchmark run.
@@ -323,6 +324,14 @@ func (b *bench) r5(ctx context.Context, p plan, rep *report) error {
 	}
 	rep.add(scenario{key: "r5_txn_vs_alo", title: "r5: Kafka scope against AtLeastOnce producing", figs: figs,
 		pair: pairOf(figs[0], figs[1]), target: 0.7, atLeast: true, cpu: true, profile: tx})
+	on := contender{"kscope Kafka scope with the idempotency guard (Options.Dedupe)", p.txn, b.txnEmitWith(&txn.DedupeOptions{}), nil}
+	figs, err = b.measure(ctx, "r5 dedupe cost", on,
+		contender{"the same scope without it", p.txn, b.txnEmitWith(nil), nil})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r5_dedupe_cost", title: "r5: the Kafka scope's idempotency guard against the same scope without it", figs: figs,
+		pair: pairOf(figs[0], figs[1]), target: 0.8, atLeast: true, cpu: true, profile: on})
 	return nil
 }
 

@@ -433,14 +433,22 @@ func (b *bench) aloProduce(ctx context.Context, n int) (result, error) {
 
 // txnEmit is r5's numerator: the Kafka scope with default options, one
 // output per input.
-func (b *bench) txnEmit(ctx context.Context, n int) (result, error) {
+func (b *bench) txnEmit(ctx context.Context, n int) (result, error) { return b.txnEmitWith(nil)(ctx, n) }
+
+// txnEmitWith is txnEmit with the idempotency guard's options (nil: off),
+// r5_dedupe_cost's two contenders.
+func (b *bench) txnEmitWith(dedupe *txn.DedupeOptions) func(ctx context.Context, n int) (result, error) {
+	return func(ctx context.Context, n int) (result, error) { return b.txnRun(ctx, n, dedupe) }
+}
+
+func (b *bench) txnRun(ctx context.Context, n int, dedupe *txn.DedupeOptions) (result, error) {
 	out, err := b.outputTopic(ctx, "bench.out.txn")
 	if err != nil {
 		return result{}, err
 	}
 	m := newMeter(n)
 	cfg := b.cfg("txn", 0)
-	r, err := txn.New(cfg, txn.Options{TransactionalID: cfg.Group}, txn.HandlerFunc(func(_ context.Context, rec *consumer.Record, e txn.Emitter) error {
+	r, err := txn.New(cfg, txn.Options{TransactionalID: cfg.Group, Dedupe: dedupe}, txn.HandlerFunc(func(_ context.Context, rec *consumer.Record, e txn.Emitter) error {
 		m.start()
 		e.Emit(&kgo.Record{Topic: out, Key: rec.Key, Value: rec.Value})
 		return nil

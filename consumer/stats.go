@@ -74,6 +74,10 @@ type DBStats struct {
 	GapsTimedOut  int64 // records that waited past GapTimeout and went to the DLT
 	TxRetries     int64 // transactions retried after a transient PostgreSQL error
 	Transactions  int64 // transactions committed
+	// HeldKeys is how many keys their circuit breaker holds
+	// (Config.KeyBreaker) in PostgreSQL, as the last recovery pass
+	// (every 2 s) counted them.
+	HeldKeys int
 }
 
 // KafkaStats are the Kafka scope's counters (package txn), in [Stats].Kafka.

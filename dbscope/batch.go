@@ -63,17 +63,18 @@ func (f BatchHandlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, recs []*co
 // says holds, record by record: one inbox row per record in the same
 // transaction as its effects, the offset committed only after that
 // transaction, a failing record routed by the failure policy on its own.
-// A transaction takes up to Options.BatchSize records.
+// A transaction takes up to Options.BatchSize records. It refuses
+// consumer.Config.KeyBreaker: a call takes the records of many keys at
+// once, so no key can be held alone.
 func NewBatch(cfg consumer.Config, o Options, h BatchHandler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope.NewBatch's handler", Reason: "is nil; pass the function that applies each batch of records in its transaction"}
 	}
-	r, err := newRunner(cfg, o, nil, nil)
-	if err != nil {
-		return nil, err
+	if cfg.KeyBreaker != nil {
+		return nil, &consumer.ConfigError{Field: "KeyBreaker", Reason: "is set for a batch handler (dbscope.NewBatch), whose calls take the records of many keys at once; " +
+			"the circuit breaker of each key holds one key's records: use a per-record handler (dbscope.New or dbscope.NewQueued), or leave KeyBreaker nil"}
 	}
-	r.s.bh = h
-	return r, nil
+	return newRunner(cfg, o, nil, nil, h)
 }
 
 // errIsolateBatch says that a batch handler's call failed with no record

@@ -76,11 +76,12 @@ func (s *dbScope) ordered() bool {
 }
 
 // honours reports whether the transactions look up and honour the parked
-// heads and waiting records of their keys: always in an ordered pipeline;
-// in one that is not, while the consumer may have such rows, left by a
-// deployment that was ordered (see parkWatch).
+// heads and waiting records of their keys: always in an ordered pipeline
+// and with a key breaker (consumer.Config.KeyBreaker, whose held keys are
+// parked rows); in a pipeline that is neither, while the consumer may have
+// such rows, left by a deployment that was ordered (see parkWatch).
 func (s *dbScope) honours() bool {
-	return s.ordered() || s.parkRows.maybe()
+	return s.ordered() || s.holdKeys || s.parkRows.maybe()
 }
 
 // parkWatch tracks whether the consumer may have parked or waiting rows,

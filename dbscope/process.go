@@ -132,9 +132,10 @@ type heldKey struct {
 // settle carries out what a committed transaction decided for the records
 // that did not apply: a parked record is stored in PostgreSQL and done; a
 // failed one is retried in place (kept, after wait), sent to a retry topic
-// or dead-lettered, and done once the broker has it. It returns the keys
-// whose head resolved, to release their waiting records. ok is false when
-// ctx ended while routing.
+// or dead-lettered, and done once the broker has it; a held one (its key's
+// circuit breaker opened) is stored in PostgreSQL and done. It returns
+// the keys whose head resolved, to release their waiting records. ok is
+// false when ctx ended while routing.
 func (s *dbScope) settle(ctx context.Context, work []*consumer.Record, res []result, fails map[*consumer.Record]*failure, calls map[*consumer.Record]*queuedCall, done func(*consumer.Record)) (kept []*consumer.Record, wait time.Duration, release []heldKey, ok bool) {
 	obs := s.obs
 	for i, r := range work {
@@ -144,6 +145,10 @@ func (s *dbScope) settle(ctx context.Context, work []*consumer.Record, res []res
 		switch res[i].out {
 		case parkedOutcome:
 			obs.End(r, hook.OutcomeParked, nil)
+			done(r)
+		case heldOutcome:
+			delete(calls, r) // released later from the waiting table, a delivery of its own
+			obs.End(r, hook.OutcomeHeld, res[i].err)
 			done(r)
 		case rerouteOutcome:
 			dead, err := s.reroute(ctx, r, res[i].st)
@@ -340,7 +345,7 @@ func (s *dbScope) account(work []*consumer.Record, res []result, done func(*cons
 			s.stale.Add(1)
 			obs.End(r, hook.OutcomeStale, nil)
 			done(r)
-		case failedOutcome:
+		case failedOutcome, heldOutcome:
 			s.failed.Add(1)
 		case parkedOutcome:
 			s.parked.Add(1)

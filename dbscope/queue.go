@@ -113,7 +113,7 @@ func NewQueued(cfg consumer.Config, o Options, h QueueHandler) (*Runner, error) 
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope.NewQueued's handler", Reason: "is nil; pass the function that queues each record's statements"}
 	}
-	return newRunner(cfg, o, nil, h)
+	return newRunner(cfg, o, nil, h, nil)
 }
 
 // queuedCall is what a QueueHandler's call for a record returned. It is

@@ -28,9 +28,10 @@ type recovery struct {
 // row again at once (what a stopped process left); after that, only a
 // head row found by the pass before too, so that a release of another
 // process has that long to finish its own routing. A head row this
-// process is routing is left alone. In a pipeline that parks no new
-// failure, a pass first looks whether the consumer has parked or waiting
-// rows at all, and keeps s.parkRows up to date.
+// process is routing is left alone. Then the keys held by their circuit
+// breaker whose probe is due are probed (probeHeld). In a pipeline that
+// parks no new failure, a pass first looks whether the consumer has
+// parked or waiting rows at all, and keeps s.parkRows up to date.
 func (s *dbScope) recoverParking(ctx context.Context, rec *recovery) {
 	if err := s.recoverPass(ctx, rec); err != nil {
 		s.logRecover(ctx, err)
@@ -48,6 +49,9 @@ func (s *dbScope) recoverPass(ctx context.Context, rec *recovery) error {
 		})
 		if err != nil || !found {
 			rec.heads = nil
+			if err == nil {
+				s.heldKeys.Store(0)
+			}
 			return err
 		}
 	}
@@ -87,7 +91,7 @@ func (s *dbScope) recoverPass(ctx context.Context, rec *recovery) error {
 			return err
 		}
 	}
-	return nil
+	return s.probeHeld(ctx)
 }
 
 // recoverHead finishes the routing of w, a waiting record marked as its

@@ -32,6 +32,13 @@ import (
 // the first record whose writes break it, which fails with the violation
 // and becomes the head, as in a batch (scope.apply).
 func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
+	return s.releaseKey(ctx, topic, key, nil)
+}
+
+// releaseKey is release; with p, the release of a held key whose probe is
+// due (see probeHeld): its first transaction takes the key's held row and
+// runs the first waiting record as the key's probe.
+func (s *dbScope) releaseKey(ctx context.Context, topic string, key []byte, p *keyProbe) error {
 	tries := map[string]int{}   // in-place attempts per identity
 	known := map[string]error{} // failures that aborted an earlier try, per identity
 	limit := maxSavepoints      // waiting records per transaction; fewer while a deferred constraint is traced
@@ -53,7 +60,7 @@ func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
 		var rel released
 		if err = s.retryTx(ctx, func(tx pgx.Tx) error {
 			var err error
-			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known, dl, limit)
+			rel, err = s.releaseTx(ctx, tx, topic, key, tries, known, dl, limit, p)
 			if err == nil && rel.routed != nil {
 				// Marked before the commit that makes it a head row.
 				s.inRoute.add(rel.routed.seq)
@@ -68,6 +75,9 @@ func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
 			return round{More: true}
 		}
 		limit = maxSavepoints
+		if p != nil {
+			p.settled = true
+		}
 		s.count(&rel)
 		s.endReleased(&rel)
 		if rt := rel.retry; rt != nil {
@@ -94,7 +104,8 @@ func (s *dbScope) release(ctx context.Context, topic string, key []byte) error {
 		// left more waiting records. A release that met the key's head
 		// ends: another round would find the same head and change
 		// nothing.
-		return round{More: !rel.held && (rel.wait > 0 || rel.n >= maxSavepoints), Wait: rel.wait}
+		// One that held the key again ends too: its probe is due later.
+		return round{More: !rel.held && !rel.hold && (rel.wait > 0 || rel.n >= maxSavepoints), Wait: rel.wait}
 	})
 	if !ok && err == nil {
 		err = ctx.Err()
@@ -149,6 +160,8 @@ type released struct {
 
 	routedGap bool // routed for a version gap
 	held      bool // it met the key's head, being routed or left mid-route: the release ends
+	hold      bool // a record's failure held the key (consumer.Config.KeyBreaker): the release ends
+	probe     *keyProbe
 
 	// What it did, counted into the scope's counters and reported to the
 	// hooks once it commits: a transaction that fails and runs again
@@ -218,10 +231,17 @@ func (s *dbScope) endReleased(rel *released) {
 // record whose failure aborted the transaction before its savepoint is
 // put in known, and the transaction fails: in the next one, that record
 // fails with that error without its handler being called.
-func (s *dbScope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error, dl releaseDeliveries, limit int) (rel released, err error) {
+func (s *dbScope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []byte, tries map[string]int, known map[string]error, dl releaseDeliveries, limit int, p *keyProbe) (rel released, err error) {
 	if _, err := tx.Exec(ctx, s.sqlLockKeys, s.o.Consumer, []string{topic}, [][]byte{key}); err != nil {
 		return rel, err
 	}
+	probe := false // the transaction took the key's held row: its first record is the probe
+	if p != nil && !p.settled {
+		if probe, err = s.takeProbe(ctx, tx, topic, key, p); err != nil {
+			return rel, err
+		}
+	}
+	rel.probe = p
 	var heads int
 	if err := tx.QueryRow(ctx, s.sqlCountHeads, s.o.Consumer, topic, key).Scan(&heads); err != nil || heads > 0 {
 		return rel, err
@@ -246,6 +266,9 @@ func (s *dbScope) releaseTx(ctx context.Context, tx pgx.Tx, topic string, key []
 			// a head that nobody routes any more (recoverParking).
 			rel.held = true
 			break
+		}
+		if probe && i == 0 {
+			s.markProbe(&ws[i], dl, p)
 		}
 		rel.wrote = false
 		stop, err := s.releaseOne(ctx, tx, rtx, topic, key, &ws[i], tries, known, dl, &rel)
@@ -394,7 +417,8 @@ func (s *dbScope) releaseApplied(ctx context.Context, tx pgx.Tx, topic string, k
 // releaseFailed decides, in a release transaction, what becomes of the
 // waiting record w (delivered as r) that failed with herr: the step
 // gapStep when a version gap decided it, else the failure policy's. It is
-// retried in place (stop), skipped, or it becomes the key's head (stop),
+// retried in place (stop), skipped, holds its key again (stop; see
+// holdReleased), or it becomes the key's head (stop),
 // to be routed once the transaction commits.
 func (s *dbScope) releaseFailed(ctx context.Context, tx pgx.Tx, topic string, key []byte, w *waitingRow, r *consumer.Record, herr error, gapStep *retrytopic.Step, tries map[string]int, rel *released) (stop bool, err error) {
 	var st retrytopic.Step
@@ -404,6 +428,10 @@ func (s *dbScope) releaseFailed(ctx context.Context, tx pgx.Tx, topic string, ke
 		st = s.f.Decide(ctx, r, herr, tries[w.id]+1, true)
 	}
 	switch st.Action {
+	case retrytopic.ActionHold:
+		// Its key is held again (consumer.Config.KeyBreaker): it stays
+		// first in the waiting table.
+		return true, s.holdReleased(ctx, tx, topic, key, w, r, herr, st, rel)
 	case retrytopic.ActionRetry:
 		rel.wait = st.Delay
 		tries[w.id]++

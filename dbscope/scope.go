@@ -78,12 +78,14 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 	if h == nil {
 		return nil, &consumer.ConfigError{Struct: "dbscope.New's handler", Reason: "is nil; pass the function that applies each record in its transaction"}
 	}
-	return newRunner(cfg, o, h, nil)
+	return newRunner(cfg, o, h, nil, nil)
 }
 
-// newRunner builds a DB-scope runner around a Handler or a QueueHandler.
-func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler) (*Runner, error) {
-	s := &dbScope{h: h, qh: qh, o: o.withDefaults(cfg), useTopics: !cfg.Failures.DisableRetryTopics, defaultConsumer: o.Consumer == ""}
+// newRunner builds a DB-scope runner around a Handler, a QueueHandler or
+// a BatchHandler.
+func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler, bh BatchHandler) (*Runner, error) {
+	s := &dbScope{h: h, qh: qh, bh: bh, o: o.withDefaults(cfg), useTopics: !cfg.Failures.DisableRetryTopics, defaultConsumer: o.Consumer == "",
+		holdKeys: cfg.KeyBreaker != nil}
 	o = s.o
 	oerr := o.validate()
 	if o.Versions != nil && cfg.Failures.Unordered {
@@ -120,6 +122,8 @@ type dbScope struct {
 	sqlWaitingHead, sqlDeleteWaiting               string
 	sqlLoadWaitingHeads, sqlOrphanKeys             string
 	sqlHasParking, sqlWaitingHeadExists            string
+	sqlHold, sqlWaitFirst, sqlTakeProbe            string
+	sqlDueHeld, sqlCountHeld                       string
 
 	marksMu sync.Mutex
 	marks   map[shardKey]int64 // next offset not known durable, per partition and shard
@@ -147,6 +151,12 @@ type dbScope struct {
 
 	parkRows parkWatch  // whether the consumer may have parked or waiting rows (see honours)
 	inRoute  routeMarks // the waiting records this process's releases are routing now
+
+	// holdKeys: consumer.Config.KeyBreaker is set, and the scope holds
+	// keys in PostgreSQL (keyhold.go); heldKeys is how many the last
+	// recovery pass found held.
+	holdKeys bool
+	heldKeys atomic.Int64
 }
 
 // UseEngine implements scope.EngineUser.
@@ -189,7 +199,7 @@ func (s *dbScope) init(cfg consumer.Config) {
 		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
 	s.sqlPark = `INSERT INTO ` + p + `parked (consumer, topic, key, message_id, original_offset, stage, version)
 		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, 0))
-		ON CONFLICT (consumer, topic, key, message_id) DO UPDATE SET stage = EXCLUDED.stage`
+		ON CONFLICT (consumer, topic, key, message_id) DO UPDATE SET stage = EXCLUDED.stage, held = false, probe_at = NULL, probes = 0`
 	s.sqlLoadVersion = `SELECT version FROM ` + p + `key_versions WHERE consumer = $1 AND topic = $2 AND key = $3 FOR UPDATE`
 	s.sqlSaveVersion = `INSERT INTO ` + p + `key_versions AS v (consumer, topic, key, version) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (consumer, topic, key) DO UPDATE SET version = EXCLUDED.version, updated_at = now()`
@@ -227,6 +237,7 @@ func (s *dbScope) init(cfg consumer.Config) {
 		AND NOT EXISTS (SELECT 1 FROM ` + p + `parked AS k WHERE k.consumer = w.consumer AND k.topic = w.topic AND k.key = w.key)`
 	s.sqlHasParking = `SELECT EXISTS (SELECT 1 FROM ` + p + `parked WHERE consumer = $1) OR EXISTS (SELECT 1 FROM ` + p + `waiting WHERE consumer = $1)`
 	s.sqlWaitingHeadExists = `SELECT EXISTS (SELECT 1 FROM ` + p + `waiting WHERE id = $1 AND head)`
+	s.initHoldSQL(p)
 }
 
 // Start implements scope.Starter: Run fails at once with a
@@ -330,13 +341,14 @@ const (
 	deferred
 	notTried       // the transaction ended before the record: it goes in the next one
 	rerouteOutcome // the copy that was being routed when the process stopped: routed again
+	heldOutcome    // its failure held its key (consumer.Config.KeyBreaker): stored as the key's held head
 )
 
 // durable reports whether a record with this outcome is done once its
 // transaction commits: a stored position may pass it.
 func (o outcome) durable() bool {
 	switch o {
-	case applied, skipped, duplicate, staleOutcome, parkedOutcome:
+	case applied, skipped, duplicate, staleOutcome, parkedOutcome, heldOutcome:
 		return true
 	}
 	return false
@@ -536,4 +548,5 @@ var (
 	_ scope.ClientOptioner                = (*dbScope)(nil)
 	_ scope.Background                    = (*dbScope)(nil)
 	_ scope.StatsReporter[consumer.Stats] = (*dbScope)(nil)
+	_ scope.KeyHolder                     = (*dbScope)(nil)
 )

@@ -20,5 +20,6 @@ func (s *dbScope) ReportStats(st *consumer.Stats) {
 		GapsTimedOut:  s.gapsTimedOut.Load(),
 		TxRetries:     s.txRetries.Load(),
 		Transactions:  s.transactions.Load(),
+		HeldKeys:      int(s.heldKeys.Load()),
 	}
 }

@@ -194,8 +194,7 @@ func (b *batchTx) record(i int) error {
 		v, err := b.vers.Version(r)
 		if err != nil {
 			herr := consumer.DecodeError(err) // poison: the DLT, with the reason
-			b.fail(i, herr, b.s.f.Decide(b.ctx, r, herr, b.attemptOf(r), false))
-			return nil
+			return b.fail(i, herr, b.s.f.Decide(b.ctx, r, herr, b.attemptOf(r), false))
 		}
 		b.versions[i] = v
 	}
@@ -294,7 +293,9 @@ func (b *batchTx) gap(i int, check sequence.Result) error {
 	r, m := b.work[i], b.metas[i]
 	gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: b.versions[i]}
 	step, note, herr := b.s.gapRoute(b.ctx, r, m, gap, b.attemptOf(r))
-	b.fail(i, herr, step)
+	if err := b.fail(i, herr, step); err != nil {
+		return err
+	}
 	b.res[i].gap, b.res[i].gapDetail = note, gap.Error()
 	if step.Action == retrytopic.ActionRetryTopic && b.ordered && r.Key != nil {
 		return b.setPark(i, step.Stage)
@@ -421,6 +422,9 @@ func (b *batchTx) failed(i int, herr error) error {
 	pol := b.s.f.Policy()
 	topics := !pol.DisableRetryTopics && (r.Key != nil || pol.Unordered)
 	step := b.s.f.Decide(b.ctx, r, herr, attempt, topics)
+	if step.Action == retrytopic.ActionHold {
+		return b.hold(i, herr, step) // its key's circuit breaker holds it (keyhold.go)
+	}
 	b.res[i] = result{out: failedOutcome, err: herr, step: step}
 	b.routed(i, step, attempt)
 	b.block(r)

@@ -73,10 +73,14 @@ func (b *batchTx) setPark(i, stage int) error {
 
 // fail records a failure decided before the handler ran (an unreadable
 // version, a version gap) the way a handler failure is recorded.
-func (b *batchTx) fail(i int, herr error, step retrytopic.Step) {
+func (b *batchTx) fail(i int, herr error, step retrytopic.Step) error {
+	if step.Action == retrytopic.ActionHold {
+		return b.hold(i, herr, step)
+	}
 	b.res[i] = result{out: failedOutcome, err: herr, step: step}
 	b.routed(i, step, b.attemptOf(b.work[i]))
 	b.block(b.work[i])
+	return nil
 }
 
 // block holds the later records of r's key (or the null-key records) in

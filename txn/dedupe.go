@@ -2,8 +2,6 @@ package txn
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -28,14 +26,18 @@ const (
 // outputs commit or abort together.
 //
 // The window is bounded by time (Window) and by count (MaxIDs per input
-// partition, the oldest forgotten first): a duplicate that comes later is
-// handled again. Each remembered identity costs about 100 bytes plus its
-// length in the member's memory, and one record in the changelog until it
-// is forgotten (a tombstone then). A duplicate must carry the identity
-// of its original (the producer's message-id header: records identified by
-// their coordinates are never duplicates of one another) and its key (so
-// it lands in the same partition). An input that succeeds on a retry
-// topic's hop (Unordered) is not remembered.
+// partition): the identities a transaction remembered in a partition are
+// one changelog record, a segment, and are forgotten together, oldest
+// segment first, by a tombstone written in a later transaction. A
+// duplicate that comes after its original was forgotten is handled again.
+// Each remembered identity costs about 100 bytes plus its length in the
+// member's memory, and its length plus a byte or two in the changelog;
+// each transaction adds one record per partition it remembered in. A
+// duplicate must carry the identity of its original (the producer's
+// message-id header: records identified by their coordinates are never
+// duplicates of one another) and its key (so it lands in the same
+// partition). An input that succeeds on a retry topic's hop (Unordered) is
+// not remembered.
 type DedupeOptions struct {
 	// Window is how long an identity is remembered. Default
 	// DefaultDedupeWindow.
@@ -45,8 +47,8 @@ type DedupeOptions struct {
 	MaxIDs int
 }
 
-// Changelog record key 'd' + identity: the identity was remembered at the
-// value's time (Unix milliseconds, decimal); a tombstone forgets it.
+// Changelog record key 'd' + 8-byte big-endian sequence number: a segment
+// of remembered identities (segmentValue); a tombstone forgets it.
 const kindDedupe = 'd'
 
 // withDefaults fills in d's defaults.
@@ -70,15 +72,24 @@ func (d DedupeOptions) validate(bad func(field, format string, args ...any)) {
 	}
 }
 
-// duplicate reports whether rec, an input, repeats one whose identity is
-// remembered; then it ends rec as a duplicate in the transaction w joins.
-func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) bool {
+// guardRef is what the guard found of an input: its partition's state
+// (nil: not an input) and its identity.
+type guardRef struct {
+	pv *partVersions
+	id string
+}
+
+// duplicate looks rec, an input, up: when it repeats one whose identity
+// is remembered, it ends rec as a duplicate in the transaction w joins and
+// reports true. Otherwise it returns what remember needs.
+func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) (guardRef, bool) {
 	pv := s.vs.get(tp{rec.Topic, rec.Partition})
 	if pv == nil {
-		return false // not an input (a retry topic's record)
+		return guardRef{}, false // not an input (a retry topic's record)
 	}
-	if !pv.seenID(s.cfg.Identity.Of(rec), time.Now(), s.o.Dedupe.Window) {
-		return false
+	g := guardRef{pv, s.cfg.Identity.Of(rec)}
+	if !pv.seenID(g.id) {
+		return g, false
 	}
 	s.obs.Event(rec, hook.EventDuplicate, "")
 	w.do(func(tx *txnState) {
@@ -86,40 +97,39 @@ func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) bool {
 		tx.duplicates.Add(1)
 		tx.end(s.obs, rec, hook.OutcomeDuplicate, nil)
 	})
-	return true
+	return g, true
 }
 
-// remember remembers the identity of rec, whose handler succeeded, in the
-// transaction w joins: in the partition's state, and in the changelog with
-// the tombstones of identities it forgets.
-func (s *kafkaScope) remember(ctx context.Context, w *work, rec *consumer.Record) {
-	pv := s.vs.get(tp{rec.Topic, rec.Partition})
-	if pv == nil {
+// remember remembers g's identity, of an input whose handler succeeded,
+// in the transaction w joins; the transaction writes it to the changelog
+// as it ends (writeRemembered).
+func (s *kafkaScope) remember(w *work, g guardRef) {
+	if g.pv == nil {
 		return
 	}
-	id := s.cfg.Identity.Of(rec)
-	now := time.Now()
 	w.do(func(tx *txnState) {
 		tx.remembered.Add(1)
-		for _, old := range pv.rememberID(id, now, s.o.Dedupe.Window, s.o.Dedupe.MaxIDs) {
-			s.changelogNow(ctx, tx, w, rec, append([]byte{kindDedupe}, old...), nil)
-		}
+		g.pv.rememberID(g.id)
 	})
-	s.changelog(ctx, w, rec.Topic, rec.Partition, append([]byte{kindDedupe}, id...), strconv.AppendInt(nil, now.UnixMilli(), 10))
 }
 
-// changelogNow produces a changelog record of rec's partition in tx, from
-// a function w runs as it joins.
-func (s *kafkaScope) changelogNow(ctx context.Context, tx *txnState, w *work, rec *consumer.Record, key, value []byte) {
-	out := changelogRecord(s.cfg.Group, rec.Topic, rec.Partition, key, value)
-	tx.produce(ctx, s.sess, out, w.rec, producedChangelog, "a dedupe changelog tombstone", s.limit, nil)
-}
-
-// parseRemembered reads a dedupe changelog record's time.
-func parseRemembered(v []byte) (int64, error) {
-	ms, err := strconv.ParseInt(string(v), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("remembered identity's time %q: %w", v, err)
+// writeRemembered produces, in the transaction that ends, one changelog
+// record per segment of the identities it remembered in each partition,
+// and a tombstone per segment it forgets.
+func (s *kafkaScope) writeRemembered(ctx context.Context) {
+	if s.o.Dedupe == nil {
+		return
 	}
-	return ms, nil
+	now := time.Now()
+	for k, pv := range s.vs.each() {
+		segs, forget := pv.writeIDs(now, s.o.Dedupe.Window, s.o.Dedupe.MaxIDs)
+		for _, seg := range segs {
+			s.cur.produce(ctx, s.sess, changelogRecord(s.cfg.Group, k.topic, k.partition, segmentKey(seg.seq), segmentValue(seg)), nil,
+				producedChangelog, "the remembered identities", s.limit, nil)
+		}
+		for _, seq := range forget {
+			s.cur.produce(ctx, s.sess, changelogRecord(s.cfg.Group, k.topic, k.partition, segmentKey(seq), nil), nil,
+				producedChangelog, "a forgotten segment of remembered identities", s.limit, nil)
+		}
+	}
 }

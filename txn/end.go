@@ -161,6 +161,7 @@ func (s *kafkaScope) rewind() {
 // (which a producer fenced meanwhile survives only until the next
 // transaction begins).
 func (s *kafkaScope) commitOrAbort(ctx context.Context, open func() time.Duration, j joined) (committed, reloaded bool, err error) {
+	s.writeRemembered(ctx)
 	try, err := s.flushTxn(ctx, open)
 	if err != nil {
 		return false, false, err

@@ -32,8 +32,12 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 		s.handleVersioned(ctx, w, rec, done)
 	} else {
 		hctx := w.start(ctx, obs, rec)
-		if s.o.Dedupe != nil && s.duplicate(w, rec) {
-			return s.join(ctx, w, done)
+		var g guardRef
+		if s.o.Dedupe != nil {
+			var dup bool
+			if g, dup = s.duplicate(w, rec); dup {
+				return s.join(ctx, w, done)
+			}
 		}
 		out, err := s.run(ctx, hctx, w, rec, done)
 		switch out {
@@ -44,8 +48,8 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 			obs.End(rec, out, err)
 			return true // the runner keeps it, and gives it back at its key's probe
 		}
-		if out == hook.OutcomeSuccess && s.o.Dedupe != nil {
-			s.remember(ctx, w, rec)
+		if out == hook.OutcomeSuccess {
+			s.remember(w, g)
 		}
 		w.do(func(tx *txnState) {
 			tx.records.Add(1)

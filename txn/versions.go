@@ -254,14 +254,11 @@ func (pv *partVersions) apply(r *kgo.Record) error {
 		}
 		pv.applyParked(key, v, &p)
 	case kindDedupe:
-		ms := int64(-1)
-		if r.Value != nil {
-			var err error
-			if ms, err = parseRemembered(r.Value); err != nil {
-				return err
-			}
+		seq, ms, ids, err := parseSegment(r.Key, r.Value)
+		if err != nil {
+			return err
 		}
-		pv.idsOf().load(string(r.Key[1:]), ms)
+		pv.idsOf().load(seq, ms, ids)
 	default:
 		return fmt.Errorf("unknown record kind %q", r.Key[0])
 	}

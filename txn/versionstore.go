@@ -132,6 +132,13 @@ func (s *versionStore) get(k tp) *partVersions {
 	return s.parts[k]
 }
 
+// each returns the owned partitions' state, by partition.
+func (s *versionStore) each() map[tp]*partVersions {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.parts)
+}
+
 func (s *versionStore) all() []*partVersions {
 	s.mu.Lock()
 	defer s.mu.Unlock()
