@@ -16,7 +16,7 @@ import (
 
 // newPGPool returns a pool on a fresh database of the shared throwaway
 // PostgreSQL (or DATABASE_URL's server).
-func newPGPool(t *testing.T) *pgxpool.Pool {
+func newPGPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), testenv.DatabaseT(t))
 	if err != nil {

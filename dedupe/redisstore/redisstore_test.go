@@ -124,3 +124,39 @@ func TestRedisUnavailableReturnsErrorsThenRecovers(t *testing.T) {
 		t.Fatalf("Seen(a, b) once the server is back = %v, %v; want [false true] (a was lost with the server's memory)", got, err)
 	}
 }
+
+// BenchmarkRedisBatchOf64 runs what the runner does per batch of 64
+// records: one Seen of their identities, then one Remember of them.
+func BenchmarkRedisBatchOf64(b *testing.B) {
+	ctx := context.Background()
+	srv := testenv.RedisT(b)
+	o, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	p := fmt.Sprintf("kscope-bench:%d:", time.Now().UnixNano())
+	s := redisstore.New(c, redisstore.Options{Prefix: p})
+	ids := make([]string, 64)
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		for i := range ids {
+			ids[i] = fmt.Sprintf("orders/%d/%d", n%12, n)
+			n++
+		}
+		if _, err := s.Seen(ctx, ids); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Remember(ctx, ids, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(n), "µs/record")
+	b.StopTimer()
+	it := c.Scan(ctx, 0, p+"*", 1000).Iterator()
+	for it.Next(ctx) {
+		c.Del(ctx, it.Val())
+	}
+}
