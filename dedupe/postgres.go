@@ -84,13 +84,13 @@ func NewPostgres(pool *pgxpool.Pool, o PostgresOptions) (*Postgres, error) {
 	}
 	t := pgx.Identifier{o.Table}.Sanitize()
 	return &Postgres{
-		pool:     pool,
-		table:    t,
-		batch:    o.CleanupBatch,
+		pool:  pool,
+		table: t,
+		batch: o.CleanupBatch,
 		// "IS TRUE" keeps the index on expires_at out of the plan: with
 		// it the planner may read every live row (it does on a table
 		// without statistics) instead of one primary-key lookup per id.
-		seen: `SELECT id FROM ` + t + ` WHERE id = ANY($1) AND (expires_at > now()) IS TRUE`,
+		seen:     `SELECT id FROM ` + t + ` WHERE id = ANY($1) AND (expires_at > now()) IS TRUE`,
 		remember: `INSERT INTO ` + t + ` (id, expires_at) SELECT unnest($1::text[]), now() + $2::interval ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
 		forget:   `DELETE FROM ` + t + ` WHERE id = ANY($1)`,
 		// SKIP LOCKED: a row a Remember is extending is left for the next
