@@ -22,9 +22,9 @@
 // services), [Postgres] (a table with an index on expiry, cleaned in
 // batches), and package dedupe/redisstore (Redis, a key per identity with
 // an expiry). Package dedupe/dedupetest checks a store of one's own
-// against these rules. The
-// DB scope needs none (its inbox is its guard) and the Kafka scope keeps
-// its own in its transactions (txn.Options.Dedupe).
+// against these rules. The DB scope needs none (its inbox is its guard)
+// and the Kafka scope keeps its own in its transactions
+// (txn.Options.Dedupe).
 package dedupe
 
 import (
