@@ -99,8 +99,8 @@ func runChild(role string) int {
 		return runRelayChild(ctx)
 	case "db-intent":
 		return runIntentChild(ctx, cfg, maxDelay, emit)
-	case "txn", "txn-versions":
-		return runTxnChild(ctx, cfg, maxDelay, role == "txn-versions")
+	case "txn", "txn-versions", "txn-dedupe":
+		return runTxnChild(ctx, cfg, maxDelay, role)
 	case "db-breaker", "txn-breaker":
 		return runBreakerChild(ctx, cfg, role == "db-breaker", maxDelay, emit, say)
 	case "at-least-once":

@@ -24,11 +24,14 @@ import (
 // transactional id is stable, as a restarted member's is, so each restart
 // fences the previous incarnation. With versions, the records' "version"
 // headers are checked against the changelog.
-func runTxnChild(ctx context.Context, cfg consumer.Config, maxDelay time.Duration, versions bool) int {
+func runTxnChild(ctx context.Context, cfg consumer.Config, maxDelay time.Duration, role string) int {
 	out := cfg.Topics[0] + ".out"
 	o := txn.Options{TransactionalID: cfg.Group + "-child", CommitInterval: 50 * time.Millisecond, MaxRecords: 300}
-	if versions {
+	switch role {
+	case "txn-versions":
 		o.Versions = &sequence.Config{}
+	case "txn-dedupe":
+		o.Dedupe = &txn.DedupeOptions{}
 	}
 	r, err := txn.New(cfg, o,
 		txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, em txn.Emitter) error {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -24,6 +25,9 @@ type versionStore struct {
 
 	mu    sync.Mutex
 	parts map[tp]*partVersions
+	// snap is a copy of parts, replaced (under mu) whenever parts
+	// changes: get, which every record calls, reads it without a lock.
+	snap  atomic.Pointer[map[tp]*partVersions]
 	owned map[tp]uint64 // assigned partitions and their assignment's generation
 	gen   uint64
 	kick  func()
@@ -45,6 +49,7 @@ func (s *versionStore) assigned(ps map[string][]int32) {
 			delete(s.parts, tp{t, p})
 		}
 	}
+	s.snapshot()
 	if s.kick != nil {
 		s.kick()
 	}
@@ -127,9 +132,16 @@ func (s *versionStore) nextExpiry() time.Time {
 }
 
 func (s *versionStore) get(k tp) *partVersions {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.parts[k]
+	if m := s.snap.Load(); m != nil {
+		return (*m)[k]
+	}
+	return nil
+}
+
+// snapshot publishes parts to get. s.mu is held.
+func (s *versionStore) snapshot() {
+	m := maps.Clone(s.parts)
+	s.snap.Store(&m)
 }
 
 // each returns the owned partitions' state, by partition.
@@ -161,6 +173,7 @@ func (s *versionStore) drop(ps map[string][]int32) {
 			delete(s.owned, tp{t, p})
 		}
 	}
+	s.snapshot()
 }
 
 // end commits or drops every partition's pending changes.
@@ -187,6 +200,7 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 			s.parts[k] = pv
 		}
 	}
+	s.snapshot()
 	s.mu.Unlock()
 	return nil
 }
