@@ -20,9 +20,11 @@
 //
 // The stores: [Memory] (bounded, in the process: tests and single-instance
 // services), [Postgres] (a table with an index on expiry, cleaned in
-// batches), and package dedupe/redisstore (Redis, SET NX with expiry). The
-// DB scope needs none (its inbox is its guard) and the Kafka scope keeps
-// its own in its transactions (txn.Options.Dedupe).
+// batches), and package dedupe/redisstore (Redis, a key per identity with
+// an expiry). Package dedupe/dedupetest checks a store of one's own
+// against these rules. The DB scope needs none (its inbox is its guard)
+// and the Kafka scope keeps its own in its transactions
+// (txn.Options.Dedupe).
 package dedupe
 
 import (
@@ -44,4 +46,16 @@ type Store interface {
 	Remember(ctx context.Context, ids []string, ttl time.Duration) error
 	// Forget forgets ids: a later record with one of them is handled.
 	Forget(ctx context.Context, ids []string) error
+}
+
+// Cleaner is a Store that removes the identities whose window has passed
+// when asked, rather than on its own: [Postgres] deletes their rows,
+// [Memory] frees their entries. The runner calls Cleanup every
+// consumer.DedupeConfig.CleanupInterval; a Store whose server expires
+// identities itself (Redis) does not implement it.
+type Cleaner interface {
+	// Cleanup removes expired identities and returns how many it removed.
+	// An error leaves the rest for the next call: expired identities are
+	// never seen, removed or not.
+	Cleanup(ctx context.Context) (int64, error)
 }

@@ -1,5 +1,6 @@
-// Package testenv provides the Kafka and PostgreSQL backends that kscope's
-// tests, examples, demo and benchmarks run against, chosen in this order:
+// Package testenv provides the Kafka, PostgreSQL and Redis backends that
+// kscope's tests, examples, demo and benchmarks run against, chosen in this
+// order:
 //
 //	Kafka:      KAFKA_BROKERS if set → an in-process kfake cluster (default)
 //	            → Apache Kafka started from its Maven Central artifacts on
@@ -11,6 +12,9 @@
 //	            PostgreSQL binaries on this machine (initdb + pg_ctl in a
 //	            temporary directory, on a free loopback port)
 //	            → testcontainers Postgres when KSCOPE_TEST_CONTAINERS=1
+//	Redis:      REDIS_URL if set → a throwaway redis-server (Debian's
+//	            redis-server package) on a free loopback port, in a
+//	            temporary directory, without persistence
 //
 // The Apache Kafka backend resolves the broker ([ApacheKafkaVersion]) and its
 // runtime dependencies with Maven once, into KSCOPE_KAFKA_CACHE (by default

@@ -333,14 +333,18 @@ func SharedPostgres(t testing.TB) *Postgres {
 	return sharedPG
 }
 
-// StopShared stops the servers shared by the tests of one binary. Call it
-// from TestMain after m.Run.
+// StopShared stops the servers shared by the tests of one binary
+// (PostgreSQL's and Redis's). Call it from TestMain after m.Run.
 func StopShared() {
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if sharedPG != nil {
 		sharedPG.Close()
 		sharedPG = nil
+	}
+	if sharedRedis != nil {
+		sharedRedis.Close()
+		sharedRedis = nil
 	}
 }
 
