@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -51,8 +52,9 @@ func (u DedupeUnavailable) String() string {
 
 // DedupeConfig is the idempotency guard of the AtLeastOnce scope
 // (Config.Dedupe): the identity of each record whose handler returned nil
-// (Config.Identity: the producer's message-id header, say) is remembered
-// in Store for Window, and a record whose identity is remembered is not
+// (Config.Identity: the producer's message-id header, say), prefixed with
+// the consumer group (so that groups sharing a store keep apart), is
+// remembered in Store for Window, and a record whose identity is remembered is not
 // handled again: it is done, committed, counted in Stats().Dedupe.Hits,
 // and its delivery ends with the outcome duplicate. A record that failed
 // leaves no mark. See package dedupe and docs/dedupe.md.
@@ -118,10 +120,14 @@ func (c Config) validateDedupe(bad func(field, format string, args ...any)) {
 type dedupeGuard struct {
 	cfg      DedupeConfig
 	identity Identity
-	log      *slog.Logger
-	logs     *ratelog.Limiter
-	f        scope.Failures[*Record]
-	obs      scope.Observer[*Record]
+	// prefix goes before each identity in the store, so that groups that
+	// consume the same messages and share a store (a table, a Redis
+	// prefix) keep apart: "<len(group)>:<group>:".
+	prefix string
+	log    *slog.Logger
+	logs   *ratelog.Limiter
+	f      scope.Failures[*Record]
+	obs    scope.Observer[*Record]
 
 	hits, remembered, unavailable, storeErrors atomic.Int64
 }
@@ -138,7 +144,7 @@ func newGuard(cfg Config) *dedupeGuard {
 	if d.CleanupInterval == 0 {
 		d.CleanupInterval = DefaultDedupeCleanup
 	}
-	return &dedupeGuard{cfg: d, identity: cfg.Identity, log: cfg.Logger.With("group", cfg.Group), logs: ratelog.New(10, 10*time.Second)}
+	return &dedupeGuard{cfg: d, identity: cfg.Identity, prefix: strconv.Itoa(len(cfg.Group)) + ":" + cfg.Group + ":", log: cfg.Logger.With("group", cfg.Group), logs: ratelog.New(10, 10*time.Second)}
 }
 
 // stats returns the guard's counters.

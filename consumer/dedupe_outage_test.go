@@ -86,7 +86,7 @@ func testStoreDown(t *testing.T, b guardBackend, mode consumer.DedupeUnavailable
 	if st := r.Stats().Dedupe; st.Unavailable != 0 || st.Hits != hits {
 		t.Errorf("Stats().Dedupe = %+v; want none unavailable, %d hit", st, hits)
 	}
-	expectRemembered(t, store, []string{"m0", "m1", "m2"}, []bool{true, true, true})
+	expectRemembered(t, store, group, []string{"m0", "m1", "m2"}, []bool{true, true, true})
 }
 
 func expectCalls(t *testing.T, c *calls, want map[string]int) {

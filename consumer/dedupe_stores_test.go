@@ -113,11 +113,19 @@ func openRedisStore(t *testing.T, outage bool) (dedupe.Store, func(), func()) {
 	return s, down, up
 }
 
-// expectRemembered fails the test unless the store's answer for ids is
-// want.
-func expectRemembered(t *testing.T, s dedupe.Store, ids []string, want []bool) {
+// expectRemembered fails the test unless the store's answer for ids, as
+// the runner of group stores them (the group before each; none when
+// group is empty), is want.
+func expectRemembered(t *testing.T, s dedupe.Store, group string, ids []string, want []bool) {
 	t.Helper()
-	got, err := s.Seen(context.Background(), ids)
+	stored := make([]string, len(ids))
+	for i, id := range ids {
+		stored[i] = id
+		if group != "" {
+			stored[i] = fmt.Sprintf("%d:%s:%s", len(group), group, id)
+		}
+	}
+	got, err := s.Seen(context.Background(), stored)
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("the store's Seen(%q) = %v, %v; want %v", ids, got, err, want)
 	}
@@ -166,7 +174,7 @@ func TestDedupeStoresSkipDuplicates(t *testing.T) {
 			if n := o.get(hook.OutcomeDuplicate); n != 2 {
 				t.Errorf("%d deliveries ended with the outcome duplicate; want 2", n)
 			}
-			expectRemembered(t, store, []string{"m1", "m2", "m3", "m4"}, []bool{true, true, true, false})
+			expectRemembered(t, store, group, []string{"m1", "m2", "m3", "m4"}, []bool{true, true, true, false})
 		})
 	}
 }
@@ -202,12 +210,12 @@ func TestDedupeStoresFailureLeavesNoMark(t *testing.T) {
 			}
 			runAsync(t, r)
 			testenv.WaitFor(t, time.Minute, "the failing record dead-lettered", func() bool { return k.CaughtUp(ctx, group, topic) && c.get("m2") == 1 })
-			expectRemembered(t, store, []string{"m1", "m2"}, []bool{false, true})
+			expectRemembered(t, store, group, []string{"m1", "m2"}, []bool{false, true})
 			if err := k.Produce(ctx, msg(topic, "a", "m1", "good now")); err != nil {
 				t.Fatal(err)
 			}
 			testenv.WaitFor(t, time.Minute, "the message produced again handled", func() bool { return c.get("m1") == 2 && k.CaughtUp(ctx, group, topic) })
-			expectRemembered(t, store, []string{"m1"}, []bool{true})
+			expectRemembered(t, store, group, []string{"m1"}, []bool{true})
 			if st := r.Stats().Dedupe; st.Hits != 0 || st.Remembered != 2 {
 				t.Errorf("Stats().Dedupe = %+v; want no hit, 2 remembered", st)
 			}
@@ -251,5 +259,5 @@ func TestDedupePostgresCleanedByTheRunner(t *testing.T) {
 		var n int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM kscope_dedupe`).Scan(&n) == nil && n == 1
 	})
-	expectRemembered(t, store, []string{"live"}, []bool{true})
+	expectRemembered(t, store, "", []string{"live"}, []bool{true})
 }

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,14 +136,15 @@ func TestDedupeFailureLeavesNoMark(t *testing.T) {
 	}
 	runAsync(t, r)
 	testenv.WaitFor(t, time.Minute, "the failing record dead-lettered", func() bool { return k.CaughtUp(ctx, group, topic) })
-	if seen, _ := store.Seen(ctx, []string{"m1"}); seen[0] {
+	stored := fmt.Sprintf("%d:%s:m1", len(group), group) // the group goes before the identity
+	if seen, _ := store.Seen(ctx, []string{stored}); seen[0] {
 		t.Fatal("the store remembers m1, whose handler failed")
 	}
 	if err := k.Produce(ctx, msg(topic, "a", "m1", "good")); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Minute, "the message sent again handled", func() bool { return c.get("m1") == 2 && k.CaughtUp(ctx, group, topic) })
-	if seen, _ := store.Seen(ctx, []string{"m1"}); !seen[0] {
+	if seen, _ := store.Seen(ctx, []string{stored}); !seen[0] {
 		t.Error("the store does not remember m1 once its handler succeeded")
 	}
 }
@@ -250,5 +252,38 @@ func TestDedupeConfigErrors(t *testing.T) {
 	var ce *consumer.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "Dedupe.Store" || !strings.Contains(err.Error(), "consumer.New") {
 		t.Errorf("NewBatch with a dedupe store: %v; want a Dedupe.Store error", err)
+	}
+}
+
+// Two groups that consume the same messages and share a store each handle
+// every message once: the runner keeps their identities apart.
+func TestDedupeGroupsShareAStore(t *testing.T) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	const topic = "dd-shared"
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Produce(ctx, msg(topic, "a", "m1", "1"), msg(topic, "a", "m1", "1 again")); err != nil {
+		t.Fatal(err)
+	}
+	store := dedupe.NewMemory(0)
+	var billing, shipping calls
+	for _, g := range []struct {
+		group string
+		c     *calls
+	}{{"g-dd-billing", &billing}, {"g-dd-shipping", &shipping}} {
+		cfg := baseConfig(t, k, g.group, topic)
+		cfg.Dedupe = consumer.DedupeConfig{Store: store}
+		c := g.c
+		r, err := consumer.New(cfg, consumer.HandlerFunc(func(_ context.Context, r *consumer.Record) error { c.add(r); return nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runAsync(t, r)
+		testenv.WaitFor(t, time.Minute, g.group+" caught up", func() bool { return k.CaughtUp(ctx, g.group, topic) })
+	}
+	if billing.get("m1") != 1 || shipping.get("m1") != 1 {
+		t.Errorf("m1 handled %d times by billing and %d by shipping; want once by each", billing.get("m1"), shipping.get("m1"))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/kscope-dev/kscope/dedupe"
 	"github.com/kscope-dev/kscope/hook"
 )
 
@@ -16,7 +17,7 @@ func (s *atLeastOnce) processGuarded(ctx context.Context, batch []*Record, done 
 	g, obs := s.g, s.obs
 	ids := make([]string, len(batch))
 	for i, r := range batch {
-		ids[i] = g.identity.Of(r)
+		ids[i] = g.prefix + g.identity.Of(r)
 	}
 	seen, ok := g.seen(ctx, ids, batch[0])
 	if !ok {
@@ -88,9 +89,7 @@ func (s *atLeastOnce) RunBackground(ctx context.Context) {
 	if s.g == nil {
 		return
 	}
-	c, ok := s.g.cfg.Store.(interface {
-		Cleanup(ctx context.Context) (int64, error)
-	})
+	c, ok := s.g.cfg.Store.(dedupe.Cleaner)
 	if !ok {
 		return
 	}

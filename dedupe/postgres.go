@@ -28,11 +28,9 @@ type PostgresOptions struct {
 	// Table is the table's name: lower-case letters, digits and
 	// underscores, starting with a letter or an underscore, at most 48
 	// characters, resolved through the connection's search_path. ""
-	// selects DefaultPostgresTable. A table serves one consumer group:
-	// identities are the messages', so two groups that consume the same
-	// messages (two services on one topic) sharing a table would each skip
-	// what the other handled. Give each group its own table
-	// ("shipping_dedupe"), or its own database.
+	// selects DefaultPostgresTable. Groups may share a table: the runner
+	// puts its consumer group before each identity
+	// (consumer.DedupeConfig).
 	Table string
 	// CleanupBatch is the rows Cleanup deletes per statement. 0 selects
 	// DefaultCleanupBatch.

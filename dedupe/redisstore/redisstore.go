@@ -53,11 +53,9 @@ const DefaultPrefix = "kscope:dedupe:"
 
 // Options configure a Store.
 type Options struct {
-	// Prefix starts every key of the store. "" selects DefaultPrefix. A
-	// prefix serves one consumer group: identities are the messages', so
-	// two groups that consume the same messages (two services on one
-	// topic) sharing a prefix would each skip what the other handled.
-	// Give each group its own ("kscope:dedupe:shipping:"). A prefix with a
+	// Prefix starts every key of the store. "" selects DefaultPrefix.
+	// Groups may share a prefix: the runner puts its consumer group
+	// before each identity (consumer.DedupeConfig). A prefix with a
 	// hash tag ("kscope:{shipping}:") keeps every key in one slot of a
 	// Redis Cluster.
 	Prefix string
