@@ -101,6 +101,8 @@ func runChild(role string) int {
 		return runIntentChild(ctx, cfg, maxDelay, emit)
 	case "txn", "txn-versions", "txn-dedupe":
 		return runTxnChild(ctx, cfg, maxDelay, role)
+	case "alo-dedupe":
+		return runDedupeChild(ctx, cfg, maxDelay, emit, say)
 	case "db-breaker", "txn-breaker":
 		return runBreakerChild(ctx, cfg, role == "db-breaker", maxDelay, emit, say)
 	case "at-least-once":
@@ -136,6 +138,9 @@ type child struct {
 	stats  string        // the STATS line a child prints on a graceful exit
 	failed chan struct{} // closed at the child's first FAIL line
 	events childEvents   // its EVENT lines (roles that print them)
+	// remembered are the identities its dedupe store acknowledged
+	// (MEM lines, role alo-dedupe).
+	remembered childEvents
 }
 
 // startChild starts a child consumer whose record lines go to onRecord.
@@ -170,6 +175,8 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 				c.stats = v
 			} else if v, ok := strings.CutPrefix(sc.Text(), eventLinePref); ok {
 				c.events.add(v)
+			} else if v, ok := strings.CutPrefix(sc.Text(), memLinePref); ok {
+				c.remembered.add(v)
 			} else if strings.HasPrefix(sc.Text(), failLinePref) && !failed {
 				failed = true
 				close(c.failed)

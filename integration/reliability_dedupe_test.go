@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,31 +44,7 @@ func TestReliabilityUpstreamDuplicatesKafka(t *testing.T) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
-	msg := func(j int) *kgo.Record {
-		id := fmt.Sprintf("m%05d", j)
-		return &kgo.Record{Topic: in, Key: fmt.Appendf(nil, "c%03d", j%97), Value: []byte(id),
-			Headers: []kgo.RecordHeader{{Key: consumer.DefaultMessageIDHeader, Value: []byte(id)}}}
-	}
-	// The stream: every message, and every fifth one again 50 to 2,000
-	// messages later.
-	var stream []*kgo.Record
-	resend := map[int][]int{}
-	for j := range messages {
-		stream = append(stream, msg(j))
-		if j%5 == 0 {
-			at := j + 50 + rng.IntN(1950)
-			resend[at] = append(resend[at], j)
-		}
-		for _, d := range resend[j] {
-			stream = append(stream, msg(d))
-		}
-		delete(resend, j)
-	}
-	for _, ds := range resend {
-		for _, d := range ds {
-			stream = append(stream, msg(d))
-		}
-	}
+	stream := upstreamStream(in, messages, rng)
 	total := int64(len(stream))
 	produced := make(chan error, 1)
 	go func() {
@@ -152,4 +129,132 @@ func kcatReadCommitted(t *testing.T, k *testenv.Kafka, topic string) map[string]
 		got[v]++
 	}
 	return got
+}
+
+// Upstream duplicates in the AtLeastOnce scope with the Redis store: the
+// same stream and kills as the Kafka row, the handler's calls counted per
+// message id. A message is handled more than once only in the crash window
+// the guard leaves (its handler returned, the member was killed before
+// the store acknowledged its identity): the test tells each extra call by
+// the store's acknowledgements the killed member printed, and counts those
+// outside the window as duplicates.
+func TestReliabilityUpstreamDuplicatesAtLeastOnce(t *testing.T) {
+	start := time.Now()
+	k := testenv.KafkaT(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	rd := testenv.RedisT(t)
+	ctx := context.Background()
+	const in, group = "rel-dups-alo", "g-rel-dups-alo"
+	messages, kills := upstreamSize()
+	if err := k.CreateTopic(ctx, in, 4); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+	stream := upstreamStream(in, messages, rng)
+	total := int64(len(stream))
+	produced := make(chan error, 1)
+	go func() {
+		for i := 0; i < len(stream); i += 500 {
+			for committedSumQuiet(k, group, in) < int64(i-3000) {
+				time.Sleep(time.Millisecond)
+			}
+			if err := k.Produce(ctx, stream[i:min(i+500, len(stream))]...); err != nil {
+				produced <- err
+				return
+			}
+		}
+		produced <- nil
+	}()
+	var mu sync.Mutex
+	calls := map[string][]int{} // message id → the children that called its handler, in turn
+	var children []*child
+	run := func(i int, delay time.Duration) *child {
+		c := startChild(t, k, "alo-dedupe", group, in, delay, func(v []byte) {
+			mu.Lock()
+			calls[string(v)] = append(calls[string(v)], i)
+			mu.Unlock()
+		}, childRedisEnv+"="+rd.URL)
+		children = append(children, c)
+		return c
+	}
+	for i := range kills {
+		c := run(i, time.Millisecond)
+		target := committedSumQuiet(k, group, in) + int64(300+rng.IntN(700))
+		testenv.WaitFor(t, time.Minute, "the child to commit", func() bool { return committedSumQuiet(k, group, in) >= min(target, total) })
+		time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond) // a random moment, not a synchronisation
+		c.kill()
+		t.Logf("kill %d: %d inputs committed", i+1, committedSumQuiet(k, group, in))
+	}
+	c := run(kills, 0)
+	if err := <-produced; err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 3*time.Minute, "every input committed", func() bool { return k.CommittedAll(t, group, in) })
+	if err := c.terminate(t); err != nil {
+		t.Fatal(err)
+	}
+	remembered := make([]map[string]bool, len(children))
+	for i, ch := range children {
+		remembered[i] = map[string]bool{}
+		for _, ev := range ch.remembered.list("") {
+			for _, id := range strings.Split(ev.line, ",") {
+				remembered[i][id] = true
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lost, inWindow, outside := 0, 0, 0
+	for j := range messages {
+		id := fmt.Sprintf("m%05d", j)
+		cs := calls[id]
+		if len(cs) == 0 {
+			lost++
+		}
+		for n := 1; n < len(cs); n++ {
+			prev := cs[n-1]
+			if prev < kills && prev != cs[n] && !remembered[prev][id] {
+				inWindow++ // the member that handled it was killed before the store acknowledged it
+			} else {
+				outside++
+				t.Errorf("message %s handled again by child %d after child %d had its identity acknowledged (calls by children %v)", id, cs[n], prev, cs)
+			}
+		}
+	}
+	t.Logf("%d messages, %d sent again, %d kills: %d handler calls beyond one, all in the crash window: %d", messages, len(stream)-messages, kills, inWindow+outside, inWindow)
+	addRelRow(relRow{Scope: "AtLeastOnce", Fault: fmt.Sprintf("upstream duplicates: %d of %d messages sent again while the member is SIGKILLed (Redis dedupe store; %d calls again in the crash window between a handler's success and the store's acknowledgement)",
+		len(stream)-messages, messages, inWindow), Records: len(stream), Faults: int64(len(stream) - messages), Kills: int64(kills),
+		Lost: lost, Dups: outside, Duration: time.Since(start), Passed: lost == 0 && outside == 0})
+	if lost > 0 {
+		t.Errorf("%d messages never handled", lost)
+	}
+}
+
+// upstreamStream is every message of in, and every fifth one again 50 to
+// 2,000 messages later (the same message id and key).
+func upstreamStream(in string, messages int, rng *rand.Rand) []*kgo.Record {
+	msg := func(j int) *kgo.Record {
+		id := fmt.Sprintf("m%05d", j)
+		return &kgo.Record{Topic: in, Key: fmt.Appendf(nil, "c%03d", j%97), Value: []byte(id),
+			Headers: []kgo.RecordHeader{{Key: consumer.DefaultMessageIDHeader, Value: []byte(id)}}}
+	}
+	var stream []*kgo.Record
+	resend := map[int][]int{}
+	for j := range messages {
+		stream = append(stream, msg(j))
+		if j%5 == 0 {
+			at := j + 50 + rng.IntN(1950)
+			resend[at] = append(resend[at], j)
+		}
+		for _, d := range resend[j] {
+			stream = append(stream, msg(d))
+		}
+		delete(resend, j)
+	}
+	for at := messages; len(resend) > 0; at++ {
+		for _, d := range resend[at] {
+			stream = append(stream, msg(d))
+		}
+		delete(resend, at)
+	}
+	return stream
 }
