@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,18 +27,30 @@ func keyOfID(id string) idKey {
 // transaction remembers, which become segments only when it commits. An
 // identity maps to the sequence number of its segment; the open
 // transaction's identities get the numbers its segments will have, so
-// that its commit changes no entry.
+// that its commit changes no entry. The identities are kept in stripes,
+// each with its lock, so that the key-shards of a partition look up and
+// remember without waiting for one another.
 type idMemory struct {
-	at      map[idKey]uint64   // identity → its segment's sequence number
+	mu      sync.Mutex         // the segments, a restore, write and end; taken before a stripe's
 	segs    map[uint64]segment // committed segments, by sequence number
 	order   []uint64           // their sequence numbers, oldest first
-	nextSeq uint64             // the open transaction's first segment
-	loaded  bool               // at and order are built from segs (a restore loads segs alone)
+	loaded  atomic.Bool        // the stripes are built from segs (a restore loads segs alone)
+	writing []segment          // the segments the open transaction writes
+	forgot  uint64             // committed segments below it are forgotten
 
-	pend       []idKey          // remembered in the open transaction, in order
-	prev       map[idKey]uint64 // the committed segment of a pending identity it replaced
-	forgetting map[uint64]bool  // committed segments the open transaction forgets
-	writing    []segment        // the segments the open transaction writes
+	openSeq     atomic.Uint64 // the open transaction's first segment
+	forgetBelow atomic.Uint64 // segments below it are forgotten, or being forgotten by the open transaction
+	pendN       atomic.Int64  // identities the open transaction remembered
+	stripes     [idStripes]idStripe
+}
+
+const idStripes = 16
+
+type idStripe struct {
+	mu   sync.Mutex
+	at   map[idKey]uint64 // identity → its segment's sequence number
+	pend []idKey          // remembered in the open transaction
+	prev map[idKey]uint64 // the segment of a pending identity it replaced
 }
 
 // segment is the identities a transaction remembered at ms (Unix ms).
@@ -51,12 +65,21 @@ type segment struct {
 const segmentMaxIDs = 4000
 
 func newIDMemory() *idMemory {
-	return &idMemory{at: map[idKey]uint64{}, segs: map[uint64]segment{}, prev: map[idKey]uint64{}, forgetting: map[uint64]bool{}}
+	m := &idMemory{segs: map[uint64]segment{}}
+	for i := range m.stripes {
+		m.stripes[i].at = map[idKey]uint64{}
+		m.stripes[i].prev = map[idKey]uint64{}
+	}
+	return m
 }
+
+func (m *idMemory) stripe(id idKey) *idStripe { return &m.stripes[id[0]%idStripes] }
 
 // load applies a changelog record of segment seq: ids nil forgets it.
 func (m *idMemory) load(seq uint64, ms int64, ids []idKey) {
-	m.loaded = false
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.loaded.Store(false)
 	if ids == nil {
 		delete(m.segs, seq)
 		return
@@ -64,24 +87,38 @@ func (m *idMemory) load(seq uint64, ms int64, ids []idKey) {
 	m.segs[seq] = segment{seq: seq, ms: ms, ids: ids}
 }
 
-// build makes at and order from segs, once after a restore.
+// build makes the stripes and order from segs, once after a restore.
 func (m *idMemory) build() {
-	if m.loaded {
+	if m.loaded.Load() {
 		return
 	}
-	m.loaded = true
-	clear(m.at)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.loaded.Load() {
+		return
+	}
 	m.order = m.order[:0]
 	for seq := range m.segs {
 		m.order = append(m.order, seq)
 	}
 	slices.Sort(m.order)
+	for i := range m.stripes {
+		clear(m.stripes[i].at)
+	}
+	next := uint64(0)
 	for _, seq := range m.order {
 		for _, id := range m.segs[seq].ids {
-			m.at[id] = seq
+			m.stripe(id).at[id] = seq
 		}
-		m.nextSeq = seq + 1
+		next = seq + 1
 	}
+	m.forgot = next
+	if len(m.order) > 0 {
+		m.forgot = m.order[0]
+	}
+	m.forgetBelow.Store(m.forgot)
+	m.openSeq.Store(next)
+	m.loaded.Store(true)
 }
 
 // seen reports whether id is remembered: by a committed segment that the
@@ -90,84 +127,121 @@ func (m *idMemory) build() {
 // identity may be remembered up to a transaction longer than the window.
 func (m *idMemory) seen(id idKey) bool {
 	m.build()
-	seq, ok := m.at[id]
-	return ok && !m.forgetting[seq]
+	st := m.stripe(id)
+	st.mu.Lock()
+	seq, ok := st.at[id]
+	st.mu.Unlock()
+	return ok && seq >= m.forgetBelow.Load()
 }
 
 // remember remembers id in the open transaction.
 func (m *idMemory) remember(id idKey) {
 	m.build()
-	old, ok := m.at[id]
-	if ok && old >= m.nextSeq {
+	open := m.openSeq.Load()
+	st := m.stripe(id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	old, ok := st.at[id]
+	if ok && old >= open {
 		return // already, in this transaction
 	}
 	if ok {
-		m.prev[id] = old // in a segment this transaction forgets
+		st.prev[id] = old // in a segment this transaction forgets
 	}
-	m.at[id] = m.nextSeq + uint64(len(m.pend)/segmentMaxIDs)
-	m.pend = append(m.pend, id)
+	st.at[id] = open + uint64(m.pendN.Add(1)-1)/segmentMaxIDs
+	st.pend = append(st.pend, id)
 }
 
 // write returns what the open transaction writes to the changelog as it
 // ends: the segments of the identities it remembered, and the committed
 // segments it forgets (past window, or, oldest first, beyond max
-// identities).
+// identities). No identity is remembered meanwhile (the transaction's
+// gate is shut).
 func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []segment, forget []uint64) {
-	if len(m.pend) == 0 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	open, kept := m.openSeq.Load(), 0
+	m.writing = m.writing[:0]
+	for i := range m.stripes {
+		st := &m.stripes[i]
+		st.mu.Lock()
+		kept += len(st.at)
+		for _, id := range st.pend {
+			c := int(st.at[id] - open)
+			for len(m.writing) <= c {
+				m.writing = append(m.writing, segment{seq: open + uint64(len(m.writing)), ms: now.UnixMilli()})
+			}
+			m.writing[c].ids = append(m.writing[c].ids, id)
+		}
+		st.mu.Unlock()
+	}
+	if len(m.writing) == 0 {
 		return nil, nil
 	}
 	ms := now.UnixMilli()
-	m.writing = m.writing[:0]
-	for i := 0; i < len(m.pend); i += segmentMaxIDs {
-		ids := m.pend[i:min(i+segmentMaxIDs, len(m.pend)):min(i+segmentMaxIDs, len(m.pend))]
-		m.writing = append(m.writing, segment{seq: m.nextSeq + uint64(i/segmentMaxIDs), ms: ms, ids: ids})
-	}
-	kept := len(m.at)
+	below := m.forgot
 	for _, seq := range m.order {
 		s := m.segs[seq]
 		if ms-s.ms < window.Milliseconds() && kept <= max {
 			break
 		}
-		m.forgetting[seq] = true
 		forget = append(forget, seq)
 		kept -= len(s.ids)
+		below = seq + 1
 	}
-	return m.writing, forget
+	m.forgetBelow.Store(below)
+	return slices.DeleteFunc(m.writing, func(s segment) bool { return len(s.ids) == 0 }), forget
 }
 
 // end makes the open transaction's changes committed, or drops them.
 func (m *idMemory) end(committed bool) {
-	if !committed {
-		for _, id := range m.pend {
-			if old, ok := m.prev[id]; ok {
-				m.at[id] = old
-			} else {
-				delete(m.at, id)
-			}
-		}
-	} else {
-		for seq := range m.forgetting {
-			for _, id := range m.segs[seq].ids {
-				if m.at[id] == seq {
-					delete(m.at, id)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	below := m.forgetBelow.Load()
+	for i := range m.stripes {
+		st := &m.stripes[i]
+		st.mu.Lock()
+		if !committed {
+			for _, id := range st.pend {
+				if old, ok := st.prev[id]; ok {
+					st.at[id] = old
+				} else {
+					delete(st.at, id)
 				}
 			}
-			delete(m.segs, seq)
 		}
-		if len(m.forgetting) > 0 {
-			m.order = slices.DeleteFunc(m.order, func(seq uint64) bool { return m.forgetting[seq] })
+		st.pend = st.pend[:0]
+		clear(st.prev)
+		st.mu.Unlock()
+	}
+	if !committed {
+		m.forgetBelow.Store(m.forgot)
+	} else {
+		n := 0
+		for n < len(m.order) && m.order[n] < below {
+			for _, id := range m.segs[m.order[n]].ids {
+				st := m.stripe(id)
+				st.mu.Lock()
+				if seq, ok := st.at[id]; ok && seq < below {
+					delete(st.at, id)
+				}
+				st.mu.Unlock()
+			}
+			delete(m.segs, m.order[n])
+			n++
 		}
+		m.order = slices.Delete(m.order, 0, n)
+		m.forgot = below
 		for _, s := range m.writing {
 			m.segs[s.seq] = s
 			m.order = append(m.order, s.seq)
 		}
-		if len(m.pend) > 0 {
-			m.nextSeq += uint64((len(m.pend) + segmentMaxIDs - 1) / segmentMaxIDs)
+		if pend := m.pendN.Load(); pend > 0 {
+			m.openSeq.Add(uint64((pend + segmentMaxIDs - 1) / segmentMaxIDs))
 		}
 	}
-	m.pend, m.writing = nil, nil
-	clear(m.prev)
-	clear(m.forgetting)
+	m.writing = nil
+	m.pendN.Store(0)
 }
 
 // segmentKey is the changelog key of segment seq.
@@ -206,36 +280,23 @@ func parseSegment(key, value []byte) (seq uint64, ms int64, ids []idKey, err err
 	return seq, ms, ids, nil
 }
 
-// idsOf returns pv's remembered identities, created on first use. pv.mu
-// is held, or pv is not shared yet (a restore).
+// idsOf returns pv's remembered identities, created on first use.
 func (pv *partVersions) idsOf() *idMemory {
-	if pv.ids == nil {
-		pv.ids = newIDMemory()
+	if m := pv.ids.Load(); m != nil {
+		return m
 	}
-	return pv.ids
+	pv.ids.CompareAndSwap(nil, newIDMemory())
+	return pv.ids.Load()
 }
 
 // seenID reports whether id is remembered.
-func (pv *partVersions) seenID(id idKey) bool {
-	pv.mu.Lock()
-	defer pv.mu.Unlock()
-	return pv.idsOf().seen(id)
-}
+func (pv *partVersions) seenID(id idKey) bool { return pv.idsOf().seen(id) }
 
 // rememberID remembers id in the open transaction.
-func (pv *partVersions) rememberID(id idKey) {
-	pv.mu.Lock()
-	defer pv.mu.Unlock()
-	pv.idsOf().remember(id)
-}
+func (pv *partVersions) rememberID(id idKey) { pv.idsOf().remember(id) }
 
 // writeIDs returns the changelog writes of the open transaction's
 // remembered identities (idMemory.write).
 func (pv *partVersions) writeIDs(now time.Time, window time.Duration, max int) ([]segment, []uint64) {
-	pv.mu.Lock()
-	defer pv.mu.Unlock()
-	if pv.ids == nil {
-		return nil, nil
-	}
-	return pv.ids.write(now, window, max)
+	return pv.idsOf().write(now, window, max)
 }

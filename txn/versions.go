@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -107,7 +108,7 @@ type partVersions struct {
 	parked  map[string]map[int64]*parkedRec
 	pLast   map[string]int64
 	pParked map[string]map[int64]*parkedRec // a nil entry: removed in this transaction
-	ids     *idMemory                       // the idempotency guard's (Options.Dedupe); nil until used
+	ids     atomic.Pointer[idMemory]        // the idempotency guard's (Options.Dedupe); nil until used
 }
 
 func newPartVersions() *partVersions {
@@ -169,8 +170,8 @@ func (pv *partVersions) end(committed bool) {
 	}
 	clear(pv.pLast)
 	clear(pv.pParked)
-	if pv.ids != nil {
-		pv.ids.end(committed)
+	if m := pv.ids.Load(); m != nil {
+		m.end(committed)
 	}
 }
 
