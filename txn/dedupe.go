@@ -80,14 +80,20 @@ type guardRef struct {
 	id idKey
 }
 
-// duplicate looks rec, an input, up: when it repeats one whose identity
-// is remembered, it ends rec as a duplicate in the transaction w joins and
-// reports true. Otherwise it returns what remember needs.
-func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) (guardRef, bool) {
-	pv := s.vs.get(tp{rec.Topic, rec.Partition})
-	if pv == nil {
-		return guardRef{}, false // not an input (a retry topic's record)
+// guardPart returns the guard's state of rec's partition: nil without
+// Options.Dedupe, or for a record of no input (a retry topic's).
+func (s *kafkaScope) guardPart(rec *consumer.Record) *partVersions {
+	if s.o.Dedupe == nil {
+		return nil
 	}
+	return s.vs.get(tp{rec.Topic, rec.Partition})
+}
+
+// duplicate looks rec, an input of the partition whose guard state is pv,
+// up: when it repeats one whose identity is remembered, it ends rec as a
+// duplicate in the transaction w joins and reports true. Otherwise it
+// returns what w remembers once rec's handler succeeded (work.remember).
+func (s *kafkaScope) duplicate(w *work, rec *consumer.Record, pv *partVersions) (guardRef, bool) {
 	g := guardRef{pv, keyOfID(s.cfg.Identity.Of(rec))}
 	if !pv.seenID(g.id) {
 		return g, false
@@ -99,19 +105,6 @@ func (s *kafkaScope) duplicate(w *work, rec *consumer.Record) (guardRef, bool) {
 		tx.end(s.obs, rec, hook.OutcomeDuplicate, nil)
 	})
 	return g, true
-}
-
-// remember remembers g's identity, of an input whose handler succeeded,
-// in the transaction w joins; the transaction writes it to the changelog
-// as it ends (writeRemembered).
-func (s *kafkaScope) remember(w *work, g guardRef) {
-	if g.pv == nil {
-		return
-	}
-	w.do(func(tx *txnState) {
-		tx.remembered.Add(1)
-		g.pv.rememberID(g.id)
-	})
 }
 
 // writeRemembered produces, in the transaction that ends, one changelog

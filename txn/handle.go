@@ -23,6 +23,13 @@ import (
 // assignment ended (its next owner, or this member after an abort's
 // rewind, handles it again).
 func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func(*consumer.Record)) bool {
+	return s.handleIn(ctx, rec, done, s.guardPart(rec))
+}
+
+// handleIn is handle with the guard's state of rec's partition (nil
+// without Options.Dedupe, or for a record of no input: a retry topic's),
+// which Process looks up once per batch.
+func (s *kafkaScope) handleIn(ctx context.Context, rec *consumer.Record, done func(*consumer.Record), pv *partVersions) bool {
 	w := &work{rec: rec}
 	if w.stale(ctx) {
 		return false
@@ -33,9 +40,9 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 	} else {
 		hctx := w.start(ctx, obs, rec)
 		var g guardRef
-		if s.o.Dedupe != nil {
+		if pv != nil {
 			var dup bool
-			if g, dup = s.duplicate(w, rec); dup {
+			if g, dup = s.duplicate(w, rec, pv); dup {
 				return s.join(ctx, w, done)
 			}
 		}
@@ -48,8 +55,8 @@ func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func
 			obs.End(rec, out, err)
 			return true // the runner keeps it, and gives it back at its key's probe
 		}
-		if out == hook.OutcomeSuccess {
-			s.remember(w, g)
+		if out == hook.OutcomeSuccess && g.pv != nil {
+			w.remember = g // in the transaction w joins
 		}
 		w.do(func(tx *txnState) {
 			tx.records.Add(1)
@@ -70,6 +77,10 @@ func (s *kafkaScope) join(ctx context.Context, w *work, done func(*consumer.Reco
 	tx := s.cur
 	for _, fx := range w.fx {
 		fx(tx)
+	}
+	if g := w.remember; g.pv != nil {
+		tx.remembered.Add(1)
+		g.pv.rememberID(g.id)
 	}
 	if done != nil {
 		done(w.rec)

@@ -201,8 +201,12 @@ func (s *kafkaScope) Process(ctx context.Context, batch []*consumer.Record, done
 		s.processBatch(ctx, batch, done)
 		return
 	}
+	var pv *partVersions
+	if len(batch) > 0 {
+		pv = s.guardPart(batch[0])
+	}
 	for _, rec := range batch {
-		if !s.handle(ctx, rec, done) {
+		if !s.handleIn(ctx, rec, done, pv) {
 			return // stopped, or the record's assignment ended: its next owner redoes it
 		}
 	}

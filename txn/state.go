@@ -159,6 +159,9 @@ type work struct {
 	// transaction does not take end as aborted.
 	started []*consumer.Record
 	stopped bool // the runner stops or the record's assignment ended: nothing joins
+	// remember is the identity the guard remembers in the transaction
+	// this work joins (Options.Dedupe; pv nil: none).
+	remember guardRef
 }
 
 func (w *work) do(f func(tx *txnState)) { w.fx = append(w.fx, f) }
