@@ -90,6 +90,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,7 +146,14 @@ func table(t *testing.T, scenarios []scenario, open func(t *testing.T) pipeline)
 	)
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
-			h := newHarness(t, k, open(t), sc.name)
+			p := open(t)
+			if p.applies != nil {
+				if why := p.applies(sc.name); why != "" {
+					report(t, &mu, &rep, Result{Scenario: sc.name, Detail: notApplicable(why)})
+					return
+				}
+			}
+			h := newHarness(t, k, p, sc.name)
 			detail := sc.run(h)
 			repeats := h.inject.repeats()
 			if detail == "" && len(repeats) > 0 {
@@ -201,9 +209,15 @@ type pipeline struct {
 	effects func(ctx context.Context) (int, error)
 	// versions is the DB scope's Options.Versions (nil elsewhere).
 	versions *sequence.Config
-	// counters says that the runner counts duplicates in Stats().DB (the
-	// DB scope's own counters).
-	counters bool
+	// duplicates reads the runner's count of the duplicates it did not
+	// hand to the handler (the DB scope's inbox, the AtLeastOnce scope's
+	// guard); nil when the runner keeps no such counter (a scope of the
+	// service's own).
+	duplicates func(consumer.Stats) int64
+	// applies, when not nil, says why the scenario of that name does not
+	// apply to the pipeline's scope ("" when it does): the kit reports it
+	// as not applicable, with that reason, without running it.
+	applies func(scenario string) string
 	// what names the pipeline's description in the kit's messages.
 	what string
 }
@@ -223,14 +237,16 @@ type harness struct {
 	p        pipeline
 	topic    string
 	group    string
-	n        int // records made so far
-	produced int // records produced to the topic
+	n        int    // records made so far
+	produced int    // records produced to the topic
+	idHdr    string // the header the pipeline's consumer.Config.Identity reads
 
 	inject *injector
 }
 
 func newHarness(t *testing.T, k *testenv.Kafka, p pipeline, scenario string) *harness {
-	h := &harness{t: t, k: k, p: p, topic: name(scenario), group: name(scenario), inject: newInjector()}
+	h := &harness{t: t, k: k, p: p, topic: name(scenario), group: name(scenario), inject: newInjector(kitIDPrefix(scenario)),
+		idHdr: identityHeader(p.config)}
 	if err := k.CreateTopic(context.Background(), h.topic, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -244,17 +260,39 @@ func (h *harness) record(key, id string) *kgo.Record {
 	r := h.p.valid(h.n)
 	h.n++
 	if id == "" {
-		id = fmt.Sprintf("%s-msg-%d", h.topic, h.n)
+		id = fmt.Sprintf("msg-%d", h.n)
 	}
 	r.Topic, r.Key = h.topic, []byte(key)
-	r.Headers = setHeader(r.Headers, h.idHeader(), id)
+	r.Headers = setHeader(r.Headers, h.idHeader(), h.inject.prefix+id)
 	if v := h.p.versions; v != nil && v.Extract == nil {
 		r.Headers = setHeader(r.Headers, headerOr(v.Header, sequence.DefaultHeader), strconv.Itoa(h.n))
 	}
 	return r
 }
 
-func (h *harness) idHeader() string { return headerOr("", consumer.DefaultMessageIDHeader) }
+func (h *harness) idHeader() string { return h.idHdr }
+
+// identityHeader returns the header that the consumer configuration
+// config makes (its Identity.Header) carries a record's identity, which
+// the kit writes: the default one without config or Identity.Header.
+func identityHeader(config func(consumer.Config) consumer.Config) string {
+	if config == nil {
+		return consumer.DefaultMessageIDHeader
+	}
+	return headerOr(config(consumer.Config{}).Identity.Header, consumer.DefaultMessageIDHeader)
+}
+
+// kitRuns numbers the scenarios a test binary runs, for kitIDPrefix.
+var kitRuns atomic.Int64
+
+// kitIDPrefix returns the prefix of the message ids a scenario writes: its
+// name, the run's id and the scenario's number in the test binary, so that
+// a dedupe store shared by every scenario (an AtLeastOnce pipeline's
+// consumer.Config.Dedupe.Store), or by two runs of the kit, never holds an
+// id of another scenario's records.
+func kitIDPrefix(scenario string) string {
+	return fmt.Sprintf("%s#%d/", name(scenario), kitRuns.Add(1))
+}
 
 func headerOr(h, def string) string {
 	if h == "" {
@@ -367,8 +405,12 @@ func (h *harness) until(r kitRunner, what string, cond func() bool) string {
 // committed offsets, the runner's counters and the handler's last error.
 func (h *harness) saw(r kitRunner) string {
 	st := r.Stats()
-	return fmt.Sprintf("saw %d effects, %d dead-letter records, offsets %s; the runner: %d of %d records done, %d retried in place, %d dead-lettered, %d skipped, %d applied, %d duplicates; the handler's last error: %s",
-		h.effects(), len(h.dlt()), committedWords(h.committed()), st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, st.DB.Duplicates, h.inject.lastWords())
+	dups := "no count of duplicates"
+	if h.p.duplicates != nil {
+		dups = fmt.Sprintf("%d duplicates", h.p.duplicates(st))
+	}
+	return fmt.Sprintf("saw %d effects, %d dead-letter records, offsets %s; the runner: %d of %d records done, %d retried in place, %d dead-lettered, %d skipped, %d applied, %s; the handler's last error: %s",
+		h.effects(), len(h.dlt()), committedWords(h.committed()), st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, dups, h.inject.lastWords())
 }
 
 // rewind sets the group's committed offset of the scenario's topic back to
