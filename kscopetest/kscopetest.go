@@ -3,15 +3,23 @@
 // an input record and how to count its effects — [DB] runs the scenarios
 // production throws at a consumer against it, on an in-process Kafka (kfake)
 // and a throwaway PostgreSQL (or KAFKA_BROKERS / DATABASE_URL), and reports
-// which guarantees hold. [Scope] runs the same table against a scope of the
-// service's own (another store, built on package scope and run by
-// consumer.NewScoped): given how to open a fresh store, how to build the
-// runner on it and how to count its effects ([ScopePipeline]), it runs
-// every scenario below but the per-key versions, which are the DB scope's.
+// which guarantees hold. [AtLeastOnce] runs the same table against an
+// AtLeastOnce pipeline (consumer.New): the rows that need each record
+// applied once (duplicate delivery, the crash before the offset commit,
+// replay) with the pipeline's idempotency guard (consumer.Config.Dedupe),
+// and reported as not applicable without it. [Kafka] runs it against a
+// Kafka-scope pipeline, as that scope states each guarantee. [Scope] runs
+// the same table against a scope of the service's own (another store,
+// built on package scope and run by consumer.NewScoped): given how to open
+// a fresh store, how to build the runner on it and how to count its
+// effects ([ScopePipeline]), it runs every scenario below but the per-key
+// versions, which are the DB scope's.
+//
 // The scenarios:
 //
 //   - success then commit: every record applied once, offsets committed;
-//   - duplicate delivery: the same message twice has one effect;
+//   - duplicate delivery: the same message sent twice in a row, and once
+//     more after they are done, has one effect;
 //   - crash before the offset commit: redelivered records are no-ops;
 //   - retryable failure: retried with backoff, then applied once;
 //   - non-retryable failure: to the dead-letter topic, no effect;
@@ -27,15 +35,17 @@
 // A scenario that does not apply to the pipeline (the undecodable record
 // without [DBPipeline].Undecodable or [ScopePipeline].Undecodable,
 // out-of-order versions without Options.Versions or with a version
-// extractor) or to the backend is not run: its subtest is skipped (t.Skip)
+// extractor, a duplicate or a replay in the AtLeastOnce or Kafka scope
+// without its guard), to its scope (per-key versions in the AtLeastOnce
+// scope) or to the backend is not run: its subtest is skipped (t.Skip)
 // with the reason, and its [Result] says Skipped.
 //
 // In every scenario the kit also counts the handler's calls per message
 // id: a record whose handler ran more than once although none of its calls
 // failed (a record before a failing one in its batch, say) is reported in
-// [Result].Repeats and fails the scenario. The kit wraps a DB-scope
-// handler itself; a scope of the service's own runs its handler's work
-// through the kit's [Faults], which the kit hands to
+// [Result].Repeats and fails the scenario. The kit wraps a DB-scope or an
+// AtLeastOnce handler itself; a scope of the service's own runs its
+// handler's work through the kit's [Faults], which the kit hands to
 // [ScopePipeline].Runner, and a scenario in which the kit counted no call
 // fails, saying so.
 //
@@ -47,8 +57,8 @@
 // transactions in a row aborting), not after a timeout, and says what it
 // saw: effects or outputs, dead-letter records, the committed offsets, the
 // runner's counters, the handler's last error and, for the Kafka scope, the
-// runner's last warning (an output topic that does not exist, say). [Kafka] does the same for a
-// Kafka-scope pipeline. With KSCOPE_KAFKA=apache the same suites run on
+// runner's last warning (an output topic that does not exist, say). With
+// KSCOPE_KAFKA=apache the same suites run on
 // Apache Kafka, started from its Maven Central artifacts on the machine's
 // JDK (Maven and a JDK 17 or newer needed; the first run downloads the
 // broker once); there the crash before the offset commit is made by
@@ -78,9 +88,10 @@
 //
 //	func TestMain(m *testing.M) { kscopetest.Main(m) }
 //
-// [Scope] needs no PostgreSQL: its scenarios open the store through
-// [ScopePipeline].Open, in the scenario's temporary directory, say; each
-// still runs on a topic and group of its own, removed when it ends.
+// [AtLeastOnce] and [Kafka] need no PostgreSQL, nor does [Scope]: its
+// scenarios open the store through [ScopePipeline].Open, in the
+// scenario's temporary directory, say; each still runs on a topic and
+// group of its own, removed when it ends.
 package kscopetest
 
 import (
@@ -109,9 +120,10 @@ type Result struct {
 	// Held says that the scenario ran and its guarantee held.
 	Held bool
 	// Skipped says that the scenario does not apply to this pipeline (no
-	// Undecodable, no Versions) or backend (a broker fault on a real
-	// broker): it did not run, its subtest was skipped (t.Skip) and Detail
-	// says why.
+	// Undecodable, no Versions, no idempotency guard), its scope (per-key
+	// versions in the AtLeastOnce scope) or backend (a broker fault on a
+	// real broker): it did not run, its subtest was skipped (t.Skip) and
+	// Detail says why.
 	Skipped bool
 	Detail  string // what broke, or why the scenario did not apply
 	// Repeats counts the handler's calls of each message id that was
