@@ -19,9 +19,11 @@ type AtLeastOncePipeline struct {
 	// builds (brokers, group and topic are the kit's). To have the kit
 	// check the duplicate, crash and replay rows, it sets the idempotency
 	// guard as the service runs it: consumer.Config.Dedupe with a Store
-	// (dedupe.NewMemory, dedupe.NewPostgres, redisstore.New). Every
-	// scenario may share the one store: the kit's message ids are its
-	// scenario's own.
+	// (dedupe.NewMemory, dedupe.NewPostgres, redisstore.New). Make the
+	// store once, outside Config, which the kit calls for every runner
+	// (the crash and replay scenarios run two, one after the other, and
+	// the second must find what the first remembered); every scenario may
+	// share it: the kit's message ids are its scenario's own.
 	Config func(consumer.Config) consumer.Config
 	// Valid returns the i-th well-formed input record (value and any
 	// headers; the kit sets topic, key and message id).
