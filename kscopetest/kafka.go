@@ -88,6 +88,12 @@ func Kafka(t *testing.T, p KafkaPipeline) Report {
 	)
 	for _, sc := range append(kafkaScenarios, kafkaGuardScenarios...) {
 		t.Run(sc.name, func(t *testing.T) {
+			if sc.applies != nil {
+				if why := sc.applies(p); why != "" {
+					report(t, &mu, &rep, Result{Scenario: sc.name, Detail: notApplicable(why)})
+					return
+				}
+			}
 			h := newKafkaHarness(t, p, sc.name)
 			detail := sc.run(h)
 			report(t, &mu, &rep, Result{Scenario: sc.name, Detail: detail})
@@ -366,16 +372,20 @@ func (w *lastWarning) String() string {
 type kafkaScenario struct {
 	name string
 	run  func(h *kafkaHarness) string
+	// applies, when not nil, says why the scenario does not apply to p
+	// ("" when it does): the kit reports it so without a harness (on
+	// Apache Kafka, without starting a broker).
+	applies func(p KafkaPipeline) string
 }
 
 var kafkaScenarios = []kafkaScenario{
-	{"success_then_commit", func(h *kafkaHarness) string {
+	{name: "success_then_commit", run: func(h *kafkaHarness) string {
 		for range 10 {
 			h.produce(h.record(""))
 		}
 		return h.settle(h.runner(h.txnID), 10*h.p.OutputsPerInput, 0)
 	}},
-	{"crash_mid_transaction", func(h *kafkaHarness) string {
+	{name: "crash_mid_transaction", run: func(h *kafkaHarness) string {
 		// The first member commits, then hangs inside a transaction, as a
 		// crashed or stalled process does; its successor, with the same
 		// transactional id, fences it and redoes the open work.
@@ -426,7 +436,7 @@ var kafkaScenarios = []kafkaScenario{
 		}
 		return expect(h.outputs() == 10*h.p.OutputsPerInput, "%d outputs for 10 inputs after a crash mid-transaction, want %d", h.outputs(), 10*h.p.OutputsPerInput)
 	}},
-	{"retryable_failure_retried", func(h *kafkaHarness) string {
+	{name: "retryable_failure_retried", run: func(h *kafkaHarness) string {
 		h.inject.failOn("flaky", func(n int) error {
 			if n <= 2 {
 				return consumer.Retryable(errors.New("kscopetest: injected transient failure"))
@@ -436,12 +446,12 @@ var kafkaScenarios = []kafkaScenario{
 		h.produce(h.record("flaky"))
 		return h.settle(h.runner(h.txnID), h.p.OutputsPerInput, 0)
 	}},
-	{"non_retryable_failure_to_dlt", func(h *kafkaHarness) string {
+	{name: "non_retryable_failure_to_dlt", run: func(h *kafkaHarness) string {
 		h.inject.failOn("bad", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) })
 		h.produce(h.record("bad"), h.record(""))
 		return h.settle(h.runner(h.txnID), h.p.OutputsPerInput, 1)
 	}},
-	{"undecodable_record_to_dlt", func(h *kafkaHarness) string {
+	{name: "undecodable_record_to_dlt", run: func(h *kafkaHarness) string {
 		if h.p.Undecodable == nil {
 			return notApplicable(noUndecodable)
 		}
@@ -450,7 +460,7 @@ var kafkaScenarios = []kafkaScenario{
 		h.produce(bad, h.record(""))
 		return h.settle(h.runner(h.txnID), h.p.OutputsPerInput, 1)
 	}},
-	{"poison_bounded_then_dlt", func(h *kafkaHarness) string {
+	{name: "poison_bounded_then_dlt", run: func(h *kafkaHarness) string {
 		h.inject.failOn("poison", func(int) error { return errors.New("kscopetest: injected failure, every time") })
 		h.produce(h.record("poison"))
 		r := h.runner(h.txnID)
@@ -460,7 +470,7 @@ var kafkaScenarios = []kafkaScenario{
 		calls := h.inject.callsOf("poison")
 		return expect(calls == retrytopic.DefaultUnknownAttempts, "poison handled %d times, budget %d", calls, retrytopic.DefaultUnknownAttempts)
 	}},
-	{"batch_partial_failure", func(h *kafkaHarness) string {
+	{name: "batch_partial_failure", run: func(h *kafkaHarness) string {
 		var recs []*kgo.Record
 		for i := range 20 {
 			recs = append(recs, h.record(fmt.Sprintf("batch-%d", i)))
@@ -469,7 +479,7 @@ var kafkaScenarios = []kafkaScenario{
 		h.produce(recs...)
 		return h.settle(h.runner(h.txnID), 19*h.p.OutputsPerInput, 1)
 	}},
-	{"broker_fault_on_end_txn", func(h *kafkaHarness) string {
+	{name: "broker_fault_on_end_txn", run: func(h *kafkaHarness) string {
 		for range 10 {
 			h.produce(h.record(""))
 		}

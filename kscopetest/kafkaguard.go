@@ -28,10 +28,7 @@ const (
 // (Options.Versions): an upstream duplicate, a replay and out-of-order
 // versions.
 var kafkaGuardScenarios = []kafkaScenario{
-	{"duplicate_delivery_skipped", func(h *kafkaHarness) string {
-		if !h.guarded() {
-			return notApplicable(fmt.Sprintf(kafkaNoGuard, "an upstream duplicate (the same message id sent twice)"))
-		}
+	{name: "duplicate_delivery_skipped", applies: unguarded("an upstream duplicate (the same message id sent twice)"), run: func(h *kafkaHarness) string {
 		// The producer sends the message twice in a row, and a third time
 		// once the first two are committed (a retry after a timeout), to
 		// the member that takes over the partition: the same key, value
@@ -51,14 +48,16 @@ var kafkaGuardScenarios = []kafkaScenario{
 		return both(expect(h.inject.callsOf("dup") == 1, "%d handler calls of the message delivered three times, want 1", h.inject.callsOf("dup")),
 			both(h.skippedWords(first, 1), h.skippedWords(second, 1)))
 	}},
-	{"out_of_order_versions", func(h *kafkaHarness) string {
-		v := h.p.Options.Versions
-		switch {
+	{name: "out_of_order_versions", applies: func(p KafkaPipeline) string {
+		switch v := p.Options.Versions; {
 		case v == nil:
-			return notApplicable(kafkaNoVersions)
+			return kafkaNoVersions
 		case v.Extract != nil:
-			return notApplicable(kafkaExtract)
+			return kafkaExtract
 		}
+		return ""
+	}, run: func(h *kafkaHarness) string {
+		v := h.p.Options.Versions
 		hdr := headerOr(v.Header, sequence.DefaultHeader)
 		mk := func(ver int) *kgo.Record {
 			r := h.record("")
@@ -79,10 +78,7 @@ var kafkaGuardScenarios = []kafkaScenario{
 		}
 		return h.settle(h.runner(h.txnID), applied*h.p.OutputsPerInput, dlt)
 	}},
-	{"replay_no_new_effects", func(h *kafkaHarness) string {
-		if !h.guarded() {
-			return notApplicable(fmt.Sprintf(kafkaNoGuard, "a replay (the group's offsets reset to the start)"))
-		}
+	{name: "replay_no_new_effects", applies: unguarded("a replay (the group's offsets reset to the start)"), run: func(h *kafkaHarness) string {
 		for range 10 {
 			h.produce(h.record(""))
 		}
@@ -102,11 +98,16 @@ var kafkaGuardScenarios = []kafkaScenario{
 	}},
 }
 
-// guarded reports whether the pipeline runs with the idempotency guard or
-// per-key versions, either of which keeps a repeated input from producing
-// outputs again.
-func (h *kafkaHarness) guarded() bool {
-	return h.p.Options.Dedupe != nil || h.p.Options.Versions != nil
+// unguarded returns the applies of a row that needs a repeated input, what,
+// to produce no output again: it applies to a pipeline with the
+// idempotency guard or per-key versions.
+func unguarded(what string) func(p KafkaPipeline) string {
+	return func(p KafkaPipeline) string {
+		if p.Options.Dedupe != nil || p.Options.Versions != nil {
+			return ""
+		}
+		return fmt.Sprintf(kafkaNoGuard, what)
+	}
 }
 
 // skippedWords says whether r counted want inputs as repeats: duplicates
