@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
+	"github.com/kscope-dev/kscope/dedupe"
 	"github.com/kscope-dev/kscope/kscopetest"
 	"github.com/kscope-dev/kscope/txn"
 )
@@ -58,6 +60,8 @@ func TestKitDBScope(t *testing.T) {
 	}
 }
 
+// The Kafka scope's table with its idempotency guard: the duplicate and
+// replay rows run too.
 func TestKitKafkaScope(t *testing.T) {
 	rep := kscopetest.Kafka(t, kscopetest.KafkaPipeline{
 		Handler: txn.HandlerFunc(func(ctx context.Context, r *consumer.Record, out txn.Emitter) error {
@@ -72,6 +76,41 @@ func TestKitKafkaScope(t *testing.T) {
 		OutputsPerInput: 1,
 		Valid:           validOrder,
 		Undecodable:     undecodableOrder,
+		Options:         txn.Options{Dedupe: &txn.DedupeOptions{}},
+	})
+	if !rep.Held() {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+// The AtLeastOnce scope's table with its idempotency guard (a memory
+// store): the duplicate, crash and replay rows run too.
+func TestKitAtLeastOnceScope(t *testing.T) {
+	var mu sync.Mutex
+	var shipped []string
+	store := dedupe.NewMemory(0)
+	rep := kscopetest.AtLeastOnce(t, kscopetest.AtLeastOncePipeline{
+		Handler: consumer.HandlerFunc(func(_ context.Context, r *consumer.Record) error {
+			o, err := decodeOrder(r)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			shipped = append(shipped, o.ID)
+			mu.Unlock()
+			return nil
+		}),
+		Config: func(c consumer.Config) consumer.Config {
+			c.Dedupe = consumer.DedupeConfig{Store: store}
+			return c
+		},
+		Valid:       validOrder,
+		Undecodable: undecodableOrder,
+		Effects: func(context.Context) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(shipped), nil
+		},
 	})
 	if !rep.Held() {
 		t.Fatalf("%+v", rep)

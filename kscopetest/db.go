@@ -64,8 +64,9 @@ func dbPipeline(t *testing.T, p DBPipeline) pipeline {
 	}
 	return pipeline{
 		valid: p.Valid, undecodable: p.Undecodable, config: p.Config,
-		versions: p.Options.Versions, counters: true, what: "dbscope.New",
-		effects: func(ctx context.Context) (int, error) { return p.Effects(ctx, pool) },
+		versions: p.Options.Versions, what: "dbscope.New",
+		duplicates: func(st consumer.Stats) int64 { return st.DB.Duplicates },
+		effects:    func(ctx context.Context) (int, error) { return p.Effects(ctx, pool) },
 		build: func(cfg consumer.Config, f *Faults) (kitRunner, error) {
 			o := p.Options
 			o.Pool = pool

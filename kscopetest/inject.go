@@ -40,6 +40,10 @@ func (f *Faults) Call(r *consumer.Record, handle func() error) error {
 // injector counts handler calls per message id and injects the failures a
 // scenario asks for, before the pipeline's own handler runs.
 type injector struct {
+	// prefix starts every message id the scenario writes (see
+	// kitIDPrefix); the counts and the scenario's failures are by the id
+	// without it.
+	prefix  string
 	mu      sync.Mutex
 	calls   map[string]int
 	failed  map[string]bool // a call of the id returned an error (not a skip)
@@ -47,8 +51,8 @@ type injector struct {
 	lastErr error // the handler's last error (not a skip), for a failing scenario's report
 }
 
-func newInjector() *injector {
-	return &injector{calls: map[string]int{}, failed: map[string]bool{}, fail: map[string]func(int) error{}}
+func newInjector(prefix string) *injector {
+	return &injector{prefix: prefix, calls: map[string]int{}, failed: map[string]bool{}, fail: map[string]func(int) error{}}
 }
 
 // after notes the outcome of a call of r.
@@ -56,9 +60,9 @@ func (in *injector) after(r *consumer.Record, idHeader string, err error) {
 	if err == nil || consumer.ClassOf(err) == consumer.ClassSkip {
 		return
 	}
-	id, _ := r.Header(idHeader)
+	id := in.idOf(r, idHeader)
 	in.mu.Lock()
-	in.failed[string(id)] = true
+	in.failed[id] = true
 	in.lastErr = err
 	in.mu.Unlock()
 }
@@ -106,16 +110,22 @@ func repeatsDetail(repeats map[string]int) string {
 
 // before counts a call of r and returns the injected failure, if any.
 func (in *injector) before(r *consumer.Record, idHeader string) error {
-	id, _ := r.Header(idHeader)
+	id := in.idOf(r, idHeader)
 	in.mu.Lock()
-	in.calls[string(id)]++
-	n := in.calls[string(id)]
-	f := in.fail[string(id)]
+	in.calls[id]++
+	n := in.calls[id]
+	f := in.fail[id]
 	in.mu.Unlock()
 	if f == nil {
 		return nil
 	}
 	return f(n)
+}
+
+// idOf returns r's message id, without the scenario's prefix.
+func (in *injector) idOf(r *consumer.Record, idHeader string) string {
+	id, _ := r.Header(idHeader)
+	return strings.TrimPrefix(string(id), in.prefix)
 }
 
 // failOn makes calls of the record with this id return f(call number).

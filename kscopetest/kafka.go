@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
+	"github.com/kscope-dev/kscope/sequence"
 	"github.com/kscope-dev/kscope/txn"
 )
 
@@ -42,15 +44,40 @@ type KafkaPipeline struct {
 	// Undecodable returns an input the handler rejects as poison. Nil
 	// skips that scenario.
 	Undecodable func() *kgo.Record
+	// Options are the service's Kafka-scope options, as it runs them:
+	// with Dedupe (the idempotency guard) or Versions, the kit runs the
+	// duplicate, replay and (with Versions.Header) out-of-order scenarios
+	// too. The kit sets TransactionalID, and CommitInterval when it is
+	// zero.
+	Options txn.Options
 }
 
-// Kafka runs the Kafka-scope scenarios against p: success then commit, a
-// crash mid-transaction (the member is fenced by its successor), retryable
-// failure retried, non-retryable failure and undecodable record to the DLT
-// inside the transaction, poison bounded then the DLT, batch partial
-// failure, and a broker fault on EndTxn. Duplicate inputs, version gaps and
-// replays are not part of the Kafka scope's guarantee (it does not
-// deduplicate inputs; a replay produces its outputs again) and are not run.
+// Kafka runs the delivery-semantics table against p, a Kafka-scope
+// pipeline, each row as the Kafka scope states its guarantee: success then
+// commit, a crash mid-transaction (the member is fenced by its successor
+// and no output is produced twice), retryable failure retried,
+// non-retryable failure and undecodable record to the DLT inside the
+// transaction, poison bounded then the DLT, batch partial failure, a
+// broker fault on EndTxn, and the three rows that hold only with
+// p.Options' guard or versions:
+//
+//   - duplicate delivery: a message sent twice (the same key and message
+//     id, a later offset) produces its outputs once, its handler runs once,
+//     and the runner counts it (KafkaStats.Duplicates with
+//     Options.Dedupe, Stale with Options.Versions);
+//   - replay: the group's offsets reset to the start, every input is
+//     consumed again and none produces an output or reaches the handler;
+//   - out-of-order versions (Options.Versions with Header): versions 1,
+//     3, 2 of a key are applied per the gap policy (Wait: all three;
+//     DeadLetter: two, and 3 to the DLT; Accept: 1 and 3, 2 stale).
+//
+// Without Options.Dedupe or Options.Versions the Kafka scope produces a
+// repeated input's outputs again, exactly once each, so the duplicate and
+// replay rows are not applicable (the Result says so, and how to turn the
+// guard on); without Options.Versions, or with Versions.Extract, neither is
+// the out-of-order row. The kit writes each input's message id in the
+// header that p's consumer.Config.Identity reads (consumer.
+// DefaultMessageIDHeader unless Identity.Header names another).
 // Each scenario runs on a fresh in-process cluster (or KAFKA_BROKERS, or a
 // fresh Apache Kafka broker with KSCOPE_KAFKA=apache).
 func Kafka(t *testing.T, p KafkaPipeline) Report {
@@ -59,8 +86,14 @@ func Kafka(t *testing.T, p KafkaPipeline) Report {
 		mu  sync.Mutex
 		rep Report
 	)
-	for _, sc := range kafkaScenarios {
+	for _, sc := range append(kafkaScenarios, kafkaGuardScenarios...) {
 		t.Run(sc.name, func(t *testing.T) {
+			if sc.applies != nil {
+				if why := sc.applies(p); why != "" {
+					report(t, &mu, &rep, Result{Scenario: sc.name, Detail: notApplicable(why)})
+					return
+				}
+			}
 			h := newKafkaHarness(t, p, sc.name)
 			detail := sc.run(h)
 			report(t, &mu, &rep, Result{Scenario: sc.name, Detail: detail})
@@ -78,6 +111,7 @@ type kafkaHarness struct {
 	txnID string                     // the transactional id of the scenario's runners
 	from  map[string]map[int32]int64 // per output topic, the end offsets when the scenario began
 	n     int
+	idHdr string // the header the pipeline's consumer.Config.Identity reads
 
 	inject *injector
 	warns  *lastWarning // the runners' last warning, for a failing scenario's report
@@ -88,8 +122,8 @@ const kitIDHeader = "kscopetest-id"
 func newKafkaHarness(t *testing.T, p KafkaPipeline, scenario string) *kafkaHarness {
 	ctx := context.Background()
 	k := testenv.KafkaT(t)
-	h := &kafkaHarness{t: t, k: k, p: p, topic: name("in", scenario), group: name(scenario), inject: newInjector(),
-		txnID: name(scenario, "txn"), from: map[string]map[int32]int64{}, warns: &lastWarning{}}
+	h := &kafkaHarness{t: t, k: k, p: p, topic: name("in", scenario), group: name(scenario), inject: newInjector(""),
+		txnID: name(scenario, "txn"), from: map[string]map[int32]int64{}, warns: &lastWarning{}, idHdr: identityHeader(p.Config)}
 	if err := k.CreateTopic(ctx, h.topic, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +156,12 @@ func (h *kafkaHarness) record(id string) *kgo.Record {
 	}
 	r.Topic, r.Key = h.topic, []byte(id)
 	r.Headers = setHeader(r.Headers, kitIDHeader, id)
+	// The identity the idempotency guard keys on (Options.Dedupe): the
+	// scenario's group, and with it the guard's memory, is its own.
+	r.Headers = setHeader(r.Headers, h.idHdr, id)
+	if v := h.p.Options.Versions; v != nil && v.Extract == nil {
+		r.Headers = setHeader(r.Headers, headerOr(v.Header, sequence.DefaultHeader), strconv.Itoa(h.n))
+	}
 	return r
 }
 
@@ -132,7 +172,9 @@ func (h *kafkaHarness) produce(recs ...*kgo.Record) {
 	}
 }
 
-func (h *kafkaHarness) runner(txnID string, opts txn.Options) *txn.Runner {
+// runner builds the pipeline with the kit's configuration and the
+// pipeline's Options, under the transactional id txnID.
+func (h *kafkaHarness) runner(txnID string) *txn.Runner {
 	h.t.Helper()
 	cfg := consumer.Config{
 		Brokers: h.k.Brokers, Group: h.group, Topics: []string{h.topic},
@@ -143,6 +185,7 @@ func (h *kafkaHarness) runner(txnID string, opts txn.Options) *txn.Runner {
 		cfg.Brokers, cfg.Group, cfg.Topics = h.k.Brokers, h.group, []string{h.topic}
 	}
 	cfg.Logger = slog.New(h.warns) // the kit reports the last warning when a scenario fails
+	opts := h.p.Options
 	opts.TransactionalID = txnID
 	if opts.CommitInterval == 0 {
 		opts.CommitInterval = 20 * time.Millisecond
@@ -329,16 +372,20 @@ func (w *lastWarning) String() string {
 type kafkaScenario struct {
 	name string
 	run  func(h *kafkaHarness) string
+	// applies, when not nil, says why the scenario does not apply to p
+	// ("" when it does): the kit reports it so without a harness (on
+	// Apache Kafka, without starting a broker).
+	applies func(p KafkaPipeline) string
 }
 
 var kafkaScenarios = []kafkaScenario{
-	{"success_then_commit", func(h *kafkaHarness) string {
+	{name: "success_then_commit", run: func(h *kafkaHarness) string {
 		for range 10 {
 			h.produce(h.record(""))
 		}
-		return h.settle(h.runner(h.txnID, txn.Options{}), 10*h.p.OutputsPerInput, 0)
+		return h.settle(h.runner(h.txnID), 10*h.p.OutputsPerInput, 0)
 	}},
-	{"crash_mid_transaction", func(h *kafkaHarness) string {
+	{name: "crash_mid_transaction", run: func(h *kafkaHarness) string {
 		// The first member commits, then hangs inside a transaction, as a
 		// crashed or stalled process does; its successor, with the same
 		// transactional id, fences it and redoes the open work.
@@ -352,7 +399,7 @@ var kafkaScenarios = []kafkaScenario{
 		for range 5 {
 			h.produce(h.record(""))
 		}
-		first := h.runner(h.txnID, txn.Options{})
+		first := h.runner(h.txnID)
 		stopFirst := run(first)
 		if !waitCond(time.Minute, func() bool { return first.Stats().Kafka.Records == 5 }) {
 			close(hang)
@@ -369,7 +416,7 @@ var kafkaScenarios = []kafkaScenario{
 		// member) before it joins the group. Once it is a member, the first
 		// member's handler returns: its late work must not commit, and the
 		// successor redoes it when the partition moves.
-		second := h.runner(h.txnID, txn.Options{})
+		second := h.runner(h.txnID)
 		stopSecond := run(second)
 		joined := waitCond(time.Minute, func() bool { return h.members() == 2 })
 		close(hang)
@@ -389,7 +436,7 @@ var kafkaScenarios = []kafkaScenario{
 		}
 		return expect(h.outputs() == 10*h.p.OutputsPerInput, "%d outputs for 10 inputs after a crash mid-transaction, want %d", h.outputs(), 10*h.p.OutputsPerInput)
 	}},
-	{"retryable_failure_retried", func(h *kafkaHarness) string {
+	{name: "retryable_failure_retried", run: func(h *kafkaHarness) string {
 		h.inject.failOn("flaky", func(n int) error {
 			if n <= 2 {
 				return consumer.Retryable(errors.New("kscopetest: injected transient failure"))
@@ -397,49 +444,49 @@ var kafkaScenarios = []kafkaScenario{
 			return nil
 		})
 		h.produce(h.record("flaky"))
-		return h.settle(h.runner(h.txnID, txn.Options{}), h.p.OutputsPerInput, 0)
+		return h.settle(h.runner(h.txnID), h.p.OutputsPerInput, 0)
 	}},
-	{"non_retryable_failure_to_dlt", func(h *kafkaHarness) string {
+	{name: "non_retryable_failure_to_dlt", run: func(h *kafkaHarness) string {
 		h.inject.failOn("bad", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected terminal failure")) })
 		h.produce(h.record("bad"), h.record(""))
-		return h.settle(h.runner(h.txnID, txn.Options{}), h.p.OutputsPerInput, 1)
+		return h.settle(h.runner(h.txnID), h.p.OutputsPerInput, 1)
 	}},
-	{"undecodable_record_to_dlt", func(h *kafkaHarness) string {
+	{name: "undecodable_record_to_dlt", run: func(h *kafkaHarness) string {
 		if h.p.Undecodable == nil {
 			return notApplicable(noUndecodable)
 		}
 		bad := h.p.Undecodable()
 		bad.Topic, bad.Key = h.topic, []byte("undecodable")
 		h.produce(bad, h.record(""))
-		return h.settle(h.runner(h.txnID, txn.Options{}), h.p.OutputsPerInput, 1)
+		return h.settle(h.runner(h.txnID), h.p.OutputsPerInput, 1)
 	}},
-	{"poison_bounded_then_dlt", func(h *kafkaHarness) string {
+	{name: "poison_bounded_then_dlt", run: func(h *kafkaHarness) string {
 		h.inject.failOn("poison", func(int) error { return errors.New("kscopetest: injected failure, every time") })
 		h.produce(h.record("poison"))
-		r := h.runner(h.txnID, txn.Options{})
+		r := h.runner(h.txnID)
 		if d := h.settle(r, 0, 1); d != "" {
 			return d
 		}
 		calls := h.inject.callsOf("poison")
 		return expect(calls == retrytopic.DefaultUnknownAttempts, "poison handled %d times, budget %d", calls, retrytopic.DefaultUnknownAttempts)
 	}},
-	{"batch_partial_failure", func(h *kafkaHarness) string {
+	{name: "batch_partial_failure", run: func(h *kafkaHarness) string {
 		var recs []*kgo.Record
 		for i := range 20 {
 			recs = append(recs, h.record(fmt.Sprintf("batch-%d", i)))
 		}
 		h.inject.failOn("batch-7", func(int) error { return consumer.Terminal(errors.New("kscopetest: injected failure mid-transaction")) })
 		h.produce(recs...)
-		return h.settle(h.runner(h.txnID, txn.Options{}), 19*h.p.OutputsPerInput, 1)
+		return h.settle(h.runner(h.txnID), 19*h.p.OutputsPerInput, 1)
 	}},
-	{"broker_fault_on_end_txn", func(h *kafkaHarness) string {
+	{name: "broker_fault_on_end_txn", run: func(h *kafkaHarness) string {
 		for range 10 {
 			h.produce(h.record(""))
 		}
 		if _, err := h.k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, Err: kerr.TransactionAbortable, Count: 1}); err != nil {
 			return notApplicable("only the in-process kfake broker can be told to fail an EndTxn; this one is " + h.k.Kind)
 		}
-		return h.settle(h.runner(h.txnID, txn.Options{}), 10*h.p.OutputsPerInput, 0)
+		return h.settle(h.runner(h.txnID), 10*h.p.OutputsPerInput, 0)
 	}},
 }
 

@@ -3,15 +3,23 @@
 // an input record and how to count its effects — [DB] runs the scenarios
 // production throws at a consumer against it, on an in-process Kafka (kfake)
 // and a throwaway PostgreSQL (or KAFKA_BROKERS / DATABASE_URL), and reports
-// which guarantees hold. [Scope] runs the same table against a scope of the
-// service's own (another store, built on package scope and run by
-// consumer.NewScoped): given how to open a fresh store, how to build the
-// runner on it and how to count its effects ([ScopePipeline]), it runs
-// every scenario below but the per-key versions, which are the DB scope's.
+// which guarantees hold. [AtLeastOnce] runs the same table against an
+// AtLeastOnce pipeline (consumer.New): the rows that need each record
+// applied once (duplicate delivery, the crash before the offset commit,
+// replay) with the pipeline's idempotency guard (consumer.Config.Dedupe),
+// and reported as not applicable without it. [Kafka] runs it against a
+// Kafka-scope pipeline, as that scope states each guarantee. [Scope] runs
+// the same table against a scope of the service's own (another store,
+// built on package scope and run by consumer.NewScoped): given how to open
+// a fresh store, how to build the runner on it and how to count its
+// effects ([ScopePipeline]), it runs every scenario below but the per-key
+// versions, which are the DB scope's.
+//
 // The scenarios:
 //
 //   - success then commit: every record applied once, offsets committed;
-//   - duplicate delivery: the same message twice has one effect;
+//   - duplicate delivery: the same message sent twice in a row, and once
+//     more after they are done, has one effect;
 //   - crash before the offset commit: redelivered records are no-ops;
 //   - retryable failure: retried with backoff, then applied once;
 //   - non-retryable failure: to the dead-letter topic, no effect;
@@ -27,15 +35,17 @@
 // A scenario that does not apply to the pipeline (the undecodable record
 // without [DBPipeline].Undecodable or [ScopePipeline].Undecodable,
 // out-of-order versions without Options.Versions or with a version
-// extractor) or to the backend is not run: its subtest is skipped (t.Skip)
+// extractor, a duplicate or a replay in the AtLeastOnce or Kafka scope
+// without its guard), to its scope (per-key versions in the AtLeastOnce
+// scope) or to the backend is not run: its subtest is skipped (t.Skip)
 // with the reason, and its [Result] says Skipped.
 //
 // In every scenario the kit also counts the handler's calls per message
 // id: a record whose handler ran more than once although none of its calls
 // failed (a record before a failing one in its batch, say) is reported in
-// [Result].Repeats and fails the scenario. The kit wraps a DB-scope
-// handler itself; a scope of the service's own runs its handler's work
-// through the kit's [Faults], which the kit hands to
+// [Result].Repeats and fails the scenario. The kit wraps a DB-scope or an
+// AtLeastOnce handler itself; a scope of the service's own runs its
+// handler's work through the kit's [Faults], which the kit hands to
 // [ScopePipeline].Runner, and a scenario in which the kit counted no call
 // fails, saying so.
 //
@@ -47,8 +57,8 @@
 // transactions in a row aborting), not after a timeout, and says what it
 // saw: effects or outputs, dead-letter records, the committed offsets, the
 // runner's counters, the handler's last error and, for the Kafka scope, the
-// runner's last warning (an output topic that does not exist, say). [Kafka] does the same for a
-// Kafka-scope pipeline. With KSCOPE_KAFKA=apache the same suites run on
+// runner's last warning (an output topic that does not exist, say). With
+// KSCOPE_KAFKA=apache the same suites run on
 // Apache Kafka, started from its Maven Central artifacts on the machine's
 // JDK (Maven and a JDK 17 or newer needed; the first run downloads the
 // broker once); there the crash before the offset commit is made by
@@ -78,9 +88,10 @@
 //
 //	func TestMain(m *testing.M) { kscopetest.Main(m) }
 //
-// [Scope] needs no PostgreSQL: its scenarios open the store through
-// [ScopePipeline].Open, in the scenario's temporary directory, say; each
-// still runs on a topic and group of its own, removed when it ends.
+// [AtLeastOnce] and [Kafka] need no PostgreSQL, nor does [Scope]: its
+// scenarios open the store through [ScopePipeline].Open, in the
+// scenario's temporary directory, say; each still runs on a topic and
+// group of its own, removed when it ends.
 package kscopetest
 
 import (
@@ -90,6 +101,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,9 +120,10 @@ type Result struct {
 	// Held says that the scenario ran and its guarantee held.
 	Held bool
 	// Skipped says that the scenario does not apply to this pipeline (no
-	// Undecodable, no Versions) or backend (a broker fault on a real
-	// broker): it did not run, its subtest was skipped (t.Skip) and Detail
-	// says why.
+	// Undecodable, no Versions, no idempotency guard), its scope (per-key
+	// versions in the AtLeastOnce scope) or backend (a broker fault on a
+	// real broker): it did not run, its subtest was skipped (t.Skip) and
+	// Detail says why.
 	Skipped bool
 	Detail  string // what broke, or why the scenario did not apply
 	// Repeats counts the handler's calls of each message id that was
@@ -145,7 +158,14 @@ func table(t *testing.T, scenarios []scenario, open func(t *testing.T) pipeline)
 	)
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
-			h := newHarness(t, k, open(t), sc.name)
+			p := open(t)
+			if p.applies != nil {
+				if why := p.applies(sc.name); why != "" {
+					report(t, &mu, &rep, Result{Scenario: sc.name, Detail: notApplicable(why)})
+					return
+				}
+			}
+			h := newHarness(t, k, p, sc.name)
 			detail := sc.run(h)
 			repeats := h.inject.repeats()
 			if detail == "" && len(repeats) > 0 {
@@ -201,9 +221,15 @@ type pipeline struct {
 	effects func(ctx context.Context) (int, error)
 	// versions is the DB scope's Options.Versions (nil elsewhere).
 	versions *sequence.Config
-	// counters says that the runner counts duplicates in Stats().DB (the
-	// DB scope's own counters).
-	counters bool
+	// duplicates reads the runner's count of the duplicates it did not
+	// hand to the handler (the DB scope's inbox, the AtLeastOnce scope's
+	// guard); nil when the runner keeps no such counter (a scope of the
+	// service's own).
+	duplicates func(consumer.Stats) int64
+	// applies, when not nil, says why the scenario of that name does not
+	// apply to the pipeline's scope ("" when it does): the kit reports it
+	// as not applicable, with that reason, without running it.
+	applies func(scenario string) string
 	// what names the pipeline's description in the kit's messages.
 	what string
 }
@@ -223,14 +249,16 @@ type harness struct {
 	p        pipeline
 	topic    string
 	group    string
-	n        int // records made so far
-	produced int // records produced to the topic
+	n        int    // records made so far
+	produced int    // records produced to the topic
+	idHdr    string // the header the pipeline's consumer.Config.Identity reads
 
 	inject *injector
 }
 
 func newHarness(t *testing.T, k *testenv.Kafka, p pipeline, scenario string) *harness {
-	h := &harness{t: t, k: k, p: p, topic: name(scenario), group: name(scenario), inject: newInjector()}
+	h := &harness{t: t, k: k, p: p, topic: name(scenario), group: name(scenario), inject: newInjector(kitIDPrefix(scenario)),
+		idHdr: identityHeader(p.config)}
 	if err := k.CreateTopic(context.Background(), h.topic, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -244,17 +272,39 @@ func (h *harness) record(key, id string) *kgo.Record {
 	r := h.p.valid(h.n)
 	h.n++
 	if id == "" {
-		id = fmt.Sprintf("%s-msg-%d", h.topic, h.n)
+		id = fmt.Sprintf("msg-%d", h.n)
 	}
 	r.Topic, r.Key = h.topic, []byte(key)
-	r.Headers = setHeader(r.Headers, h.idHeader(), id)
+	r.Headers = setHeader(r.Headers, h.idHeader(), h.inject.prefix+id)
 	if v := h.p.versions; v != nil && v.Extract == nil {
 		r.Headers = setHeader(r.Headers, headerOr(v.Header, sequence.DefaultHeader), strconv.Itoa(h.n))
 	}
 	return r
 }
 
-func (h *harness) idHeader() string { return headerOr("", consumer.DefaultMessageIDHeader) }
+func (h *harness) idHeader() string { return h.idHdr }
+
+// identityHeader returns the header that the consumer configuration
+// config makes (its Identity.Header) carries a record's identity, which
+// the kit writes: the default one without config or Identity.Header.
+func identityHeader(config func(consumer.Config) consumer.Config) string {
+	if config == nil {
+		return consumer.DefaultMessageIDHeader
+	}
+	return headerOr(config(consumer.Config{}).Identity.Header, consumer.DefaultMessageIDHeader)
+}
+
+// kitRuns numbers the scenarios a test binary runs, for kitIDPrefix.
+var kitRuns atomic.Int64
+
+// kitIDPrefix returns the prefix of the message ids a scenario writes: its
+// name, the run's id and the scenario's number in the test binary, so that
+// a dedupe store shared by every scenario (an AtLeastOnce pipeline's
+// consumer.Config.Dedupe.Store), or by two runs of the kit, never holds an
+// id of another scenario's records.
+func kitIDPrefix(scenario string) string {
+	return fmt.Sprintf("%s#%d/", name(scenario), kitRuns.Add(1))
+}
 
 func headerOr(h, def string) string {
 	if h == "" {
@@ -367,8 +417,12 @@ func (h *harness) until(r kitRunner, what string, cond func() bool) string {
 // committed offsets, the runner's counters and the handler's last error.
 func (h *harness) saw(r kitRunner) string {
 	st := r.Stats()
-	return fmt.Sprintf("saw %d effects, %d dead-letter records, offsets %s; the runner: %d of %d records done, %d retried in place, %d dead-lettered, %d skipped, %d applied, %d duplicates; the handler's last error: %s",
-		h.effects(), len(h.dlt()), committedWords(h.committed()), st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, st.DB.Duplicates, h.inject.lastWords())
+	dups := "no count of duplicates"
+	if h.p.duplicates != nil {
+		dups = fmt.Sprintf("%d duplicates", h.p.duplicates(st))
+	}
+	return fmt.Sprintf("saw %d effects, %d dead-letter records, offsets %s; the runner: %d of %d records done, %d retried in place, %d dead-lettered, %d skipped, %d applied, %s; the handler's last error: %s",
+		h.effects(), len(h.dlt()), committedWords(h.committed()), st.Done, h.produced, st.Failures.Retries, st.Failures.DeadLettered, st.Failures.Skipped, st.DB.Applied, dups, h.inject.lastWords())
 }
 
 // rewind sets the group's committed offset of the scenario's topic back to
