@@ -40,9 +40,14 @@ var notes = map[string]string{
 		"offset could be committed before the output exists). The Kafka scope produces inside a transaction that commits every 100 ms " +
 		"(the default `CommitInterval`) together with the input offsets. It does not wait for each output's acknowledgment: outputs are " +
 		"produced asynchronously and flushed once per transaction, which is why it outruns a correct at-least-once handler that must wait for each one.",
-	"r5_dedupe_cost": "Both are the r5 Kafka-scope runner; with the guard each input's identity is looked up in its partition's state before the handler " +
-		"and, once it succeeded, remembered there and written to the version changelog in the same transaction: one more record produced per input " +
-		"(plus a tombstone for each identity forgotten past the window or the count), the changelog partitions restored when a partition is assigned.",
+	"r5_dedupe_cost": "Both are the r5 Kafka-scope runner; with the guard each input's identity (here its coordinates: the inputs carry no " +
+		"message id) is hashed (SHA-256, 16 bytes kept), looked up in its partition's state before the handler and, once it succeeded, " +
+		"inserted there; each transaction writes one changelog record per partition with the identities it remembered (16 bytes each) " +
+		"and a tombstone per segment it forgets. Profiled on 2026-11-27 on this machine, that work is about 1 µs of CPU per input: the " +
+		"identity and its hash a quarter, the lookup and the insert in a map of up to 100,000 identities per partition (DefaultDedupeMaxIDs; " +
+		"each a cache miss) most of the rest, the segment writes under a tenth; against the in-process broker the scope without the guard " +
+		"spends about 2.5 µs per input in all, so the ratio is bounded near 0.75 here. Against a broker across a network, where an input " +
+		"costs the scope more, the same microsecond weighs less.",
 }
 
 // analysis explains a missed target with the run's own numbers.
