@@ -46,7 +46,7 @@ func TestIDMemory(t *testing.T) {
 	}
 	later := t0.Add(window + 1500*time.Millisecond)
 	m.remember(k("e")) // b is past its window: the transaction that ends next forgets it
-	segs, forget = m.write(later, window, 3)
+	_, forget = m.write(later, window, 3)
 	if !slices.Equal(forget, []uint64{0, 1}) {
 		t.Fatalf("remembering past the window forgets %v; want segments 0 and 1 (a, b)", forget)
 	}
