@@ -95,7 +95,7 @@ func (s *kafkaScope) guardPart(rec *consumer.Record) *partVersions {
 // returns what w remembers once rec's handler succeeded (work.remember).
 func (s *kafkaScope) duplicate(w *work, rec *consumer.Record, pv *partVersions) (guardRef, bool) {
 	g := guardRef{pv, keyOfID(s.cfg.Identity.Of(rec))}
-	if !pv.seenID(g.id) {
+	if !pv.seenID(g.id, s.o.Dedupe.Window) {
 		return g, false
 	}
 	s.obs.Event(rec, hook.EventDuplicate, "")

@@ -40,6 +40,7 @@ type idMemory struct {
 
 	openSeq     atomic.Uint64 // the open transaction's first segment
 	forgetBelow atomic.Uint64 // segments below it are forgotten, or being forgotten by the open transaction
+	expireBelow atomic.Uint64 // segments below it are past the window (expire), not yet forgotten
 	pendN       atomic.Int64  // identities the open transaction remembered
 	stripes     [idStripes]idStripe
 }
@@ -121,17 +122,41 @@ func (m *idMemory) build() {
 	m.loaded.Store(true)
 }
 
-// seen reports whether id is remembered: by a committed segment that the
-// open transaction does not forget, or by the open transaction. A segment
-// past the window is forgotten as the next transaction ends, so an
-// identity may be remembered up to a transaction longer than the window.
-func (m *idMemory) seen(id idKey) bool {
+// seen reports whether id is remembered within window: by a committed
+// segment that is not past it (as expire last found) and that the open
+// transaction does not forget, or by the open transaction (within any
+// window of a millisecond or more).
+func (m *idMemory) seen(id idKey, window time.Duration) bool {
 	m.build()
 	st := m.stripe(id)
 	st.mu.Lock()
 	seq, ok := st.at[id]
 	st.mu.Unlock()
-	return ok && seq >= m.forgetBelow.Load()
+	if ok && seq >= m.openSeq.Load() {
+		return window >= time.Millisecond
+	}
+	return ok && seq >= m.forgetBelow.Load() && seq >= m.expireBelow.Load()
+}
+
+// expire notes which committed segments are past the window at now, for
+// seen: the scope calls it before each poll and after each transaction,
+// so a lookup needs no clock of its own. Their identities are forgotten by the next transaction that
+// remembers any (write).
+func (m *idMemory) expire(now time.Time, window time.Duration) {
+	m.build()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	oldest := now.UnixMilli() - window.Milliseconds()
+	below := uint64(0)
+	for _, seq := range m.order {
+		if m.segs[seq].ms > oldest {
+			break
+		}
+		below = seq + 1
+	}
+	if below > m.expireBelow.Load() {
+		m.expireBelow.Store(below)
+	}
 }
 
 // remember remembers id in the open transaction.
@@ -289,11 +314,20 @@ func (pv *partVersions) idsOf() *idMemory {
 	return pv.ids.Load()
 }
 
-// seenID reports whether id is remembered.
-func (pv *partVersions) seenID(id idKey) bool { return pv.idsOf().seen(id) }
+// seenID reports whether id is remembered within window.
+func (pv *partVersions) seenID(id idKey, window time.Duration) bool {
+	return pv.idsOf().seen(id, window)
+}
 
 // rememberID remembers id in the open transaction.
 func (pv *partVersions) rememberID(id idKey) { pv.idsOf().remember(id) }
+
+// expireIDs notes which of pv's remembered identities are past window.
+func (pv *partVersions) expireIDs(now time.Time, window time.Duration) {
+	if m := pv.ids.Load(); m != nil {
+		m.expire(now, window)
+	}
+}
 
 // writeIDs returns the changelog writes of the open transaction's
 // remembered identities (idMemory.write).

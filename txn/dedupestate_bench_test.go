@@ -32,7 +32,7 @@ func BenchmarkGuardPerInput(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		id := key(DefaultDedupeMaxIDs + i)
-		if pv.seenID(id) {
+		if pv.seenID(id, time.Hour) {
 			b.Fatal("a new identity seen")
 		}
 		pv.rememberID(id)

@@ -17,11 +17,11 @@ func TestIDMemory(t *testing.T) {
 	t0 := time.UnixMilli(1_000_000)
 	const window = time.Minute
 	m.remember(k("a"))
-	if !m.seen(k("a")) {
+	if !m.seen(k("a"), window) {
 		t.Fatal("a not seen in its own transaction")
 	}
 	m.end(false)
-	if m.seen(k("a")) {
+	if m.seen(k("a"), window) {
 		t.Fatal("a seen after its transaction aborted")
 	}
 	for i, id := range []string{"a", "b", "c"} {
@@ -37,11 +37,11 @@ func TestIDMemory(t *testing.T) {
 	if len(segs) != 1 || !slices.Equal(forget, []uint64{0}) {
 		t.Fatalf("a fourth identity beyond a maximum of 3 forgets %v; want the oldest segment, 0 (a)", forget)
 	}
-	if m.seen(k("a")) {
+	if m.seen(k("a"), window) {
 		t.Fatal("a seen while the open transaction forgets it")
 	}
 	m.end(false)
-	if !m.seen(k("a")) {
+	if !m.seen(k("a"), window) {
 		t.Fatal("a forgotten though the transaction that forgot it aborted")
 	}
 	later := t0.Add(window + 1500*time.Millisecond)
@@ -51,7 +51,7 @@ func TestIDMemory(t *testing.T) {
 		t.Fatalf("remembering past the window forgets %v; want segments 0 and 1 (a, b)", forget)
 	}
 	m.end(true)
-	if m.seen(k("a")) || m.seen(k("b")) || !m.seen(k("c")) || !m.seen(k("e")) {
+	if m.seen(k("a"), window) || m.seen(k("b"), window) || !m.seen(k("c"), window) || !m.seen(k("e"), window) {
 		t.Fatal("after the commit: want a and b forgotten, c and e remembered")
 	}
 
@@ -69,7 +69,7 @@ func TestIDMemory(t *testing.T) {
 		t.Fatalf("tombstone parsed as %v, %v", ids, err)
 	}
 	r.load(seq, 0, nil)
-	if r.seen(k("c")) || !r.seen(k("f")) {
+	if r.seen(k("c"), window) || !r.seen(k("f"), window) {
 		t.Fatal("restored: want c forgotten by its tombstone, f remembered")
 	}
 	r.remember(k("g"))

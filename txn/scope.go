@@ -326,6 +326,7 @@ func (s *kafkaScope) ended(committed bool) {
 	tx := s.cur
 	if s.vs != nil {
 		s.vs.end(committed)
+		s.expireRemembered(time.Now())
 	}
 	tx.finish(s.obs, committed)
 	if committed {
@@ -418,6 +419,7 @@ func (s *kafkaScope) TxnPrepare(ctx context.Context) error {
 		}
 		err := s.vs.restore(ctx, need)
 		if err == nil {
+			s.expireRemembered(time.Now())
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -432,18 +434,31 @@ func (s *kafkaScope) TxnPrepare(ctx context.Context) error {
 }
 
 // tick sends the parked records that waited past GapTimeout to their
-// key-shards, which dead-letter them, and returns when the next one times
-// out.
+// key-shards, which dead-letter them, notes which remembered identities
+// are past the guard's window (Options.Dedupe), and returns when the next
+// parked record times out.
 func (s *kafkaScope) tick(now time.Time) time.Time {
 	if s.vs == nil {
 		return time.Time{}
 	}
+	s.expireRemembered(now)
 	for _, p := range s.vs.takeExpired(now) {
 		if !s.e.Schedule(p.Topic, p.Partition, p.Key, func(ctx context.Context, rec *consumer.Record) { s.expire(ctx, rec, p) }) {
 			s.vs.expiring(p, false)
 		}
 	}
 	return s.vs.nextExpiry()
+}
+
+// expireRemembered notes, in each partition's state, which remembered
+// identities are past the guard's window at now (Options.Dedupe).
+func (s *kafkaScope) expireRemembered(now time.Time) {
+	if s.o.Dedupe == nil {
+		return
+	}
+	for _, pv := range s.vs.all() {
+		pv.expireIDs(now, s.o.Dedupe.Window)
+	}
 }
 
 // ReportStats fills in the Kafka scope's counters; Done counts the input
