@@ -23,6 +23,7 @@ type result struct {
 	out       outcome
 	gap       gapNote
 	gapDetail string          // the versions, for the version-gap event
+	skipped   int64           // the versions a gap it was applied over skipped
 	err       error           // failedOutcome: the handler's error; skipped: a note on lost writes
 	step      retrytopic.Step // failedOutcome: what the failure policy decided
 	st        inboxStatus     // rerouteOutcome: the outcome to route again
@@ -351,5 +352,6 @@ func (s *dbScope) account(work []*consumer.Record, res []result, done func(*cons
 			s.parked.Add(1)
 		}
 		s.countGap(res[i].gap)
+		s.versionsSkipped.Add(res[i].skipped)
 	}
 }

@@ -133,7 +133,8 @@ type dbScope struct {
 	skipped, parked                    atomic.Int64
 	stale, gapsDetected, gapsHealed    atomic.Int64
 	gapsAccepted, gapsTimedOut         atomic.Int64
-	waiting                            startWait // what Start waits for (Stats.Waiting)
+	versionsSkipped                    atomic.Int64 // the versions gaps were applied over (Accept, TimeoutAccept)
+	waiting                            startWait    // what Start waits for (Stats.Waiting)
 	group                              string
 
 	eng       scope.Engine[*consumer.Record]

@@ -276,10 +276,11 @@ func (b *batchTx) checkVersion(i int) (check sequence.Result, done bool, err err
 		b.res[i].out = staleOutcome
 		b.setStatus(i, statusApplied, 0, 0)
 		return check, true, b.unpark(i)
-	case check.Outcome == sequence.Gap && b.vers.Gaps != sequence.Accept:
+	case check.Outcome == sequence.Gap && b.vers.Gaps != sequence.Accept && !b.vers.AcceptsLate(m.FirstFailure):
 		return check, true, b.gap(i, check)
 	case check.Outcome == sequence.Gap:
 		b.res[i].gap = gapAccepted
+		b.res[i].skipped = check.Version - check.Expected()
 	case m.ExpectedVersion > 0:
 		b.res[i].gap = gapHealed
 	}
