@@ -76,8 +76,11 @@ type DBStats struct {
 	// (sequence.Accept, or sequence.TimeoutAccept once GapTimeout passed):
 	// never applied; one that arrives later is stale.
 	VersionsSkipped int64
-	TxRetries       int64 // transactions retried after a transient PostgreSQL error
-	Transactions    int64 // transactions committed
+	// GapsFilled counts the records past a gap whose missing state
+	// dbscope.Options.FillGap rebuilt: applied.
+	GapsFilled   int64
+	TxRetries    int64 // transactions retried after a transient PostgreSQL error
+	Transactions int64 // transactions committed
 	// HeldKeys is how many keys their circuit breaker holds
 	// (Config.KeyBreaker) in PostgreSQL, as the last recovery pass
 	// (every 2 s) counted them.
@@ -102,5 +105,8 @@ type KafkaStats struct {
 	// VersionsSkipped counts the versions that gaps were applied over
 	// (sequence.Accept, or sequence.TimeoutAccept once GapTimeout passed).
 	VersionsSkipped int64
-	Duplicates      int64 // input records whose identity was remembered (txn.Options.Dedupe): no output, committed
+	// GapsFilled counts the inputs past a gap whose missing state
+	// txn.Options.FillGap rebuilt: applied.
+	GapsFilled int64
+	Duplicates int64 // input records whose identity was remembered (txn.Options.Dedupe): no output, committed
 }

@@ -319,7 +319,7 @@ func (s *dbScope) account(work []*consumer.Record, res []result, done func(*cons
 	obs := s.obs
 	for i, r := range work {
 		switch res[i].gap {
-		case gapDetected, gapAccepted, gapDead:
+		case gapDetected, gapAccepted, gapDead, gapFilled:
 			obs.Event(r, hook.EventVersionGap, res[i].gapDetail)
 		case gapHealed:
 			obs.Event(r, hook.EventVersionHeal, "")
@@ -351,7 +351,10 @@ func (s *dbScope) account(work []*consumer.Record, res []result, done func(*cons
 		case parkedOutcome:
 			s.parked.Add(1)
 		}
-		s.countGap(res[i].gap)
-		s.versionsSkipped.Add(res[i].skipped)
+		if res[i].out == applied || res[i].out == skipped || (res[i].gap != gapFilled && res[i].gap != gapAccepted) {
+			// A gap filled or accepted counts once its record is applied.
+			s.countGap(res[i].gap)
+			s.versionsSkipped.Add(res[i].skipped)
+		}
 	}
 }

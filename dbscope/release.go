@@ -349,6 +349,8 @@ func (s *dbScope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topi
 			rel.stale++
 			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeStale, err: nil})
 			return false, nil
+		case check.Outcome == sequence.Gap && s.o.FillGap != nil:
+			rel.gaps = append(rel.gaps, releasedGap{r, gapFilled, "", 0}) // its handler's call fills it first
 		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept && !s.acceptsLate(r, w):
 			gapStep, herr = s.releaseGap(ctx, w, r, check, tries, rel)
 		case check.Outcome == sequence.Gap:

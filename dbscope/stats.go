@@ -19,6 +19,7 @@ func (s *dbScope) ReportStats(st *consumer.Stats) {
 		GapsAccepted:    s.gapsAccepted.Load(),
 		GapsTimedOut:    s.gapsTimedOut.Load(),
 		VersionsSkipped: s.versionsSkipped.Load(),
+		GapsFilled:      s.gapsFilled.Load(),
 		TxRetries:       s.txRetries.Load(),
 		Transactions:    s.transactions.Load(),
 		HeldKeys:        int(s.heldKeys.Load()),

@@ -107,7 +107,14 @@ func (s *kafkaScope) run(ctx, hctx context.Context, w *work, rec *consumer.Recor
 	var em *emitter
 	a := s.f.Attempts(ctx, rec, s.UsesRetryTopics(), done, func() error {
 		em = &emitter{}
-		return s.eng.Call(hctx, rec, func(ctx context.Context) error { return s.h.Handle(ctx, rec, em) })
+		return s.eng.Call(hctx, rec, func(ctx context.Context) error {
+			if gap, ok := sequence.FromContext(ctx); ok && gap.Outcome == sequence.Gap && s.o.FillGap != nil {
+				if err := s.o.FillGap(ctx, rec, gap, em); err != nil {
+					return fmt.Errorf("txn: Options.FillGap, for versions %d to %d: %w", gap.Expected(), gap.Version-1, err)
+				}
+			}
+			return s.h.Handle(ctx, rec, em)
+		})
 	})
 	err, step, attempt, first := a.Err, a.Step, a.N, a.First
 	if a.Held {
@@ -229,6 +236,9 @@ func (s *kafkaScope) handleVersioned(ctx context.Context, w *work, rec *consumer
 		w.do(func(tx *txnState) { tx.stale.Add(1) })
 		ended(hook.OutcomeStale, nil)
 		return
+	case check.Outcome == sequence.Gap && s.o.FillGap != nil:
+		obs.Event(rec, hook.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
+		// Its handler's call fills it first (run).
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.DeadLetter:
 		gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}
 		obs.Event(rec, hook.EventVersionGap, gap.Error())
@@ -252,7 +262,10 @@ func (s *kafkaScope) handleVersioned(ctx context.Context, w *work, rec *consumer
 	if out != hook.OutcomeSuccess && out != hook.OutcomeSkipped {
 		return // dead-lettered: the key's version stays
 	}
-	if check.Outcome == sequence.Gap {
+	switch {
+	case check.Outcome == sequence.Gap && s.o.FillGap != nil:
+		w.do(func(tx *txnState) { tx.gapsFilled.Add(1) })
+	case check.Outcome == sequence.Gap:
 		skipped := check.Version - check.Expected()
 		w.do(func(tx *txnState) {
 			tx.gapsAccepted.Add(1)
