@@ -433,7 +433,9 @@ func (b *bench) aloProduce(ctx context.Context, n int) (result, error) {
 
 // txnEmit is r5's numerator: the Kafka scope with default options, one
 // output per input.
-func (b *bench) txnEmit(ctx context.Context, n int) (result, error) { return b.txnEmitWith(nil)(ctx, n) }
+func (b *bench) txnEmit(ctx context.Context, n int) (result, error) {
+	return b.txnEmitWith(nil)(ctx, n)
+}
 
 // txnEmitWith is txnEmit with the idempotency guard's options (nil: off),
 // r5_dedupe_cost's two contenders.

@@ -72,8 +72,15 @@ type DBStats struct {
 	GapsHealed    int64 // records applied after waiting for the versions before them
 	GapsAccepted  int64 // records applied over a gap (sequence.Accept)
 	GapsTimedOut  int64 // records that waited past GapTimeout and went to the DLT
-	TxRetries     int64 // transactions retried after a transient PostgreSQL error
-	Transactions  int64 // transactions committed
+	// VersionsSkipped counts the versions that gaps were applied over
+	// (sequence.Accept, or sequence.TimeoutAccept once GapTimeout passed):
+	// never applied; one that arrives later is stale.
+	VersionsSkipped int64
+	// GapsFilled counts the records past a gap whose missing state
+	// dbscope.Options.FillGap rebuilt: applied.
+	GapsFilled   int64
+	TxRetries    int64 // transactions retried after a transient PostgreSQL error
+	Transactions int64 // transactions committed
 	// HeldKeys is how many keys their circuit breaker holds
 	// (Config.KeyBreaker) in PostgreSQL, as the last recovery pass
 	// (every 2 s) counted them.
@@ -95,5 +102,11 @@ type KafkaStats struct {
 	GapsHealed   int64 // parked records applied once the versions before them were
 	GapsAccepted int64 // records applied over a gap (sequence.Accept)
 	GapsTimedOut int64 // parked records that waited past GapTimeout and went to the DLT
-	Duplicates   int64 // input records whose identity was remembered (txn.Options.Dedupe): no output, committed
+	// VersionsSkipped counts the versions that gaps were applied over
+	// (sequence.Accept, or sequence.TimeoutAccept once GapTimeout passed).
+	VersionsSkipped int64
+	// GapsFilled counts the inputs past a gap whose missing state
+	// txn.Options.FillGap rebuilt: applied.
+	GapsFilled int64
+	Duplicates int64 // input records whose identity was remembered (txn.Options.Dedupe): no output, committed
 }

@@ -194,6 +194,18 @@ type Options struct {
 	// record (see sequence.Accept for the first run back).
 	Versions *sequence.Config
 
+	// FillGap, when set with Versions, rebuilds a key's state for the
+	// versions a record skipped: called for a record found past a gap,
+	// before its handler, in the record's transaction (tx; its writes
+	// commit with the record's, or roll back with them), whatever the
+	// Gaps policy. It fetches the missing state from the service's source
+	// of truth and writes it; on nil the handler runs (sequence.FromContext
+	// reports the gap), the record's version becomes the key's last and
+	// the gap counts as filled (DBStats.GapsFilled). An error fails the
+	// record as its handler's would: the failure policy retries it, and
+	// FillGap runs again.
+	FillGap func(ctx context.Context, tx pgx.Tx, r *consumer.Record, gap sequence.Result) error
+
 	// Periodic, when its Func is set, runs Func in a transaction of its
 	// own on every assigned partition, every Interval (see Periodic):
 	// time-based expiry of the handlers' state, say. It takes the place
@@ -257,6 +269,9 @@ func (o Options) validate() error {
 		bad("StartTimeout", "is %s; set it to a positive duration (0 selects %s)", o.StartTimeout, DefaultStartTimeout)
 	}
 	o.validatePeriodic(bad)
+	if o.FillGap != nil && o.Versions == nil {
+		bad("FillGap", "is set without Versions, which find the gaps it fills; set Versions too, or leave FillGap nil")
+	}
 	if o.Versions != nil {
 		if err := o.Versions.Validate(); err != nil {
 			bad("Versions", "%v", err)

@@ -23,6 +23,7 @@ type result struct {
 	out       outcome
 	gap       gapNote
 	gapDetail string          // the versions, for the version-gap event
+	skipped   int64           // the versions a gap it was applied over skipped
 	err       error           // failedOutcome: the handler's error; skipped: a note on lost writes
 	step      retrytopic.Step // failedOutcome: what the failure policy decided
 	st        inboxStatus     // rerouteOutcome: the outcome to route again
@@ -318,7 +319,7 @@ func (s *dbScope) account(work []*consumer.Record, res []result, done func(*cons
 	obs := s.obs
 	for i, r := range work {
 		switch res[i].gap {
-		case gapDetected, gapAccepted, gapDead:
+		case gapDetected, gapAccepted, gapDead, gapFilled:
 			obs.Event(r, hook.EventVersionGap, res[i].gapDetail)
 		case gapHealed:
 			obs.Event(r, hook.EventVersionHeal, "")
@@ -350,6 +351,10 @@ func (s *dbScope) account(work []*consumer.Record, res []result, done func(*cons
 		case parkedOutcome:
 			s.parked.Add(1)
 		}
-		s.countGap(res[i].gap)
+		if res[i].out == applied || res[i].out == skipped || (res[i].gap != gapFilled && res[i].gap != gapAccepted) {
+			// A gap filled or accepted counts once its record is applied.
+			s.countGap(res[i].gap)
+			s.versionsSkipped.Add(res[i].skipped)
+		}
 	}
 }

@@ -174,9 +174,10 @@ type released struct {
 
 // releasedGap is a version gap a release transaction found.
 type releasedGap struct {
-	rec    *consumer.Record
-	note   gapNote
-	detail string
+	rec     *consumer.Record
+	note    gapNote
+	detail  string
+	skipped int64 // the versions it was applied over
 }
 
 // releasedEnd is the outcome of a released record's delivery, or (step,
@@ -206,6 +207,7 @@ func (s *dbScope) count(rel *released) {
 	s.failed.Add(rel.failed)
 	for _, g := range rel.gaps {
 		s.countGap(g.note)
+		s.versionsSkipped.Add(g.skipped)
 	}
 }
 
@@ -347,8 +349,12 @@ func (s *dbScope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topi
 			rel.stale++
 			rel.ends = append(rel.ends, releasedEnd{rec: r, out: hook.OutcomeStale, err: nil})
 			return false, nil
-		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept:
+		case check.Outcome == sequence.Gap && s.o.FillGap != nil:
+			rel.gaps = append(rel.gaps, releasedGap{r, gapFilled, "", 0}) // its handler's call fills it first
+		case check.Outcome == sequence.Gap && s.o.Versions.Gaps != sequence.Accept && !s.acceptsLate(r, w):
 			gapStep, herr = s.releaseGap(ctx, w, r, check, tries, rel)
+		case check.Outcome == sequence.Gap:
+			rel.gaps = append(rel.gaps, releasedGap{r, gapAccepted, "", check.Version - check.Expected()})
 		}
 		hctx = sequence.WithResult(hctx, check)
 	}
@@ -372,6 +378,18 @@ func (s *dbScope) releaseOne(ctx context.Context, tx pgx.Tx, rtx *recordTx, topi
 	return s.releaseFailed(ctx, tx, topic, key, w, r, herr, gapStep, tries, rel)
 }
 
+// acceptsLate reports whether the waiting record w (delivered as r), past
+// a gap, has waited GapTimeout and is applied over it
+// (sequence.TimeoutAccept). It has waited since it was stored, or since
+// its first failure on an earlier hop.
+func (s *dbScope) acceptsLate(r *consumer.Record, w *waitingRow) bool {
+	first := s.f.Metadata(r).FirstFailure
+	if first.IsZero() {
+		first = w.since
+	}
+	return s.o.Versions.AcceptsLate(first)
+}
+
 // releaseGap decides where the waiting record w (delivered as r), whose
 // version is past a gap that is not accepted, goes: the step of its route
 // and the error it fails with.
@@ -387,7 +405,7 @@ func (s *dbScope) releaseGap(ctx context.Context, w *waitingRow, r *consumer.Rec
 	}
 	st, note, herr := s.gapRoute(ctx, r, m, gap, tries[w.id]+1)
 	rel.first = m.FirstFailure
-	rel.gaps = append(rel.gaps, releasedGap{r, note, gap.Error()})
+	rel.gaps = append(rel.gaps, releasedGap{r, note, gap.Error(), 0})
 	rel.routedGap = true
 	return &st, herr
 }

@@ -133,7 +133,8 @@ type dbScope struct {
 	skipped, parked                    atomic.Int64
 	stale, gapsDetected, gapsHealed    atomic.Int64
 	gapsAccepted, gapsTimedOut         atomic.Int64
-	waiting                            startWait // what Start waits for (Stats.Waiting)
+	versionsSkipped, gapsFilled        atomic.Int64 // the versions gaps were applied over (Accept, TimeoutAccept)
+	waiting                            startWait    // what Start waits for (Stats.Waiting)
 	group                              string
 
 	eng       scope.Engine[*consumer.Record]
@@ -363,6 +364,7 @@ const (
 	gapWaiting          // still waiting
 	gapHealed           // the missing versions came: applied
 	gapAccepted         // applied over the gap (sequence.Accept)
+	gapFilled           // Options.FillGap rebuilt the missing state: applied
 	gapTimedOut         // waited past GapTimeout: to the DLT
 	gapDead             // sequence.DeadLetter: to the DLT at once
 )
@@ -470,6 +472,16 @@ func (s *dbScope) call(ctx context.Context, tx pgx.Tx, r *consumer.Record) error
 	if s.bh != nil {
 		return s.callOne(ctx, tx, r)
 	}
+	if s.o.FillGap != nil {
+		if gap, ok := sequence.FromContext(ctx); ok && gap.Outcome == sequence.Gap {
+			return s.eng.Call(ctx, r, func(ctx context.Context) error {
+				if err := s.o.FillGap(ctx, tx, r, gap); err != nil {
+					return fmt.Errorf("dbscope: Options.FillGap, for versions %d to %d: %w", gap.Expected(), gap.Version-1, err)
+				}
+				return s.h.Handle(ctx, tx, r)
+			})
+		}
+	}
 	return s.eng.Call(ctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, tx, r) })
 }
 
@@ -514,6 +526,9 @@ func (s *dbScope) countGap(note gapNote) {
 		s.gapsAccepted.Add(1)
 	case gapTimedOut:
 		s.gapsTimedOut.Add(1)
+	case gapFilled:
+		s.gapsDetected.Add(1)
+		s.gapsFilled.Add(1)
 	case gapDead:
 		s.gapsDetected.Add(1)
 	}

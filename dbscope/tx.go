@@ -276,10 +276,13 @@ func (b *batchTx) checkVersion(i int) (check sequence.Result, done bool, err err
 		b.res[i].out = staleOutcome
 		b.setStatus(i, statusApplied, 0, 0)
 		return check, true, b.unpark(i)
-	case check.Outcome == sequence.Gap && b.vers.Gaps != sequence.Accept:
+	case check.Outcome == sequence.Gap && b.s.o.FillGap != nil:
+		b.res[i].gap = gapFilled // its handler's call fills it first (scope.call)
+	case check.Outcome == sequence.Gap && b.vers.Gaps != sequence.Accept && !b.vers.AcceptsLate(m.FirstFailure):
 		return check, true, b.gap(i, check)
 	case check.Outcome == sequence.Gap:
 		b.res[i].gap = gapAccepted
+		b.res[i].skipped = check.Version - check.Expected()
 	case m.ExpectedVersion > 0:
 		b.res[i].gap = gapHealed
 	}

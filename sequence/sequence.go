@@ -14,7 +14,8 @@
 //	               the retry topics with its key parked, while records that
 //	               fill the gap still pass, until the missing versions are
 //	               applied or GapTimeout passes (then the DLT, with the
-//	               expected and actual versions in headers); DeadLetter sends
+//	               expected and actual versions in headers, or, with
+//	               OnTimeout TimeoutAccept, applied over the gap); DeadLetter sends
 //	               it to the DLT at once; Accept applies it and counts the gap
 //
 // The first version seen for a key is accepted whatever it is, or required
@@ -59,6 +60,23 @@ const (
 	Accept
 )
 
+// TimeoutPolicy says what becomes of a record that waited GapTimeout for
+// the versions before it (Gaps: Wait).
+type TimeoutPolicy int
+
+const (
+	// TimeoutDeadLetter sends it to the dead-letter topic, with the
+	// expected and actual versions in headers (default).
+	TimeoutDeadLetter TimeoutPolicy = iota
+	// TimeoutAccept applies it over the gap, as Accept would: wait, then
+	// accept. Its version becomes the key's last; the versions it skipped
+	// are counted (VersionsSkipped in the scope's stats) and never applied
+	// (one that arrives later is stale). It suits a key whose missing
+	// versions may never come (a producer that lost them) when a late
+	// state is better than none.
+	TimeoutAccept
+)
+
 // FirstPolicy says which version is accepted for a key never seen before.
 type FirstPolicy int
 
@@ -84,6 +102,16 @@ type Config struct {
 	// GapTimeout bounds how long a record waits for the versions before it
 	// (Wait), counted from its first failure. Default DefaultGapTimeout.
 	GapTimeout time.Duration
+	// OnTimeout says what becomes of a record that waited GapTimeout
+	// (Wait). Default TimeoutDeadLetter.
+	OnTimeout TimeoutPolicy
+}
+
+// AcceptsLate reports whether a record past a gap, waiting since
+// firstFailure, is now applied over it: Gaps is Wait, OnTimeout is
+// TimeoutAccept, and GapTimeout has passed.
+func (c Config) AcceptsLate(firstFailure time.Time) bool {
+	return c.Gaps == Wait && c.OnTimeout == TimeoutAccept && !firstFailure.IsZero() && time.Since(firstFailure) > c.GapTimeout
 }
 
 // WithDefaults returns c with zero fields set.
@@ -105,6 +133,11 @@ func (c Config) Validate() error {
 	}
 	if c.First < FirstAny || c.First > FirstMustBeOne {
 		errs = append(errs, fmt.Errorf("sequence: First is %d; use sequence.FirstAny or FirstMustBeOne", c.First))
+	}
+	if c.OnTimeout < TimeoutDeadLetter || c.OnTimeout > TimeoutAccept {
+		errs = append(errs, fmt.Errorf("sequence: OnTimeout is %d; use sequence.TimeoutDeadLetter or TimeoutAccept", c.OnTimeout))
+	} else if c.OnTimeout == TimeoutAccept && c.Gaps != Wait {
+		errs = append(errs, errors.New("sequence: OnTimeout is TimeoutAccept with a Gaps policy other than Wait, which is the only one that waits; set Gaps to sequence.Wait, or leave OnTimeout unset"))
 	}
 	if c.GapTimeout < 0 {
 		errs = append(errs, fmt.Errorf("sequence: GapTimeout is %s; set a positive duration (0 selects %s)", c.GapTimeout, DefaultGapTimeout))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -67,5 +68,26 @@ func TestPanickingExtractor(t *testing.T) {
 	_, err := c.Version(&consumer.Record{Record: &kgo.Record{}})
 	if !errors.Is(err, ErrNoVersion) || !strings.Contains(err.Error(), "panicked") {
 		t.Fatalf("Version: %v; want ErrNoVersion saying the extractor panicked", err)
+	}
+}
+
+// OnTimeout must be a known policy, and TimeoutAccept needs Gaps Wait,
+// the only policy that waits; AcceptsLate is true once a waiting record
+// passed GapTimeout.
+func TestOnTimeout(t *testing.T) {
+	for _, c := range []Config{{OnTimeout: 7}, {Gaps: DeadLetter, OnTimeout: TimeoutAccept}} {
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "OnTimeout") {
+			t.Errorf("Validate(%+v) = %v; want an OnTimeout error", c, err)
+		}
+	}
+	c := Config{OnTimeout: TimeoutAccept}.WithDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.AcceptsLate(time.Time{}) || c.AcceptsLate(time.Now()) || !c.AcceptsLate(time.Now().Add(-c.GapTimeout-time.Second)) {
+		t.Error("AcceptsLate: want false for a record that never failed or just did, true past GapTimeout")
+	}
+	if (Config{}).WithDefaults().AcceptsLate(time.Now().Add(-24 * time.Hour)) {
+		t.Error("AcceptsLate without TimeoutAccept: want false")
 	}
 }

@@ -107,7 +107,14 @@ func (s *kafkaScope) run(ctx, hctx context.Context, w *work, rec *consumer.Recor
 	var em *emitter
 	a := s.f.Attempts(ctx, rec, s.UsesRetryTopics(), done, func() error {
 		em = &emitter{}
-		return s.eng.Call(hctx, rec, func(ctx context.Context) error { return s.h.Handle(ctx, rec, em) })
+		return s.eng.Call(hctx, rec, func(ctx context.Context) error {
+			if gap, ok := sequence.FromContext(ctx); ok && gap.Outcome == sequence.Gap && s.o.FillGap != nil {
+				if err := s.o.FillGap(ctx, rec, gap, em); err != nil {
+					return fmt.Errorf("txn: Options.FillGap, for versions %d to %d: %w", gap.Expected(), gap.Version-1, err)
+				}
+			}
+			return s.h.Handle(ctx, rec, em)
+		})
 	})
 	err, step, attempt, first := a.Err, a.Step, a.N, a.First
 	if a.Held {
@@ -229,6 +236,9 @@ func (s *kafkaScope) handleVersioned(ctx context.Context, w *work, rec *consumer
 		w.do(func(tx *txnState) { tx.stale.Add(1) })
 		ended(hook.OutcomeStale, nil)
 		return
+	case check.Outcome == sequence.Gap && s.o.FillGap != nil:
+		obs.Event(rec, hook.EventVersionGap, (&retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}).Error())
+		// Its handler's call fills it first (run).
 	case check.Outcome == sequence.Gap && vers.Gaps == sequence.DeadLetter:
 		gap := &retrytopic.VersionGapError{Expected: check.Expected(), Actual: v}
 		obs.Event(rec, hook.EventVersionGap, gap.Error())
@@ -252,8 +262,15 @@ func (s *kafkaScope) handleVersioned(ctx context.Context, w *work, rec *consumer
 	if out != hook.OutcomeSuccess && out != hook.OutcomeSkipped {
 		return // dead-lettered: the key's version stays
 	}
-	if check.Outcome == sequence.Gap {
-		w.do(func(tx *txnState) { tx.gapsAccepted.Add(1) })
+	switch {
+	case check.Outcome == sequence.Gap && s.o.FillGap != nil:
+		w.do(func(tx *txnState) { tx.gapsFilled.Add(1) })
+	case check.Outcome == sequence.Gap:
+		skipped := check.Version - check.Expected()
+		w.do(func(tx *txnState) {
+			tx.gapsAccepted.Add(1)
+			tx.versionsSkipped.Add(skipped)
+		})
 	}
 	s.advance(ctx, w, pv, rec, v)
 	s.releaseParked(ctx, w, pv, rec, v)
@@ -272,43 +289,62 @@ func (s *kafkaScope) advance(ctx context.Context, w *work, pv *partVersions, rec
 // rest are stale; a dead-lettered one leaves the version to the next.
 func (s *kafkaScope) releaseParked(ctx context.Context, w *work, pv *partVersions, rec *consumer.Record, v int64) {
 	key := string(rec.Key)
-	obs := s.obs
 	for {
 		p := pv.parkedAt(key, v+1)
 		if p == nil {
 			return
 		}
-		var applied *parkedRec
-		for _, c := range p.all() {
-			pr := c.record()
-			hctx := w.start(ctx, obs, pr)
-			if applied != nil {
-				w.do(func(tx *txnState) {
-					tx.stale.Add(1)
-					tx.end(obs, pr, hook.OutcomeStale, nil)
-				})
-				continue
-			}
-			obs.Event(pr, hook.EventVersionHeal, "")
-			check := sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v}
-			out, herr := s.run(ctx, sequence.WithResult(hctx, check), w, pr, nil)
-			if out == hook.OutcomeAborted {
-				obs.End(pr, out, herr)
-				return
-			}
-			w.do(func(tx *txnState) { tx.end(obs, pr, out, herr) })
-			if out == hook.OutcomeSuccess || out == hook.OutcomeSkipped {
-				applied = c
-				w.do(func(tx *txnState) { tx.gapsHealed.Add(1) })
-			}
-		}
-		s.unpark(ctx, w, pv, p)
-		if applied == nil {
-			return // dead-lettered: the key's version stays
+		applied, aborted := s.applyParked(ctx, w, pv, p, sequence.Result{Outcome: sequence.Applied, Version: v + 1, Last: v})
+		if aborted || applied == nil {
+			return // stopped, or dead-lettered: the key's version stays
 		}
 		v++
 		s.advance(ctx, w, pv, applied.record(), v)
 	}
+}
+
+// applyParked runs the records parked with version check.Version (p and
+// those parked with it), in the transaction w joins, and unparks them: the
+// first that is applied (or skipped) applies the version (applied), the
+// rest are stale. aborted: the runner stops or the record is no longer
+// wanted, and nothing of it is unparked. A check of outcome Gap applies
+// the version over the gap (sequence.TimeoutAccept).
+func (s *kafkaScope) applyParked(ctx context.Context, w *work, pv *partVersions, p *parkedRec, check sequence.Result) (applied *parkedRec, aborted bool) {
+	obs := s.obs
+	for _, c := range p.all() {
+		pr := c.record()
+		hctx := w.start(ctx, obs, pr)
+		if applied != nil {
+			w.do(func(tx *txnState) {
+				tx.stale.Add(1)
+				tx.end(obs, pr, hook.OutcomeStale, nil)
+			})
+			continue
+		}
+		if check.Outcome == sequence.Applied {
+			obs.Event(pr, hook.EventVersionHeal, "")
+		}
+		out, herr := s.run(ctx, sequence.WithResult(hctx, check), w, pr, nil)
+		if out == hook.OutcomeAborted {
+			obs.End(pr, out, herr)
+			return nil, true
+		}
+		w.do(func(tx *txnState) { tx.end(obs, pr, out, herr) })
+		if out == hook.OutcomeSuccess || out == hook.OutcomeSkipped {
+			applied = c
+			if check.Outcome == sequence.Applied {
+				w.do(func(tx *txnState) { tx.gapsHealed.Add(1) })
+			} else {
+				skipped := check.Version - check.Expected()
+				w.do(func(tx *txnState) {
+					tx.gapsAccepted.Add(1)
+					tx.versionsSkipped.Add(skipped)
+				})
+			}
+		}
+	}
+	s.unpark(ctx, w, pv, p)
+	return applied, false
 }
 
 // expire sends a parked record that waited past GapTimeout, and the
@@ -328,6 +364,18 @@ func (s *kafkaScope) expire(ctx context.Context, rec *consumer.Record, p *parked
 		return // released meanwhile
 	}
 	last, _ := pv.lastOf(key)
+	if s.o.Versions.OnTimeout == sequence.TimeoutAccept {
+		// Wait, then accept: the key's lowest parked version is applied
+		// over the gap, and those that follow it in turn.
+		low := pv.lowestParked(key)
+		check := sequence.Result{Outcome: sequence.Gap, Version: low.Version, Last: last}
+		if applied, aborted := s.applyParked(ctx, w, pv, low, check); !aborted && applied != nil {
+			s.advance(ctx, w, pv, applied.record(), low.Version)
+			s.releaseParked(ctx, w, pv, applied.record(), low.Version)
+		}
+		s.join(ctx, w, nil)
+		return
+	}
 	obs := s.obs
 	for _, c := range cur.all() {
 		pr := c.record()

@@ -29,7 +29,7 @@ type tp struct {
 type counters struct {
 	records, outputs, dead, skipped, retryTopic             atomic.Int64
 	stale, gapsDetected, gapsHealed, gapsAccepted, timedOut atomic.Int64
-	duplicates, remembered                                  atomic.Int64
+	duplicates, remembered, versionsSkipped, gapsFilled     atomic.Int64
 }
 
 func (c *counters) add(o *counters) {
@@ -45,6 +45,8 @@ func (c *counters) add(o *counters) {
 	c.timedOut.Add(o.timedOut.Load())
 	c.duplicates.Add(o.duplicates.Load())
 	c.remembered.Add(o.remembered.Load())
+	c.versionsSkipped.Add(o.versionsSkipped.Load())
+	c.gapsFilled.Add(o.gapsFilled.Load())
 }
 
 // kafkaScope is the Kafka scope's unit of work on the runner (a
@@ -471,7 +473,7 @@ func (s *kafkaScope) ReportStats(st *consumer.Stats) {
 	k.Aborted, k.DeadLettered, k.Skipped = s.aborted.Load(), s.c.dead.Load(), s.c.skipped.Load()
 	k.RetryTopic, k.Stale, k.GapsDetected = s.c.retryTopic.Load(), s.c.stale.Load(), s.c.gapsDetected.Load()
 	k.GapsHealed, k.GapsAccepted, k.GapsTimedOut = s.c.gapsHealed.Load(), s.c.gapsAccepted.Load(), s.c.timedOut.Load()
-	k.Duplicates = s.c.duplicates.Load()
+	k.Duplicates, k.VersionsSkipped, k.GapsFilled = s.c.duplicates.Load(), s.c.versionsSkipped.Load(), s.c.gapsFilled.Load()
 	st.Dedupe.Hits, st.Dedupe.Remembered = k.Duplicates, s.c.remembered.Load()
 	st.Done, st.Commits = k.Records, k.Committed
 }

@@ -171,6 +171,16 @@ type Options struct {
 	// documentation).
 	Versions *sequence.Config
 
+	// FillGap, when set with Versions, rebuilds a key's state for the
+	// versions an input skipped: called for an input found past a gap,
+	// before its handler, whatever the Gaps policy; what it emits (a
+	// snapshot of the key's state, say) joins the transaction with the
+	// handler's outputs, or is dropped with them. On nil the handler runs
+	// (sequence.FromContext reports the gap), the input's version becomes
+	// the key's last and the gap counts as filled (KafkaStats.GapsFilled).
+	// An error fails the input as its handler's would.
+	FillGap func(ctx context.Context, r *consumer.Record, gap sequence.Result, out Emitter) error
+
 	// Dedupe, when not nil, turns on the idempotency guard: an input whose
 	// identity an earlier input of its partition succeeded with produces
 	// no output (see DedupeOptions). With Versions it is not needed (a
@@ -220,6 +230,9 @@ func (o Options) validate() error {
 	}
 	if o.TransactionTimeout < 0 || (o.TransactionTimeout > 0 && o.TransactionTimeout <= o.CommitInterval) {
 		bad("TransactionTimeout", "is %s; it must be longer than CommitInterval (%s)", o.TransactionTimeout, o.CommitInterval)
+	}
+	if o.FillGap != nil && o.Versions == nil {
+		bad("FillGap", "is set without Versions, which find the gaps it fills; set Versions too, or leave FillGap nil")
 	}
 	if o.Dedupe != nil {
 		o.Dedupe.validate(bad)

@@ -145,6 +145,30 @@ func (pv *partVersions) parkedAt(key string, v int64) *parkedRec {
 	return pv.parked[key][v]
 }
 
+// lowestParked returns the parked record of key with the lowest version
+// (those of this transaction included), or nil.
+func (pv *partVersions) lowestParked(key string) *parkedRec {
+	pv.mu.Lock()
+	defer pv.mu.Unlock()
+	var low *parkedRec
+	consider := func(v int64, p *parkedRec) {
+		if p != nil && (low == nil || v < low.Version) {
+			low = p
+		}
+	}
+	pend := pv.pParked[key]
+	for v, p := range pv.parked[key] {
+		if q, ok := pend[v]; ok {
+			p = q // changed (or removed: nil) in this transaction
+		}
+		consider(v, p)
+	}
+	for v, p := range pend {
+		consider(v, p)
+	}
+	return low
+}
+
 func (pv *partVersions) setParked(key string, v int64, p *parkedRec) {
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
