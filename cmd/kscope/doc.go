@@ -3,8 +3,8 @@
 // redrives the records of a consumer group's dead-letter topic, moves a
 // stopped group's committed offsets to replay (or skip) records, shows
 // how far an outbox's relay is, lists, shows, requeues and discards the
-// outbox rows Kafka refused, and runs a local broker and a throwaway
-// PostgreSQL for development.
+// outbox rows Kafka refused, checks a service's policy file, and runs a
+// local broker and a throwaway PostgreSQL for development.
 //
 // Build it with:
 //
@@ -21,6 +21,8 @@
 //	kscope outbox dead show      ID [--max-value N] [--json]
 //	kscope outbox dead requeue   (ID... | --all [--outbox NAME]) [--topic T] [--dry-run] [--yes] [--json]
 //	kscope outbox dead discard   (ID... | --all [--outbox NAME]) [--dry-run] [--yes] [--json]
+//	kscope policy check [FILE]
+//	kscope policy schema
 //	kscope dev         [--port 9092] [--data-dir DIR] [--partitions N] [--nodes N] [--postgres auto|on|off] [--pg-port N] [--pg-bin DIR]
 //	kscope help [command]
 //
@@ -33,6 +35,20 @@
 // --key (exact), --class (unknown, retryable, terminal, skip) and --id (the
 // kscope identity). "kscope <command> -h" prints a command's flags and
 // examples.
+//
+// # The policy file
+//
+// Every command takes --policy FILE, before or after its name, which
+// defaults to $KSCOPE_POLICY: the service's policy file (package policy),
+// one entry per consumer group with its scope, owner, failure policy,
+// dead-letter topic, whether a replay is allowed, lag objective and gap
+// policy. policy check validates a file (FILE, or the one --policy names)
+// as policy.Load does and lists its entries, or prints every problem, each
+// with its file, line, consumer group, field and fix, and exits 2. policy
+// schema prints the file's JSON Schema. replay refuses a group whose
+// entry says replay: false, before it talks to Kafka, with exit status 2
+// and a sentence that names the policy and the owner; a policy file that
+// is not valid stops it the same way.
 //
 // # Timeouts
 //
@@ -148,6 +164,6 @@
 // # Exit codes
 //
 // 0: done. 1: the command failed or refused; the message says what to fix.
-// 2: the command line is wrong (including no brokers given); nothing was
-// done.
+// 2: the command line is wrong (including no brokers given), or the policy
+// file is not valid or forbids what was asked; nothing was done.
 package main

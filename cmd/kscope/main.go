@@ -23,6 +23,7 @@ const (
 	exitOK      = 0 // the command did what it was asked
 	exitFailure = 1 // the command ran and failed (or refused)
 	exitUsage   = 2 // the command line is wrong: nothing was done
+	exitRefused = 2 // the policy file is not valid, or forbids what was asked: nothing was done
 )
 
 func main() {
@@ -57,11 +58,14 @@ type env struct {
 	// findPostgres returns the directory of the PostgreSQL server
 	// binaries, for kscope dev (testenv.FindPostgresBin).
 	findPostgres func() (string, error)
+	// policyFlag is --policy, given before the command or among its flags.
+	policyFlag string
 }
 
 func commands() []*command {
 	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), outboxStatusCmd(),
-		outboxDeadListCmd(), outboxDeadShowCmd(), outboxDeadRequeueCmd(), outboxDeadDiscardCmd(), devCmd()}
+		outboxDeadListCmd(), outboxDeadShowCmd(), outboxDeadRequeueCmd(), outboxDeadDiscardCmd(), devCmd(),
+		policyCheckCmd(), policySchemaCmd()}
 }
 
 // groups are the first words of several commands, longest first, and
@@ -70,6 +74,7 @@ var groups = []struct{ name, summary string }{
 	{"outbox dead", "list, show, requeue and discard the rows an outbox relay moved to its dead-letter table"},
 	{"outbox", "see how far an outbox's relay is, and the rows Kafka refused"},
 	{"dlt", "read and redrive a consumer group's dead-letter topic"},
+	{"policy", "check a service's policy file, and print its JSON Schema"},
 }
 
 // findGroup returns the longest group that words start with, and its
@@ -108,6 +113,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // runEnv is run in e.
 func runEnv(ctx context.Context, e *env, args []string) int {
 	stdout, stderr := e.stdout, e.stderr
+	args, err := takeGlobalFlags(e, args)
+	if err != nil {
+		fmt.Fprintf(stderr, "kscope: %v\n\n%s", err, mainUsage())
+		return exitUsage
+	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage())
 		return exitUsage
@@ -156,6 +166,7 @@ func runCommand(ctx context.Context, c *command, e *env, args []string) int {
 	fs := flag.NewFlagSet("kscope "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
+	globalFlags(fs, e)
 	fn := c.flags(fs, e)
 	// The flag package stops at the first argument: a command that takes
 	// arguments reads its flags before, between and after them, and every
@@ -191,6 +202,10 @@ func runCommand(ctx context.Context, c *command, e *env, args []string) int {
 	if u, ok := errors.AsType[*usageError](err); ok {
 		fmt.Fprintf(e.stderr, "kscope %s: %s\nRun 'kscope %s -h' for usage.\n", c.name, u.msg, c.name)
 		return exitUsage
+	}
+	if r, ok := errors.AsType[*refusal](err); ok {
+		fmt.Fprintf(e.stderr, "kscope %s: %s\n", c.name, r.msg)
+		return exitRefused
 	}
 	fmt.Fprintf(e.stderr, "kscope %s: %s\n", c.name, message(c.name, err))
 	return exitFailure
@@ -236,8 +251,12 @@ $DATABASE_URL). Both take --connect-timeout (default 10s) and
 --request-timeout (default 15s): a server that does not take the
 connection, or does not answer a request, within them fails the command,
 and the error names it.
+Every command takes --policy FILE (default: $KSCOPE_POLICY), the service's
+policy file, before or after the command's name: replay refuses a group
+whose entry says replay: false; kscope policy check FILE validates one.
 kscope --version prints the version.
-Exit codes: 0 ok, 1 failure or refusal, 2 wrong command line.
+Exit codes: 0 ok, 1 failure or refusal, 2 wrong command line, or a policy
+that is not valid or forbids what was asked (nothing was done).
 
 Examples:
   export KAFKA_BROKERS=localhost:9092
@@ -247,6 +266,8 @@ Examples:
   kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z
   kscope outbox dead list --database-url "$DATABASE_URL"
   kscope outbox dead requeue default/3/1042 --yes
+  kscope policy check kscope-policy.yaml
+  kscope --policy kscope-policy.yaml replay --group payments --topic orders --to-start
 `)
 	return b.String()
 }
@@ -270,6 +291,7 @@ func commandUsage(c *command, e *env) string {
 	b.WriteString("\nFlags:\n")
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
 	c.flags(fs, e)
+	globalFlags(fs, e)
 	printFlags(&b, fs)
 	return b.String()
 }

@@ -29,6 +29,10 @@ target offset and how many records will be consumed again or skipped, and
 the total. Counts are offset differences (transaction markers count too).
 With --dry-run, or without --yes, it stops there and changes nothing.
 
+With a policy file (--policy FILE, or $KSCOPE_POLICY), it refuses a group
+whose entry says replay: false, before it talks to Kafka (exit status 2),
+and prints what the entry says of a group it allows.
+
 It refuses when the group does not exist, when the group still has members
 (stop its consumers first: Kafka rejects offsets committed from outside a
 running group, and a running consumer would overwrite them), or when the
@@ -128,6 +132,8 @@ type replayReport struct {
 	// HandledAgain says, when records are consumed again, what each scope
 	// does with them (replayAgainNote).
 	HandledAgain string `json:"handled_again,omitempty"`
+	// Policy says what the policy file (--policy) says of the group.
+	Policy string `json:"policy,omitempty"`
 }
 
 type replayPartReport struct {
@@ -174,6 +180,10 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 	if err != nil {
 		return err
 	}
+	policyNote, err := e.replayPolicy(o.group)
+	if err != nil {
+		return err
+	}
 	kc, err := e.kafka(o.brokers, o.timeouts)
 	if err != nil {
 		return err
@@ -189,11 +199,15 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		return err
 	}
 	rep := newReplayReport(o, desc, plan)
+	rep.Policy = policyNote
 	if rep.Again > 0 {
 		rep.HandledAgain = replayAgainNote(o.group, o.topic)
 	}
 	if !o.asJSON {
 		fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
+		if policyNote != "" {
+			fmt.Fprintln(e.stdout, policyNote)
+		}
 		printPlan(e.stdout, plan)
 		if rep.HandledAgain != "" {
 			fmt.Fprintln(e.stdout, rep.HandledAgain)

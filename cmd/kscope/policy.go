@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kscope-dev/kscope/policy"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// policyEnv is the environment variable that names the policy file when
+// --policy does not.
+const policyEnv = "KSCOPE_POLICY"
+
+// refusal is a command that did nothing because what it was given (the
+// policy file, or what the policy allows) says not to: exit status 2,
+// without the usage hint of a wrong command line.
+type refusal struct{ msg string }
+
+func (r *refusal) Error() string { return r.msg }
+
+func refusef(format string, args ...any) error {
+	return &refusal{fmt.Sprintf(format, args...)}
+}
+
+// globalFlags declares the flags every command takes.
+func globalFlags(fs *flag.FlagSet, e *env) {
+	fs.StringVar(&e.policyFlag, "policy", e.policyFlag, "the service's policy `file` (default $"+policyEnv+"): replay refuses a group whose entry says replay: false")
+}
+
+// takeGlobalFlags reads the global flags given before the command (only
+// --policy), and returns the arguments after them.
+func takeGlobalFlags(e *env, args []string) ([]string, error) {
+	for len(args) > 0 {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		if name != "policy" || !strings.HasPrefix(args[0], "-") {
+			return args, nil
+		}
+		args = args[1:]
+		if !hasValue {
+			if len(args) == 0 {
+				return nil, usagef("--policy needs a file: kscope --policy FILE <command>")
+			}
+			value, args = args[0], args[1:]
+		}
+		e.policyFlag = value
+	}
+	return args, nil
+}
+
+// policyPath returns the policy file from --policy or KSCOPE_POLICY ("" for
+// none).
+func (e *env) policyPath() string {
+	if e.policyFlag != "" {
+		return e.policyFlag
+	}
+	return strings.TrimSpace(e.getenv(policyEnv))
+}
+
+// loadPolicy loads the policy file at path. A file that cannot be read or
+// is not valid is a refusal that lists its problems.
+func loadPolicy(path string) (*policy.File, error) {
+	f, err := policy.Load(path)
+	var pe *policy.Error
+	switch {
+	case errors.As(err, &pe):
+		lines := make([]string, len(pe.Problems))
+		for i, p := range pe.Problems {
+			lines[i] = "  " + p.Error()
+		}
+		return nil, refusef("the policy file %s is not valid (%s); nothing was done:\n%s", path, plural(len(lines), "problem"), strings.Join(lines, "\n"))
+	case err != nil:
+		return nil, refusef("%s; check --policy or %s", strings.TrimPrefix(err.Error(), "policy: "), policyEnv)
+	}
+	return f, nil
+}
+
+// policyCheckUsage is policy check's synopsis, description and examples.
+const policyCheckUsage = `
+Usage:
+  kscope policy check [FILE]
+
+Validates a service's policy file (FILE, or the file --policy or
+$KSCOPE_POLICY names) as the library's policy.Load does: strictly (a field
+the format does not have is an error), then with the library's own checks.
+It prints each consumer group's entry when the file is valid (exit 0), and
+every problem, each naming the file, the line, the consumer group, the
+field and what to change, when it is not (exit 2). It talks to no server.
+
+Examples:
+  kscope policy check kscope-policy.yaml
+  KSCOPE_POLICY=kscope-policy.yaml kscope policy check
+`
+
+func policyCheckCmd() *command {
+	return &command{
+		name:      "policy check",
+		summary:   "validate a service's policy file: every problem with its line and fix",
+		usage:     policyCheckUsage,
+		takesArgs: true,
+		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
+			return func(context.Context) error { return policyCheck(e) }
+		},
+	}
+}
+
+// policyCheck runs policy check.
+func policyCheck(e *env) error {
+	path := e.policyPath()
+	switch {
+	case len(e.args) > 1:
+		return usagef("give one policy file, got %d", len(e.args))
+	case len(e.args) == 1:
+		path = e.args[0]
+	case path == "":
+		return usagef("give the policy file: kscope policy check FILE (or --policy FILE, or %s)", policyEnv)
+	}
+	f, err := loadPolicy(path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%s: valid, %s\n", path, plural(len(f.Consumers), "consumer group"))
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tSCOPE\tOWNER\tREPLAY\tLAG P95\tDEAD-LETTER TOPIC")
+	for _, c := range f.Consumers {
+		dlt, keep := retrytopic.DLTopic(c.Group), "unlimited"
+		if d := c.DeadLetter; d != nil {
+			if d.Topic != "" {
+				dlt = d.Topic
+			}
+			if d.Retention > 0 {
+				keep = d.Retention.String()
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s (retention %s)\n", c.Group, c.Scope, c.Owner.Team, c.Owner.Contact,
+			map[bool]string{true: "allowed", false: "refused"}[c.Replay], c.LagP95(), dlt, keep)
+	}
+	return tw.Flush()
+}
+
+// policySchemaCmd prints the policy file's JSON Schema.
+func policySchemaCmd() *command {
+	return &command{
+		name:    "policy schema",
+		summary: "print the policy file's JSON Schema, for editors",
+		usage: `
+Usage:
+  kscope policy schema > kscope-policy.schema.json
+
+Prints the JSON Schema (draft 2020-12) of the policy file. With the YAML
+language server, a policy file whose first line is
+  # yaml-language-server: $schema=kscope-policy.schema.json
+gets completion and checks as it is typed; kscope policy check checks more
+(the library's own checks, such as a retry ladder that must increase).
+`,
+		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
+			return func(context.Context) error {
+				_, err := e.stdout.Write(policy.Schema())
+				return err
+			}
+		},
+	}
+}
+
+// replayPolicy checks a replay of group against the policy file, when one
+// is given: it refuses a group whose entry says replay: false, and returns
+// what the entry says of the group ("" without a policy file).
+func (e *env) replayPolicy(group string) (string, error) {
+	path := e.policyPath()
+	if path == "" {
+		return "", nil
+	}
+	f, err := loadPolicy(path)
+	if err != nil {
+		return "", err
+	}
+	c, ok := f.Consumer(group)
+	if !ok {
+		return fmt.Sprintf("policy %s: no entry for consumer group %s, so no policy governs this replay", path, group), nil
+	}
+	if !c.Replay {
+		return "", refusef("refused: the policy %s says replay: false for consumer group %s (%s scope, owned by %s, %s): its effects must not run again, so its offsets are not moved; nothing was changed. If this replay is safe, ask the owner to set replay: true in the policy first.",
+			path, group, c.Scope, c.Owner.Team, c.Owner.Contact)
+	}
+	return fmt.Sprintf("policy %s: consumer group %s (%s scope, owned by %s, %s) allows a replay", path, group, c.Scope, c.Owner.Team, c.Owner.Contact), nil
+}
