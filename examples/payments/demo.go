@@ -218,6 +218,9 @@ func (d *demo) crashAndRestart(ctx context.Context) error {
 // topic again. It returns the ledger's rows before and after.
 func (d *demo) replay(ctx context.Context) (before, after int, err error) {
 	before = d.ledgerRows(ctx)
+	if pol, err := entry("ledger", group); err != nil || !pol.Replay {
+		return 0, 0, fmt.Errorf("the policy does not allow a replay of the ledger (%v); kscope replay would refuse it too", err)
+	}
 	if _, err := d.adm.DeleteGroup(ctx, group); err != nil {
 		return 0, 0, fmt.Errorf("resetting the group: %w", err)
 	}
@@ -282,7 +285,8 @@ func (d *demo) progress(ctx context.Context, phase string) {
 	// Records waiting in the retry topics, and keys held behind a
 	// record that is in them: lag alone says 0 while they wait.
 	var backlog int64
-	for _, delay := range failures().Ladder {
+	fail, _ := failures() // checked at start
+	for _, delay := range fail.Ladder {
 		rt := retrytopic.RetryTopic(group, delay)
 		ends, com := adm.endOffsets(ctx, rt), adm.committed(ctx, group, rt)
 		for p, e := range ends {

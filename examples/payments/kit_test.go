@@ -23,12 +23,20 @@ func TestPaymentsDeliverySemantics(t *testing.T) {
 	defer gw.Close()
 	g := newGateway(gw.URL)
 	defer g.intents.Close()
+	fail, err := failures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := options(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rep := kscopetest.DB(t, kscopetest.DBPipeline{
 		Handler: dbscope.HandlerFunc(g.handle),
 		Schema:  ledgerDDL,
-		Options: options(nil),
+		Options: opts,
 		Config: func(c consumer.Config) consumer.Config {
-			c.Failures.Ladder = failures().Ladder
+			c.Failures.Ladder = fail.Ladder
 			return c
 		},
 		Valid: func(i int) *kgo.Record {

@@ -160,12 +160,16 @@ type report struct {
 	// booked payments without an event, notifications the notifier
 	// applied, and sends the messaging provider got twice for one event
 	// (by idempotency key).
-	OutboxPublished        int     `json:"outbox_published"`
-	OutboxDuplicates       int     `json:"outbox_duplicates"`
-	OutboxLost             int     `json:"outbox_lost"`
-	Notifications          int     `json:"notifications"`
-	NotificationDuplicates int     `json:"notification_duplicates"`
-	Seconds                float64 `json:"seconds"`
+	OutboxPublished        int `json:"outbox_published"`
+	OutboxDuplicates       int `json:"outbox_duplicates"`
+	OutboxLost             int `json:"outbox_lost"`
+	Notifications          int `json:"notifications"`
+	NotificationDuplicates int `json:"notification_duplicates"`
+	// PolicyChecked says that the service's policy file (kscope-policy.yaml)
+	// was loaded and checked at start, with an entry for each consumer
+	// group; the runners' failure policies and gap options come from it.
+	PolicyChecked bool    `json:"policy_checked"`
+	Seconds       float64 `json:"seconds"`
 }
 
 // run is the demo, step by step: the servers, the input, the gateway and
@@ -177,6 +181,9 @@ func run() (int, error) {
 	defer stop()
 	d := &demo{start: start}
 	defer d.close()
+	if err := checkPolicy(); err != nil {
+		return 1, err
+	}
 	if err := d.setUp(ctx); err != nil {
 		return 1, err
 	}
@@ -204,6 +211,7 @@ func run() (int, error) {
 	if err != nil {
 		return 1, err
 	}
+	rep.PolicyChecked = true // checkPolicy passed
 	printOutcome(rep)
 	if !rep.OK {
 		return 1, nil

@@ -108,7 +108,12 @@ func (n *notifier) handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) er
 // payment.booked.
 func newNotifier(brokers []string, pool *pgxpool.Pool, providerURL string) (*dbscope.Runner, error) {
 	n := &notifier{url: providerURL, http: &http.Client{Timeout: 5 * time.Second}, intents: intent.New(nil, "")}
-	return dbscope.New(consumer.Config{
+	pol, err := entry("notifications", notifierGroup)
+	if err != nil {
+		return nil, err
+	}
+	// Its failure policy (retries in place only) comes from the policy file.
+	cfg, _, err := pol.Apply(consumer.Config{
 		Brokers:        brokers,
 		Group:          notifierGroup,
 		Topics:         []string{bookedTopic},
@@ -116,8 +121,11 @@ func newNotifier(brokers []string, pool *pgxpool.Pool, providerURL string) (*dbs
 		CommitInterval: 100 * time.Millisecond,
 		Logger:         quietLogger(),
 		ClientOptions:  []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)},
-		Failures:       retrytopic.Policy{Backoff: 50 * time.Millisecond, MaxBackoff: time.Second, DisableRetryTopics: true},
-	}, dbscope.Options{Pool: pool, Consumer: notifierGroup}, dbscope.HandlerFunc(n.handle))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return dbscope.New(cfg, dbscope.Options{Pool: pool, Consumer: notifierGroup}, dbscope.HandlerFunc(n.handle))
 }
 
 // runChild runs the child process role names: the ledger consumer, the

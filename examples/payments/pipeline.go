@@ -137,27 +137,44 @@ func (g *gateway) handle(ctx context.Context, tx pgx.Tx, r *consumer.Record) err
 	return nil
 }
 
-// failures is the pipeline's failure policy: a short retry ladder, so the
-// demo's flaky gateway recovers within seconds.
-func failures() retrytopic.Policy {
-	return retrytopic.Policy{
-		Backoff: 50 * time.Millisecond, MaxBackoff: time.Second,
-		InPlaceAttempts: 2, Ladder: []time.Duration{time.Second, 2 * time.Second},
+// failures is the pipeline's failure policy, as the ledger's entry in the
+// service's policy declares it: a short retry ladder, so the demo's flaky
+// gateway recovers within seconds.
+func failures() (retrytopic.Policy, error) {
+	c, err := entry("ledger", group)
+	if err != nil {
+		return retrytopic.Policy{}, err
 	}
+	cfg, _, err := c.Apply(consumer.Config{})
+	return cfg.Failures, err
 }
 
 // options are the pipeline's DB-scope options (the pool aside): account
-// events carry versions.
-func options(pool *pgxpool.Pool) dbscope.Options {
-	return dbscope.Options{Pool: pool, Versions: &sequence.Config{}}
+// events carry versions, their gaps handled as the policy says.
+func options(pool *pgxpool.Pool) (dbscope.Options, error) {
+	c, err := entry("ledger", group)
+	if err != nil {
+		return dbscope.Options{}, err
+	}
+	versions, _ := c.ApplyGaps(&sequence.Config{}, quietLogger())
+	return dbscope.Options{Pool: pool, Versions: versions}, nil
 }
 
 // newPipeline builds the payments pipeline in the DB scope.
 func newPipeline(brokers []string, pool *pgxpool.Pool, group, gatewayURL string, commitEvery time.Duration) (*dbscope.Runner, error) {
 	g := newGateway(gatewayURL)
-	o := options(pool)
+	o, err := options(pool)
+	if err != nil {
+		return nil, err
+	}
 	o.Consumer = group // the inbox's name for this pipeline, set so that it stays if the group is ever renamed
-	return dbscope.New(consumer.Config{
+	pol, err := entry("ledger", group)
+	if err != nil {
+		return nil, err
+	}
+	// The failure policy and the dead-letter topic's retention come from
+	// the policy file.
+	cfg, _, err := pol.Apply(consumer.Config{
 		Brokers:        brokers,
 		Group:          group,
 		Topics:         []string{topic},
@@ -167,6 +184,9 @@ func newPipeline(brokers []string, pool *pgxpool.Pool, group, gatewayURL string,
 		// A killed consumer's partitions move on after the session
 		// timeout: keep it at the broker's minimum.
 		ClientOptions: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)},
-		Failures:      failures(),
-	}, o, dbscope.HandlerFunc(g.handle))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return dbscope.New(cfg, o, dbscope.HandlerFunc(g.handle))
 }
