@@ -94,7 +94,7 @@ func (ps *problems) syntax(err error) {
 
 var (
 	unknownRE  = regexp.MustCompile(`^field (\S+) not found in type policy\.(\w+)$`)
-	mismatchRE = regexp.MustCompile("^cannot unmarshal !!(\\w+) `(.*)` into (\\S+)$")
+	mismatchRE = regexp.MustCompile("^cannot unmarshal !!(\\w+)(?: `(.*)`)? into (\\S+)$")
 )
 
 // decodeError records one of the strict decoder's errors, located by its
@@ -111,8 +111,10 @@ func (ps *problems) decodeError(msg string) {
 	reason := m[3]
 	if u := unknownRE.FindStringSubmatch(reason); u != nil {
 		reason = fmt.Sprintf("%q is not a field here; check its spelling: the fields are %s", u[1], strings.Join(fieldNames(u[2]), ", "))
-	} else if u := mismatchRE.FindStringSubmatch(reason); u != nil {
+	} else if u := mismatchRE.FindStringSubmatch(reason); u != nil && u[1] != "map" && u[1] != "seq" {
 		reason = fmt.Sprintf("%q is not %s; write %s", u[2], kindName(u[3]), kindExample(u[3]))
+	} else if u != nil {
+		reason = fmt.Sprintf("a %s is not %s here; write %s", map[string]string{"map": "mapping", "seq": "list"}[u[1]], kindName(u[3]), kindExample(u[3]))
 	}
 	ps.list = append(ps.list, Problem{File: ps.file, Line: line, Consumer: ps.groupAt(consumer), Field: path, Reason: reason})
 }

@@ -171,3 +171,10 @@ func TestLoadNamesAFileItCannotRead(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestWrongShapes(t *testing.T) {
+	wantProblem(t, problems(t, "version: 1\nconsumers: {a: 1}\n"), "svc.yaml:2:", "a mapping is not a list here; write a list of entries, each starting with - group:")
+	wantProblem(t, problems(t, head+"  - group: a\n    scope: db\n    owner: x\n    replay: true\n"), "svc.yaml:5: consumer a: owner:", `"x" is not a mapping of fields; write its fields indented under it: team, contact`)
+	wantProblem(t, problems(t, head+"  - 3\n"), "svc.yaml:3: consumer consumers[0]:", "group, scope, owner, replay")
+	wantProblem(t, problems(t, "~\n"), "svc.yaml: is not a mapping")
+}
