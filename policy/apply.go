@@ -117,6 +117,11 @@ func (c Consumer) ApplyGaps(versions *sequence.Config, logger *slog.Logger) (*se
 	v := *versions
 	fill(&m, &v.Gaps, g.sequenceGaps(), "Versions.Gaps", "gaps.policy")
 	fill(&m, &v.GapTimeout, g.Timeout.Std(), "Versions.GapTimeout", "gaps.timeout")
+	onTimeout := sequence.TimeoutDeadLetter
+	if g.OnTimeout == TimeoutAccept {
+		onTimeout = sequence.TimeoutAccept
+	}
+	fill(&m, &v.OnTimeout, onTimeout, "Versions.OnTimeout", "gaps.on_timeout")
 	first := sequence.FirstAny
 	if g.First == FirstMustBeOne {
 		first = sequence.FirstMustBeOne
@@ -174,6 +179,8 @@ func show(v any) string {
 	switch v := v.(type) {
 	case sequence.GapPolicy:
 		return [...]string{"wait", "dead_letter", "accept"}[min(max(int(v), 0), 2)]
+	case sequence.TimeoutPolicy:
+		return map[bool]string{true: "accept", false: "dead_letter"}[v == sequence.TimeoutAccept]
 	case sequence.FirstPolicy:
 		return map[bool]string{true: "one", false: "any"}[v == sequence.FirstMustBeOne]
 	case string:

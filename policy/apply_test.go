@@ -124,6 +124,13 @@ func TestApplyGaps(t *testing.T) {
 		t.Fatalf("log:\n%s", logs.String())
 	}
 
+	// Wait, then accept.
+	wait := policy.Consumer{Group: "g", Gaps: &policy.Gaps{Policy: policy.GapWait, Timeout: policy.Duration(time.Minute), OnTimeout: policy.TimeoutAccept}}
+	v, conflicts = wait.ApplyGaps(&sequence.Config{}, log)
+	if len(conflicts) != 0 || v.Gaps != sequence.Wait || v.GapTimeout != time.Minute || v.OnTimeout != sequence.TimeoutAccept || v.Validate() != nil {
+		t.Fatalf("versions %+v, conflicts %v", v, conflicts)
+	}
+
 	// No gap policy: versions as they are.
 	in := &sequence.Config{Gaps: sequence.Accept}
 	if v, conflicts := (policy.Consumer{}).ApplyGaps(in, log); v != in || conflicts != nil {

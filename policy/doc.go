@@ -21,7 +21,7 @@
 //	      ladder: [5s, 1m]
 //	    dead_letter: {retention: 720h}
 //	    lag_objective: {p95_seconds: 120}
-//	    gaps: {policy: wait, timeout: 10m}
+//	    gaps: {policy: wait, timeout: 10m, on_timeout: dead_letter}
 //
 // [Load] and [Parse] decode strictly: a field the format does not have is an
 // error, as is a value of the wrong type or a missing required field

@@ -138,7 +138,7 @@ func kindName(goType string) string {
 		return "an integer"
 	case "bool":
 		return "true or false"
-	case "string", "policy.Scope", "policy.GapPolicy", "policy.FirstVersion":
+	case "string", "policy.Scope", "policy.GapPolicy", "policy.FirstVersion", "policy.TimeoutPolicy":
 		return "a single value"
 	}
 	if strings.HasPrefix(goType, "[]") {

@@ -152,6 +152,8 @@ func TestValidation(t *testing.T) {
 		{entry("    gaps: {policy: drop}\n"), []string{"svc.yaml:7: consumer ledger: gaps.policy: \"drop\" is not a gap policy; use wait, dead_letter, accept"}},
 		{entry("    gaps: {policy: accept, timeout: 1m}\n"), []string{"gaps.timeout: bounds a wait"}},
 		{entry("    gaps: {policy: wait, first: 1}\n"), []string{"gaps.first: \"1\" is not a first-version policy; use any or one"}},
+		{entry("    gaps: {policy: wait, on_timeout: skip}\n"), []string{"gaps.on_timeout: \"skip\" is not a timeout policy; use dead_letter or accept"}},
+		{entry("    gaps: {policy: dead_letter, on_timeout: accept}\n"), []string{"gaps.on_timeout: says what becomes of a record that waited, and the policy is dead_letter"}},
 		{head + "  - {group: a, scope: at_least_once, owner: {team: t, contact: c}, replay: true, gaps: {policy: wait}}\n", []string{"consumer a: gaps: the at_least_once scope checks no versions"}},
 		{head + "  - {group: a, scope: DB, owner: {team: t, contact: c}, replay: true}\n", []string{"svc.yaml:3: consumer a: scope: \"DB\" is not a scope; use at_least_once, db, kafka"}},
 		{head + "  - {group: a, scope: db, owner: {team: '', contact: c}, replay: true}\n  - {group: a, scope: db, owner: {team: t, contact: c}, replay: true}\n",

@@ -162,6 +162,10 @@ type Gaps struct {
 	// Timeout bounds a wait (sequence.Config.GapTimeout). Only with
 	// policy wait.
 	Timeout Duration `yaml:"timeout,omitempty"`
+	// OnTimeout is what becomes of a record that waited Timeout
+	// (sequence.Config.OnTimeout). Default dead_letter; only with policy
+	// wait.
+	OnTimeout TimeoutPolicy `yaml:"on_timeout,omitempty"`
 	// First is which first version of a new key is accepted
 	// (sequence.Config.First). Default any.
 	First FirstVersion `yaml:"first,omitempty"`
@@ -181,6 +185,18 @@ const (
 )
 
 var gapPolicies = []string{string(GapWait), string(GapDeadLetter), string(GapAccept)}
+
+// TimeoutPolicy is what becomes of a record that waited out a gap's
+// timeout: sequence.TimeoutPolicy, by name.
+type TimeoutPolicy string
+
+// The timeout policies.
+const (
+	TimeoutDeadLetter TimeoutPolicy = "dead_letter" // sequence.TimeoutDeadLetter
+	TimeoutAccept     TimeoutPolicy = "accept"      // sequence.TimeoutAccept: wait, then accept
+)
+
+var timeoutPolicies = []string{string(TimeoutDeadLetter), string(TimeoutAccept)}
 
 // FirstVersion is which first version of a key is accepted:
 // sequence.FirstPolicy, by name.

@@ -98,6 +98,12 @@ func (c Consumer) checkGaps(bad func(path, format string, args ...any)) {
 	case g.Timeout > 0 && g.Policy != GapWait && g.Policy != "":
 		bad("gaps.timeout", "bounds a wait, and the policy is %s; remove timeout, or set policy: wait", g.Policy)
 	}
+	switch {
+	case g.OnTimeout != "" && !slices.Contains(timeoutPolicies, string(g.OnTimeout)):
+		bad("gaps.on_timeout", "%q is not a timeout policy; use %s (dead_letter by default)", g.OnTimeout, strings.Join(timeoutPolicies, " or "))
+	case g.OnTimeout != "" && g.Policy != GapWait && g.Policy != "":
+		bad("gaps.on_timeout", "says what becomes of a record that waited, and the policy is %s; remove on_timeout, or set policy: wait", g.Policy)
+	}
 	if g.First != "" && !slices.Contains(firstVersions, string(g.First)) {
 		bad("gaps.first", "%q is not a first-version policy; use %s (any by default)", g.First, strings.Join(firstVersions, " or "))
 	}
