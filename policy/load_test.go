@@ -167,6 +167,18 @@ func TestValidation(t *testing.T) {
 	}
 }
 
+// A File built in code is checked the same way, without lines.
+func TestValidateAFileBuiltInCode(t *testing.T) {
+	c := policy.Consumer{Group: "a", Scope: policy.ScopeDB, Owner: policy.Owner{Team: "t", Contact: "c"}}
+	if err := (&policy.File{Version: 1, Consumers: []policy.Consumer{c}}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+	err := (&policy.File{Version: 1, Consumers: []policy.Consumer{c, c}}).Validate()
+	if err == nil || err.Error() != "policy: consumer a: group: is listed twice (also entry 0); keep one entry per consumer group" {
+		t.Fatalf("got %v", err)
+	}
+}
+
 func TestLoadNamesAFileItCannotRead(t *testing.T) {
 	_, err := policy.Load(filepath.Join(t.TempDir(), "missing.yaml"))
 	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "missing.yaml") {

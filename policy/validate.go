@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -23,7 +24,11 @@ func (f *File) Validate() error {
 	first := map[string]int{}
 	for i, c := range f.Consumers {
 		if j, dup := first[c.Group]; dup && c.Group != "" {
-			ps.add(i, c.Group, "group", "is listed twice (also entry %d, line %d); keep one entry per consumer group", j, ps.index.line(j, "group"))
+			also := fmt.Sprintf("entry %d", j)
+			if l := ps.index.line(j, "group"); l > 0 {
+				also += fmt.Sprintf(", line %d", l)
+			}
+			ps.add(i, c.Group, "group", "is listed twice (also %s); keep one entry per consumer group", also)
 			continue
 		}
 		first[c.Group] = i
