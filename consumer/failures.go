@@ -109,7 +109,9 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(f.recordAttrs(rec, total, err, 0), append(stack, slog.String("outcome", string(hook.OutcomeSkipped)))...)...)
 	case retrytopic.ActionRetry:
 		if rec.breakerWait {
-			f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: handler failed while a circuit breaker is open; the record waits in place", append(f.recordAttrs(rec, total, err, 0), slog.String("outcome", "waiting"))...)
+			if f.log.Enabled(ctx, slog.LevelDebug) {
+				f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: handler failed while a circuit breaker is open; the record waits in place", append(f.recordAttrs(rec, total, err, 0), slog.String("outcome", "waiting"))...)
+			}
 			break
 		}
 		f.retries.Add(1)

@@ -246,7 +246,9 @@ func (f *failures) classOf(err error) Class {
 func (f *failures) skippedByAdmission(ctx context.Context, rec *Record, err error) bool {
 	switch {
 	case errors.Is(err, ErrFiltered):
-		f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: record filtered out (Config.Keep)", append(f.recordAttrs(rec, 0, nil, 0), slog.String("outcome", string(hook.OutcomeFiltered)))...)
+		if f.log.Enabled(ctx, slog.LevelDebug) { // a filter drops many records: no attributes built for a line not logged
+			f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: record filtered out (Config.Keep)", append(f.recordAttrs(rec, 0, nil, 0), slog.String("outcome", string(hook.OutcomeFiltered)))...)
+		}
 		return true
 	case errors.Is(err, ErrExpired):
 		f.calls.expiredLog.Log(ctx, f.log, slog.LevelInfo, "kscope: record expired (older than Config.MaxAge); skipped", "expired records",
