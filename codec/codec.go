@@ -48,6 +48,12 @@ func failID(format string, id int, err error) *DecodeFailure {
 	return &DecodeFailure{Err: err, Format: format, SchemaID: id, HasSchemaID: true}
 }
 
+// incompatible marks f as the failure of a schema the reader cannot use.
+func incompatible(f *DecodeFailure) *DecodeFailure {
+	f.Incompatible = true
+	return f
+}
+
 // jsonCodec is JSON's Codec.
 type jsonCodec[T any] struct{ strict bool }
 

@@ -173,16 +173,22 @@ func TestRegistryAvroPoison(t *testing.T) {
 		name    string
 		payload []byte
 		id      int
+		// incompatible: the schema is at fault, not the bytes
+		// (hook.ReasonSchemaIncompatible)
+		incompatible bool
 	}{
-		{"wrong magic byte", append([]byte{1}, good[1:]...), -1},
-		{"shorter than the header", good[:3], -1},
-		{"unknown schema id", []byte{0, 0, 0, 0x30, 0x39, 2, 'x'}, 12345},
-		{"truncated body", good[:7], id},
-		{"schema the reader cannot read", append([]byte{0, 0, 0, 0, byte(intID)}, 2), intID},
+		{"wrong magic byte", append([]byte{1}, good[1:]...), -1, false},
+		{"shorter than the header", good[:3], -1, false},
+		{"unknown schema id", []byte{0, 0, 0, 0x30, 0x39, 2, 'x'}, 12345, true},
+		{"truncated body", good[:7], id, false},
+		{"schema the reader cannot read", append([]byte{0, 0, 0, 0, byte(intID)}, 2), intID, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.Decode(ctx, "orders", tc.payload)
 			decodeFailure(t, err, codec.FormatAvro, tc.id)
+			if f, _ := retrytopic.AsDecodeFailure(err); f.Incompatible != tc.incompatible {
+				t.Errorf("Incompatible = %v, want %v (%v)", f.Incompatible, tc.incompatible, err)
+			}
 		})
 	}
 	if got, err := c.Decode(ctx, "orders", good); err != nil || got.ID != "o-1" {

@@ -19,7 +19,10 @@
 // topic at once, its key, value and headers unchanged, with the headers
 // retrytopic.HeaderDecodeError, HeaderDecodeFormat and HeaderSchemaID,
 // and is counted (consumer.FailureStats.DecodeFailures,
-// kscope_decode_failures_total). A registry that does not answer is not
+// kscope_decode_failures_total). The last two, the schema's fault rather
+// than the bytes', have DecodeFailure.Incompatible set: their dead letters
+// count as schema_incompatible in kscope_dead_letters_total, the others as
+// deserialization_failure. A registry that does not answer is not
 // the payload's fault: Decode then returns a retryable error and the
 // record is retried.
 package codec

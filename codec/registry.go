@@ -157,7 +157,7 @@ func (r *registry) known(ctx context.Context, id int, zero any, build func(sr.Sc
 	sch, err := r.Client.SchemaByID(ctx, id)
 	if err != nil {
 		if re, ok := errors.AsType[*sr.ResponseError](err); ok && re.StatusCode == http.StatusNotFound {
-			return failID(r.format, id, fmt.Errorf("the schema registry has no schema id %d: %w", id, err))
+			return incompatible(failID(r.format, id, fmt.Errorf("the schema registry has no schema id %d: %w", id, err)))
 		}
 		return retrytopic.Retryable(fmt.Errorf("codec: looking up schema id %d in the schema registry: %w", id, err))
 	}
@@ -168,7 +168,7 @@ func (r *registry) known(ctx context.Context, id int, zero any, build func(sr.Sc
 		fn, err = build(sch)
 	}
 	if err != nil {
-		refused := failID(r.format, id, err)
+		refused := incompatible(failID(r.format, id, err))
 		fn = func([]byte, any) error { return refused }
 	}
 	r.dec.Register(id, zero, sr.DecodeFn(fn))

@@ -77,7 +77,7 @@ func (s *atLeastOnce) processGuarded(ctx context.Context, batch []*Record, done 
 func (s *atLeastOnce) duplicate(r *Record, done func(*Record)) {
 	s.g.hits.Add(1)
 	s.obs.Start(context.Background(), r)
-	s.obs.Event(r, hook.EventDuplicate, "")
+	s.obs.Event(r, hook.EventDuplicate, duplicateSource)
 	s.obs.End(r, hook.OutcomeDuplicate, nil)
 	done(r)
 }

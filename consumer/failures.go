@@ -16,6 +16,7 @@ import (
 
 	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/internal/backoff"
+	"github.com/kscope-dev/kscope/internal/dlreason"
 	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/internal/ratelog"
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -74,7 +75,7 @@ func (f *failures) Decide(ctx context.Context, rec *Record, err error, attempt i
 	}
 	meta, herr := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	if herr != nil {
-		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", recordAttrs(rec, attempt, herr, 0)...)
+		f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record carries corrupt kscope headers; ignoring them", f.recordAttrs(rec, attempt, herr, 0)...)
 	}
 	if attempt, rec.breakerWait = f.breakerWait(rec, err, attempt); rec.breakerWait {
 		return retrytopic.Step{Action: retrytopic.ActionRetry, Class: f.classOf(err)}
@@ -105,16 +106,18 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 	case retrytopic.ActionSkip:
 		f.skipped.Add(1)
 		f.stacks.forget(meta.ID)
-		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(recordAttrs(rec, total, err, 0), append(stack, slog.String("outcome", string(hook.OutcomeSkipped)))...)...)
+		f.log.LogAttrs(ctx, slog.LevelInfo, "kscope: record skipped (business outcome)", append(f.recordAttrs(rec, total, err, 0), append(stack, slog.String("outcome", string(hook.OutcomeSkipped)))...)...)
 	case retrytopic.ActionRetry:
 		if rec.breakerWait {
-			f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: handler failed while a circuit breaker is open; the record waits in place", append(recordAttrs(rec, total, err, 0), slog.String("outcome", "waiting"))...)
+			if f.log.Enabled(ctx, slog.LevelDebug) {
+				f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: handler failed while a circuit breaker is open; the record waits in place", append(f.recordAttrs(rec, total, err, 0), slog.String("outcome", "waiting"))...)
+			}
 			break
 		}
 		f.retries.Add(1)
-		f.obs.Event(rec, hook.EventRetry, step.Class.String())
+		f.obs.Event(rec, hook.EventRetry, retryReason(err, step.Class))
 		f.log.LogAttrs(ctx, levelForAttempt(attempt), "kscope: handler failed; retrying in place",
-			append(recordAttrs(rec, total, err, step.Delay), append(stack, slog.String("class", step.Class.String()), slog.String("outcome", "retrying"))...)...)
+			append(f.recordAttrs(rec, total, err, step.Delay), append(stack, slog.String("class", step.Class.String()), slog.String("outcome", "retrying"))...)...)
 	case retrytopic.ActionDeadLetter, retrytopic.ActionRetryTopic:
 		out := f.routedRecord(rec, err, step, attempt, firstFailure)
 		topic := out.Topic
@@ -122,14 +125,18 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 		if step.Action == retrytopic.ActionRetryTopic {
 			kind = "retry"
 		}
-		if err := f.produce(ctx, rec.Topic, kind, step.Class.String(), out); err != nil {
+		reason := ""
+		if step.Action == retrytopic.ActionDeadLetter {
+			reason = dlreason.Of(err, step.Class)
+		}
+		if err := f.produce(ctx, hook.Route{Topic: rec.Topic, Kind: kind, Class: step.Class.String(), Reason: reason}, out); err != nil {
 			return err
 		}
 		if step.Action == retrytopic.ActionRetryTopic {
 			f.obs.Event(rec, hook.EventRetryTopic, topic)
 			f.routed.Add(1)
 			f.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record sent to a retry topic",
-				append(recordAttrs(rec, total, err, step.Delay), append(stack, slog.String("class", step.Class.String()), slog.String("retry_topic", topic), slog.String("outcome", string(hook.OutcomeRetried)))...)...)
+				append(f.recordAttrs(rec, total, err, step.Delay), append(stack, slog.String("class", step.Class.String()), slog.String("retry_topic", topic), slog.String("outcome", string(hook.OutcomeRetried)))...)...)
 			break
 		}
 		f.deadLettered.Add(1)
@@ -137,7 +144,7 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 		f.undecodable(rec, err)
 		f.obs.Event(rec, hook.EventDeadLetter, out.Topic)
 		f.dltLog.Log(ctx, f.log, slog.LevelError, "kscope: record sent to the dead-letter topic", "records sent to the dead-letter topic",
-			append(recordAttrs(rec, total, err, 0), append(stack, slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("outcome", string(hook.OutcomeDeadLettered)))...)...)
+			append(f.recordAttrs(rec, total, err, 0), append(stack, slog.String("class", step.Class.String()), slog.String("dlt", out.Topic), slog.String("reason", reason), slog.String("outcome", string(hook.OutcomeDeadLettered)))...)...)
 	}
 	return nil
 }
@@ -343,11 +350,15 @@ func (f *failures) Policy() retrytopic.Policy { return f.policy }
 
 // produce writes out and waits for its acknowledgement, retrying with
 // backoff; only a done ctx stops it.
-func (f *failures) produce(ctx context.Context, source, kind, class string, out *kgo.Record) error {
+// rt is the route reported to the hooks (its Target and Err are filled
+// in).
+func (f *failures) produce(ctx context.Context, rt hook.Route, out *kgo.Record) error {
+	source := rt.Topic
 	for attempt := 1; ; attempt++ {
 		err := f.cl.ProduceSync(ctx, out).FirstErr()
 		if ctx.Err() == nil {
-			f.obs.Route(hook.Route{Topic: source, Kind: kind, Class: class, Target: out.Topic, Err: err})
+			rt.Target, rt.Err = out.Topic, err
+			f.obs.Route(rt)
 		}
 		if err == nil {
 			return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/internal/dlreason"
 	"github.com/kscope-dev/kscope/internal/guard"
 	"github.com/kscope-dev/kscope/internal/handlerchain"
 	"github.com/kscope-dev/kscope/internal/ratelog"
@@ -24,7 +25,7 @@ var ErrFiltered = errors.New("kscope: record filtered out by Config.Keep")
 // Config.MaxAge: of class skip (outcome hook.OutcomeExpired) or terminal
 // (dead-lettered, the dead-letter record's kscope-error header says it
 // expired), as Config.Expired says.
-var ErrExpired = errors.New("kscope: record expired (older than Config.MaxAge)")
+var ErrExpired = dlreason.ErrExpired
 
 // ErrHandlerTimeout is matched (errors.Is) by the error of a handler call
 // that failed after its deadline (Config.HandlerTimeout, or a scope's
@@ -245,11 +246,13 @@ func (f *failures) classOf(err error) Class {
 func (f *failures) skippedByAdmission(ctx context.Context, rec *Record, err error) bool {
 	switch {
 	case errors.Is(err, ErrFiltered):
-		f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: record filtered out (Config.Keep)", append(recordAttrs(rec, 0, nil, 0), slog.String("outcome", string(hook.OutcomeFiltered)))...)
+		if f.log.Enabled(ctx, slog.LevelDebug) { // a filter drops many records: no attributes built for a line not logged
+			f.log.LogAttrs(ctx, slog.LevelDebug, "kscope: record filtered out (Config.Keep)", append(f.recordAttrs(rec, 0, nil, 0), slog.String("outcome", string(hook.OutcomeFiltered)))...)
+		}
 		return true
 	case errors.Is(err, ErrExpired):
 		f.calls.expiredLog.Log(ctx, f.log, slog.LevelInfo, "kscope: record expired (older than Config.MaxAge); skipped", "expired records",
-			append(recordAttrs(rec, 0, err, 0), slog.String("outcome", string(hook.OutcomeExpired)))...)
+			append(f.recordAttrs(rec, 0, err, 0), slog.String("outcome", string(hook.OutcomeExpired)))...)
 		return true
 	}
 	return false
@@ -284,7 +287,7 @@ func (f *failures) overrun(ctx context.Context, r *Record) {
 	f.obs.overran()
 	f.obs.Event(r, hook.EventHandlerOverrun, (f.calls.timeout + f.calls.grace).String())
 	f.log.LogAttrs(context.WithoutCancel(ctx), slog.LevelWarn, "kscope: a handler call runs on past HandlerTimeout and HandlerGrace: it ignores its context and holds its key-shard",
-		append(recordAttrs(r, 0, nil, 0)[:4], slog.Duration("handler_timeout", f.calls.timeout), slog.Duration("handler_grace", f.calls.grace))...)
+		append(f.recordAttrs(r, 0, nil, 0)[:5], slog.Duration("handler_timeout", f.calls.timeout), slog.Duration("handler_grace", f.calls.grace))...)
 }
 
 // open reports whether r's delivery has not been ended yet (without

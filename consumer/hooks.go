@@ -155,13 +155,14 @@ func (o *observer) Route(r hook.Route) {
 	}
 }
 
-// Commit reports an offset commit request.
-func (o *observer) Commit(partitions int, err error) {
+// Commit reports an offset commit request, which carried the offsets of
+// topics.
+func (o *observer) Commit(partitions int, err error, topics ...string) {
 	if o == nil {
 		return
 	}
 	for _, h := range o.commit {
-		h.OnCommit(hook.Commit{Group: o.group, Partitions: partitions, Err: err})
+		h.OnCommit(hook.Commit{Group: o.group, Partitions: partitions, Err: err, Topics: topics})
 	}
 }
 

@@ -289,7 +289,7 @@ func (kb *keyBreaker) heldEvent(f *failures, rec *Record, err error, d time.Dura
 	f.obs.Event(rec, hook.EventKeyHeld, fmt.Sprint(err))
 	kb.logs.Log(context.Background(), kb.log, slog.LevelWarn, "kscope: key held by its circuit breaker: its records wait, the other keys go on", "key held",
 		slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset),
-		slog.String("key", keyText(rec.Key)), slog.Any("err", err), slog.Duration("probe_in", d))
+		slog.String("key", keyText(rec.Key)), slog.String("id", f.identity.Of(rec)), slog.Any("err", err), slog.Duration("probe_in", d))
 }
 
 // keyText is a key as a log line shows it: at most 64 bytes, quoted.

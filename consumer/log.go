@@ -7,9 +7,12 @@ import (
 
 const maxLoggedKey = 64
 
-// recordAttrs are the structured fields of a log line about one record. The
-// key is truncated and the value never logged.
-func recordAttrs(r *Record, attempt int, err error, retryIn time.Duration) []slog.Attr {
+// recordAttrs are the structured fields of a log line about one record:
+// its coordinates, its key (truncated), its identity ("id": the kscope-id
+// header, else the message-id header, else what Config.Identity derives),
+// so that one message can be followed across services by its id, and the
+// attempt. The value is never logged.
+func (f *failures) recordAttrs(r *Record, attempt int, err error, retryIn time.Duration) []slog.Attr {
 	key := r.Key
 	if len(key) > maxLoggedKey {
 		key = key[:maxLoggedKey]
@@ -19,6 +22,7 @@ func recordAttrs(r *Record, attempt int, err error, retryIn time.Duration) []slo
 		slog.Int("partition", int(r.Partition)),
 		slog.Int64("offset", r.Offset),
 		slog.String("key", string(key)),
+		slog.String("id", f.identity.Of(r)),
 		slog.Int("attempt", attempt),
 	}
 	if err != nil {

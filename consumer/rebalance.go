@@ -36,7 +36,11 @@ func (r *Runner) onCommit(res commit.Result) {
 	for _, ps := range res.Offsets {
 		n += len(ps)
 	}
-	r.obs.Commit(n, res.Err)
+	var topics []string
+	if r.obs.wantsCommit() {
+		topics = commitTopics(res.Offsets)
+	}
+	r.obs.Commit(n, res.Err, topics...)
 	if res.Err != nil {
 		r.commitErrs.Add(1)
 		return

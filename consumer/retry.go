@@ -61,7 +61,8 @@ func (f *failures) Rounds(ctx context.Context, done func(*Record), round func() 
 			wait = max(wait, d)
 			attrs := []slog.Attr{slog.Any("err", r.Err), slog.Int("attempt", failed), slog.Duration("retry_in", d)}
 			if r.Of != nil {
-				attrs = append(attrs, slog.String("topic", r.Of.Topic), slog.Int("partition", int(r.Of.Partition)), slog.Int64("offset", r.Of.Offset))
+				attrs = append(attrs, slog.String("topic", r.Of.Topic), slog.Int("partition", int(r.Of.Partition)), slog.Int64("offset", r.Of.Offset),
+					slog.String("id", f.identity.Of(r.Of)))
 			}
 			level := slog.LevelWarn
 			if r.Held {

@@ -34,6 +34,7 @@ type stallRec struct {
 	partition int32
 	offset    int64
 	key       []byte // cut to maxLoggedKey bytes
+	id        string // its identity (Config.Identity)
 	inHandler bool   // the scope said its handler runs (scope.Engine.Handling)
 	batch     int    // records in the worker's batch
 }
@@ -81,7 +82,7 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 	batches, finished, handled := d.batches, d.finished, d.handled
 	var rec stallRec
 	if busy && !w.stalled && batches == w.batches && finished == w.finished && handled == w.handled && now.Sub(w.since) >= r.cfg.StallWarning {
-		rec = d.heldLocked()
+		rec = d.heldLocked(r.cfg.Identity)
 	}
 	d.mu.Unlock()
 
@@ -100,7 +101,7 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 			what = "its handler has not returned"
 		}
 		r.log.Warn("kscope: a key-shard has finished no record for StallWarning: "+what+"; every other key of the key-shard waits behind it, and the partition's offsets do not move past it",
-			"shard", i, "topic", rec.topic, "partition", rec.partition, "offset", rec.offset, "key", string(rec.key),
+			"shard", i, "topic", rec.topic, "partition", rec.partition, "offset", rec.offset, "key", string(rec.key), "id", rec.id,
 			"stalled_for", now.Sub(w.since).Round(time.Millisecond), "batch_records", rec.batch)
 		r.obs.Stall(hook.Stall{Shard: i, Topic: rec.topic, Partition: rec.partition, Offset: rec.offset, For: now.Sub(w.since)})
 	}
@@ -110,7 +111,7 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 // handler runs, when the scope says (scope.Engine.Handling); else the first of
 // the batch not done (the scopes that do not say report records done in
 // order as they handle them). d.mu is held and d.batch is not nil.
-func (d *doneBuf) heldLocked() stallRec {
+func (d *doneBuf) heldLocked(ident Identity) stallRec {
 	held := d.batch[min(d.finished, len(d.batch)-1)]
 	if d.handling != nil {
 		held = d.handling
@@ -120,7 +121,7 @@ func (d *doneBuf) heldLocked() stallRec {
 		key = key[:maxLoggedKey]
 	}
 	return stallRec{topic: held.Topic, partition: held.Partition, offset: held.offset,
-		key: append([]byte(nil), key...), inHandler: d.handling != nil, batch: len(d.batch)}
+		key: append([]byte(nil), key...), id: ident.Of(held), inHandler: d.handling != nil, batch: len(d.batch)}
 }
 
 // running describes the records the key-shards' workers hold now, those
@@ -135,7 +136,7 @@ func (r *Runner) running(sts []*partState) string {
 			d.mu.Unlock()
 			continue
 		}
-		h := d.heldLocked()
+		h := d.heldLocked(r.cfg.Identity)
 		d.mu.Unlock()
 		if len(out) == 5 {
 			more++
@@ -159,7 +160,7 @@ func (r *Runner) endStall(i int, w *shardWatch, now time.Time, why string) {
 	if why != "" {
 		msg = "kscope: a stalled key-shard is no longer watched: " + why
 	}
-	r.log.Info(msg, "shard", i, "topic", w.rec.topic, "partition", w.rec.partition, "offset", w.rec.offset,
+	r.log.Info(msg, "shard", i, "topic", w.rec.topic, "partition", w.rec.partition, "offset", w.rec.offset, "id", w.rec.id,
 		"stalled_for", d.Round(time.Millisecond))
 	r.obs.Stall(hook.Stall{Shard: i, Topic: w.rec.topic, Partition: w.rec.partition, Offset: w.rec.offset, For: d, Ended: true})
 }

@@ -77,10 +77,10 @@ func (t txnEngine) Progress(prior func(topic string, partition int32) (commit.Do
 }
 
 // Committed counts and reports a committed transaction.
-func (t txnEngine) Committed(partitions int) {
+func (t txnEngine) Committed(partitions int, topics ...string) {
 	r := t.r
 	r.commits.Add(1)
-	r.obs.Commit(partitions, nil)
+	r.obs.Commit(partitions, nil, topics...)
 	if r.obs.WantsLag() {
 		r.reportLag()
 	}
@@ -88,10 +88,10 @@ func (t txnEngine) Committed(partitions int) {
 
 // Aborted counts a transaction that did not commit, and reports it to the
 // hooks when report is not nil.
-func (t txnEngine) Aborted(partitions int, report error) {
+func (t txnEngine) Aborted(partitions int, report error, topics ...string) {
 	t.r.commitErrs.Add(1)
 	if report != nil {
-		t.r.obs.Commit(partitions, report)
+		t.r.obs.Commit(partitions, report, topics...)
 	}
 }
 

@@ -159,6 +159,7 @@ func (s *dbScope) settle(ctx context.Context, work []*consumer.Record, res []res
 			if dead && r.Key != nil && s.honours() {
 				release = append(release, heldKey{s.f.Metadata(r).OriginalTopic, r.Key})
 			}
+			obs.Event(r, hook.EventDuplicate, hook.DuplicateInbox)
 			obs.End(r, hook.OutcomeDuplicate, nil)
 			done(r)
 		case failedOutcome:
@@ -242,6 +243,7 @@ func (s *dbScope) apply(ctx context.Context, recs []*consumer.Record, done func(
 		for _, r := range recs {
 			if m, ok := s.mark(r); ok && r.Offset < m {
 				s.replaySkipped.Add(1)
+				s.obs.Event(r, hook.EventDuplicate, hook.DuplicateInbox)
 				s.obs.End(r, hook.OutcomeDuplicate, nil)
 				done(r)
 				continue
@@ -333,13 +335,13 @@ func (s *dbScope) account(work []*consumer.Record, res []result, done func(*cons
 			s.skipped.Add(1)
 			if res[i].err != nil {
 				s.log.Warn("kscope: record skipped without its writes", "err", res[i].err,
-					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "id", s.identity.Of(r))
 			}
 			obs.End(r, hook.OutcomeSkipped, res[i].err)
 			done(r)
 		case duplicate:
 			s.duplicates.Add(1)
-			obs.Event(r, hook.EventDuplicate, "")
+			obs.Event(r, hook.EventDuplicate, hook.DuplicateInbox)
 			obs.End(r, hook.OutcomeDuplicate, nil)
 			done(r)
 		case staleOutcome:

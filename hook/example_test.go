@@ -41,3 +41,32 @@ func ExampleRecordHook() {
 	}
 	_ = r.Run(context.Background())
 }
+
+// poison pages on the dead letters that no retry can heal: a payload that
+// cannot be decoded or names a schema the reader cannot use.
+type poison struct{ n atomic.Int64 }
+
+func (p *poison) OnRoute(r hook.Route) {
+	if r.Kind != "dlt" || r.Err != nil {
+		return
+	}
+	switch r.Reason {
+	case hook.ReasonDeserializationFailure, hook.ReasonSchemaIncompatible:
+		p.n.Add(1)
+		slog.Error("poison record dead-lettered", "topic", r.Topic, "dlt", r.Target, "reason", r.Reason)
+	}
+}
+
+// A RouteHook reads why a record went to the dead-letter topic from
+// Route.Reason.
+func ExampleRouteHook() {
+	p := &poison{}
+	cfg := consumer.Config{Brokers: []string{"localhost:9092"}, Group: "payments", Topics: []string{"payments"}, Hooks: []hook.Hook{p}}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		return nil
+	}))
+	if err != nil {
+		panic(err)
+	}
+	_ = r.Run(context.Background())
+}

@@ -58,8 +58,17 @@ type Event string
 
 // Events of a delivery.
 const (
-	EventDuplicate   Event = "kscope.dedupe_hit"   // the inbox already holds the record
-	EventRetry       Event = "kscope.retry"        // a failed attempt is retried in place
+	// EventDuplicate: the record repeats one already applied and is not
+	// handled again; detail names what found it: "inbox" (the DB scope's
+	// inbox or its stored offsets), "dedupe_store" (the AtLeastOnce
+	// scope's consumer.Config.Dedupe) or "kafka_guard" (the Kafka scope's
+	// txn.Options.Dedupe).
+	EventDuplicate Event = "kscope.dedupe_hit"
+	// EventRetry: a failed attempt is retried in place; detail is the
+	// failure's class ("retryable", "unknown"), or "timeout" for a
+	// handler call that ran past consumer.Config.HandlerTimeout. A
+	// failure that waits for an open circuit breaker is not a retry.
+	EventRetry       Event = "kscope.retry"
 	EventRetryTopic  Event = "kscope.retry_topic"  // routed to a retry topic
 	EventDeadLetter  Event = "kscope.dead_letter"  // routed to the dead-letter topic
 	EventVersionGap  Event = "kscope.version_gap"  // ahead of its key's next version
@@ -143,7 +152,40 @@ type Route struct {
 	Class  string // the failure's class (retrytopic.Class), or "parked" for a record sent behind its key's failing one
 	Err    error  // nil when the broker acknowledged it
 	Target string // the retry or dead-letter topic
+	// Reason says, for a dead letter (Kind "dlt"), why it was sent there:
+	// one of the Reason* constants. Empty for a retry.
+	Reason string
 }
+
+// Why a record was sent to the dead-letter topic (Route.Reason).
+const (
+	// ReasonTerminalFailure: its handler failed with a terminal error.
+	ReasonTerminalFailure = "terminal_failure"
+	// ReasonDeserializationFailure: its payload could not be decoded (a
+	// retrytopic.DecodeFailure).
+	ReasonDeserializationFailure = "deserialization_failure"
+	// ReasonSchemaIncompatible: its payload names a schema the reader
+	// cannot use (a retrytopic.DecodeFailure with Incompatible set: a
+	// schema id the registry does not have, or a schema the reader's
+	// cannot read).
+	ReasonSchemaIncompatible = "schema_incompatible"
+	// ReasonRetriesExhausted: its failures were retryable (or of no
+	// class) and the failure policy's attempts ran out.
+	ReasonRetriesExhausted = "retries_exhausted"
+	// ReasonExpired: it was older than consumer.Config.MaxAge
+	// (consumer.ExpiredDeadLetter).
+	ReasonExpired = "expired"
+	// ReasonNoRoute: no route of its router handles it
+	// (consumer.ErrNoRoute).
+	ReasonNoRoute = "no_route"
+)
+
+// The sources of a duplicate (the detail of EventDuplicate).
+const (
+	DuplicateInbox       = "inbox"        // the DB scope's inbox (or its stored offsets)
+	DuplicateDedupeStore = "dedupe_store" // the AtLeastOnce scope's consumer.Config.Dedupe
+	DuplicateKafkaGuard  = "kafka_guard"  // the Kafka scope's txn.Options.Dedupe
+)
 
 // RouteHook is called after every produce attempt of a routed record.
 type RouteHook interface {
@@ -155,6 +197,9 @@ type Commit struct {
 	Group      string
 	Partitions int
 	Err        error
+	// Topics are the topics whose offsets the request carried, each
+	// once (for a transaction, the topics of the partitions it moved).
+	Topics []string
 }
 
 // CommitHook is called after every offset commit request.

@@ -37,3 +37,24 @@ func Example() {
 		log.Fatal(err)
 	}
 }
+
+// With EventTypeHeader, kscope_records_processed_total counts deliveries
+// by the event type the record's "event-type" header names: the first 20
+// by name, any later one as "other" (counted in
+// kscope_event_type_overflow_total).
+func ExampleOptions_eventType() {
+	m, err := kscopeprom.New(kscopeprom.Options{EventTypeHeader: "event-type", EventTypeLimit: 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := consumer.Config{Brokers: []string{"localhost:9092"}, Group: "ledger", Topics: []string{"payments"}, Hooks: []hook.Hook{m}}
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
+		return nil
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Run(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+}

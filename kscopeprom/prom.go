@@ -16,8 +16,29 @@
 //	                                         stale, gap, filtered (consumer.Config.Keep),
 //	                                         expired (consumer.Config.MaxAge, skipped),
 //	                                         held (its key's circuit breaker holds it: it
-//	                                         is delivered again at the key's probe)
-//	kscope_handler_retries_total             failed attempts retried in place
+//	                                         is delivered again at the key's probe);
+//	                                         with Options.EventTypeHeader, also
+//	                                         event_type (bounded: see below)
+//	kscope_handler_retries_total{reason}     failed attempts retried in place, by reason:
+//	                                         the failure's class (retryable, unknown), or
+//	                                         timeout (consumer.ErrHandlerTimeout); a failure
+//	                                         that waits for an open circuit breaker is not
+//	                                         a retry. Summed over reason, the count it
+//	                                         always was
+//	kscope_dead_letters_total{reason}        records the dead-letter topic acknowledged, by
+//	                                         reason (hook.Route.Reason): terminal_failure,
+//	                                         deserialization_failure, schema_incompatible
+//	                                         (a schema id the registry does not have, a
+//	                                         schema the reader's cannot read),
+//	                                         retries_exhausted, expired (consumer.Config.MaxAge),
+//	                                         no_route (consumer.ErrNoRoute)
+//	kscope_duplicates_total{source}          records not handled again because they repeat
+//	                                         one already applied, by what found them: inbox
+//	                                         (the DB scope), dedupe_store (consumer.Config.Dedupe),
+//	                                         kafka_guard (txn.Options.Dedupe; counted when
+//	                                         found, so a transaction that aborts and is
+//	                                         replayed counts it again)
+//	kscope_event_type_overflow_total         deliveries counted with event_type="other"
 //	kscope_decode_failures_total{format}     records dead-lettered because their payload could
 //	                                         not be decoded (format: json, avro, protobuf, or
 //	                                         "payload" when the handler did not say)
@@ -47,14 +68,15 @@
 //	                                         wait in PostgreSQL)
 //	kscope_key_holds_total                   times a key's circuit breaker held it (its
 //	                                         failures, or a failed probe)
-//	kscope_offset_commits_total{result}      offset commit requests: ok or error
+//	kscope_offset_commits_total{result}      offset commit requests (in the Kafka scope,
+//	                                         transactions), ok or error, per topic whose
+//	                                         offsets they carried: a request of two topics
+//	                                         counts once in each
 //	kscope_route_produces_total{route,class,result}
 //	                                         retry (route="retry") and dead-letter (route="dlt")
 //	                                         produces, by failure class (retryable, unknown,
 //	                                         terminal, which includes decode errors; parked),
-//	                                         ok or error: a dlt
-//	                                         produce of class retryable or unknown is a
-//	                                         record whose retries ran out
+//	                                         ok or error (kscope_dead_letters_total says why)
 //	kscope_retry_lateness_seconds            how late held retry records were released
 //	kscope_rebalances_total{kind}            assigned, revoked, lost
 //	kscope_stalled_key_shards                key-shards that have finished none of their
@@ -65,6 +87,14 @@
 //	                                         deployment is wrong (reason="deployment": a
 //	                                         missing table or column, a refused privilege);
 //	                                         nothing is routed for them while above 0
+//
+// With [Options.EventTypeHeader] (the header that names a record's event
+// type), kscope_records_processed_total has an event_type label: the first
+// [Options.EventTypeLimit] event types seen (default 50) by name, a record
+// without the header [EventTypeNone], and any later event type
+// [EventTypeOther], counted in kscope_event_type_overflow_total too, so
+// that a producer that puts ids in the header cannot grow the series
+// without bound.
 //
 // [Metrics.WatchRelay] adds an outbox relay's metrics (kscope_outbox_*).
 //
@@ -97,6 +127,17 @@ type Options struct {
 	// DurationBuckets are the handling-duration histogram's buckets, in
 	// seconds. Default: 1ms to 10s.
 	DurationBuckets []float64
+
+	// EventTypeHeader, when set, is the record header whose value names
+	// the record's event type ("OrderPlaced"): kscope_records_processed_total
+	// then has an event_type label with it (EventTypeNone for a record
+	// without the header). Empty (the default): no event_type label.
+	EventTypeHeader string
+	// EventTypeLimit bounds the event_type label's values: the first
+	// EventTypeLimit event types seen are labeled by name, any later one
+	// EventTypeOther, and counted in kscope_event_type_overflow_total.
+	// Default (0): DefaultEventTypeLimit. Only with EventTypeHeader.
+	EventTypeLimit int
 }
 
 // Metrics is a kscope hook that keeps Prometheus metrics.
@@ -126,6 +167,10 @@ type Metrics struct {
 	held      *prometheus.GaugeVec
 	decode    *prometheus.CounterVec
 	pauses    *prometheus.GaugeVec
+	dead      *prometheus.CounterVec
+	dups      *prometheus.CounterVec
+	overflow  *prometheus.CounterVec
+	events    *eventTypes // nil without Options.EventTypeHeader
 
 	relayMu sync.Mutex
 	relays  *relayCollector // registered at the first WatchRelay
@@ -149,7 +194,11 @@ var (
 
 // New creates the metrics and registers them.
 func New(o Options) (*Metrics, error) {
-	m := &Metrics{reg: o.Registerer}
+	events, err := newEventTypes(o)
+	if err != nil {
+		return nil, err
+	}
+	m := &Metrics{reg: o.Registerer, events: events}
 	if m.reg == nil {
 		r := prometheus.NewRegistry()
 		m.reg, m.gatherer = r, r
@@ -165,15 +214,19 @@ func New(o Options) (*Metrics, error) {
 	gt := []string{"consumer_group", "topic"}
 	gtp := []string{"consumer_group", "topic", "partition"}
 	m.received = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_records_received_total", Help: "Records polled."}, gt)
-	m.processed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_records_processed_total", Help: "Deliveries by durable outcome."}, append(gt, "outcome"))
-	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_handler_retries_total", Help: "Failed handler attempts retried in place."}, gt)
+	processed := append(gt[:len(gt):len(gt)], "outcome")
+	if events != nil {
+		processed = append(processed, "event_type")
+	}
+	m.processed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_records_processed_total", Help: "Deliveries by durable outcome."}, processed)
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_handler_retries_total", Help: "Failed handler attempts retried in place, by reason (the failure class, or timeout)."}, append(gt, "reason"))
 	m.overruns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_handler_overruns_total", Help: "Handler calls still running past consumer.Config.HandlerTimeout and HandlerGrace (they ignore their context)."}, gt)
 	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kscope_handling_duration_seconds", Help: "From the start of a delivery to its durable outcome.", Buckets: buckets}, gt)
 	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_in_flight_records", Help: "Records polled and not finished."}, gtp)
 	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_records", Help: "High watermark minus the lowest unfinished offset."}, gtp)
 	m.lagAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_consumer_lag_seconds", Help: "Age of the oldest unfinished record (on a retry topic, from its due time)."}, gtp)
 	m.paused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_partition_paused", Help: "1 while fetching the partition is paused (backpressure or a held retry record)."}, gtp)
-	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_offset_commits_total", Help: "Offset commit requests by result."}, []string{"consumer_group", "result"})
+	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_offset_commits_total", Help: "Offset commit requests (and committed or failed transactions) by topic whose offsets they carried, and result."}, append(gt, "result"))
 	m.routes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_route_produces_total", Help: "Retry and dead-letter produces by result."}, append(gt, "route", "class", "result"))
 	m.lateness = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kscope_retry_lateness_seconds", Help: "How late after their due time held retry records were released.",
 		Buckets: []float64{.01, .05, .1, .5, 1, 5, 30}}, gt)
@@ -187,7 +240,8 @@ func New(o Options) (*Metrics, error) {
 	m.heldKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_keys", Help: "Keys their circuit breakers hold in memory (consumer.Config.KeyBreaker)."}, []string{"consumer_group"})
 	m.keyHolds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_key_holds_total", Help: "Times a key's circuit breaker held it (its failures, or a failed probe)."}, gt)
 	m.dedupeNA = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_dedupe_unavailable_total", Help: "Records the AtLeastOnce scope handled while its dedupe store did not answer (consumer.FailOpen)."}, gt)
-	for _, c := range []prometheus.Collector{m.dedupeNA, m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans, m.heldKeys, m.keyHolds} {
+	m.newHandbookMetrics()
+	for _, c := range []prometheus.Collector{m.dead, m.dups, m.overflow, m.dedupeNA, m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans, m.heldKeys, m.keyHolds} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -215,16 +269,23 @@ func (m *Metrics) OnRecordEnd(_ context.Context, e hook.RecordEnd) {
 	if e.Outcome == hook.OutcomeAborted {
 		return
 	}
-	m.processed.WithLabelValues(e.Group, e.Record.Topic, string(e.Outcome)).Inc()
+	if m.events == nil {
+		m.processed.WithLabelValues(e.Group, e.Record.Topic, string(e.Outcome)).Inc()
+	} else {
+		m.processedByType(e)
+	}
 	m.duration.WithLabelValues(e.Group, e.Record.Topic).Observe(e.Duration.Seconds())
 }
 
-// OnRecordEvent implements hook.RecordEventHook: in-place retries and
-// decode failures and handler overruns.
+// OnRecordEvent implements hook.RecordEventHook: in-place retries,
+// duplicates, decode failures, handler overruns, key holds and dedupe
+// store outages.
 func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, ev hook.Event, detail string) {
 	switch ev {
 	case hook.EventRetry:
-		m.retries.WithLabelValues(group, r.Topic).Inc()
+		m.retries.WithLabelValues(group, r.Topic, orUnknown(detail)).Inc()
+	case hook.EventDuplicate:
+		m.dups.WithLabelValues(group, r.Topic, orUnknown(detail)).Inc()
 	case hook.EventDecodeFailure:
 		format, _, _ := strings.Cut(detail, " ")
 		m.decode.WithLabelValues(group, r.Topic, format).Inc()
@@ -245,11 +306,21 @@ func (m *Metrics) OnFetch(f hook.Fetch) {
 // OnRoute implements hook.RouteHook.
 func (m *Metrics) OnRoute(r hook.Route) {
 	m.routes.WithLabelValues(r.Group, r.Topic, r.Kind, r.Class, result(r.Err)).Inc()
+	if r.Kind == "dlt" && r.Err == nil {
+		m.dead.WithLabelValues(r.Group, r.Topic, deadReason(r)).Inc()
+	}
 }
 
 // OnCommit implements hook.CommitHook.
 func (m *Metrics) OnCommit(c hook.Commit) {
-	m.commits.WithLabelValues(c.Group, result(c.Err)).Inc()
+	res := result(c.Err)
+	if len(c.Topics) == 0 {
+		m.commits.WithLabelValues(c.Group, "", res).Inc()
+		return
+	}
+	for _, t := range c.Topics {
+		m.commits.WithLabelValues(c.Group, t, res).Inc()
+	}
 }
 
 // OnLag implements hook.LagHook.

@@ -218,8 +218,14 @@ func TestScrapedCountsMatchTheScenario(t *testing.T) {
 	if got := value(t, g, "kscope_handling_duration_seconds", map[string]string{"consumer_group": group}); got != n+d+1+p+2 {
 		t.Errorf("handling durations observed = %v, want one per counted delivery (%d)", got, n+d+1+p+2)
 	}
-	if value(t, g, "kscope_offset_commits_total", map[string]string{"result": "ok"}) == 0 {
-		t.Error("no successful offset commit counted")
+	if value(t, g, "kscope_offset_commits_total", map[string]string{"topic": topic, "result": "ok"}) == 0 {
+		t.Error("no successful offset commit counted for the topic")
+	}
+	if got := value(t, g, "kscope_duplicates_total", map[string]string{"consumer_group": group, "source": hook.DuplicateInbox}); got != d {
+		t.Errorf("kscope_duplicates_total{source=inbox} = %v, want %d", got, d)
+	}
+	if got := value(t, g, "kscope_dead_letters_total", map[string]string{"consumer_group": group, "reason": hook.ReasonDeserializationFailure}); got != p {
+		t.Errorf("kscope_dead_letters_total{reason=deserialization_failure} = %v, want %d", got, p)
 	}
 	if value(t, g, "kscope_rebalances_total", map[string]string{"kind": "assigned"}) == 0 {
 		t.Error("no assignment counted")
@@ -358,8 +364,11 @@ func TestKafkaScopeCounts(t *testing.T) {
 	if got := value(t, g, "kscope_records_received_total", of); got != n+p {
 		t.Errorf("received = %v, want %d", got, n+p)
 	}
-	if value(t, g, "kscope_offset_commits_total", map[string]string{"result": "ok"}) == 0 {
-		t.Error("no committed transaction counted")
+	if value(t, g, "kscope_offset_commits_total", map[string]string{"topic": "orders", "result": "ok"}) == 0 {
+		t.Error("no committed transaction counted for the input topic")
+	}
+	if got := value(t, g, "kscope_dead_letters_total", map[string]string{"topic": "orders", "reason": hook.ReasonDeserializationFailure}); got != p {
+		t.Errorf("kscope_dead_letters_total{reason=deserialization_failure} = %v, want %d", got, p)
 	}
 	if got := value(t, g, "kscope_route_produces_total", map[string]string{"route": "dlt", "class": "terminal", "result": "ok"}); got != p {
 		t.Errorf("dlt produces = %v, want %d", got, p)

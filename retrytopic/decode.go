@@ -31,6 +31,12 @@ type DecodeFailure struct {
 	Format      string // "json", "avro", "protobuf"; empty when unknown
 	SchemaID    int    // the schema id the payload named, when HasSchemaID
 	HasSchemaID bool   // the payload carried a wire-format header with a schema id
+	// Incompatible says the payload is not at fault by itself: it names
+	// a schema the reader cannot use (a schema id the registry does not
+	// have, or a schema the reader's cannot read). Such a dead letter
+	// counts as hook.ReasonSchemaIncompatible, any other as
+	// hook.ReasonDeserializationFailure.
+	Incompatible bool
 }
 
 // Error says what could not be decoded and why: "decode: " and the cause

@@ -115,11 +115,12 @@ type TxnEngine[R any] interface {
 	// watermarks, before Progress is read for a commit.
 	FlushDone()
 	// Committed reports a committed transaction that moved partitions'
-	// offsets (counters, hooks, lag).
-	Committed(partitions int)
+	// offsets, of topics (counters, hooks, lag).
+	Committed(partitions int, topics ...string)
 	// Aborted counts a transaction that did not commit; a non-nil report
-	// is also passed to the hooks as the commit's error.
-	Aborted(partitions int, report error)
+	// is also passed to the hooks as the commit's error, with the topics
+	// whose offsets it carried.
+	Aborted(partitions int, report error, topics ...string)
 	// Rewind gives every assigned partition a new assignment (the work of
 	// the old one is dropped, as after a revoke: its records stop, its
 	// held records are dropped, its pauses lifted) and makes the consumer

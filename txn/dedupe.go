@@ -98,7 +98,7 @@ func (s *kafkaScope) duplicate(w *work, rec *consumer.Record, pv *partVersions) 
 	if !pv.seenID(g.id, s.o.Dedupe.Window) {
 		return g, false
 	}
-	s.obs.Event(rec, hook.EventDuplicate, "")
+	s.obs.Event(rec, hook.EventDuplicate, hook.DuplicateKafkaGuard)
 	w.do(func(tx *txnState) {
 		tx.records.Add(1)
 		tx.duplicates.Add(1)

@@ -284,7 +284,7 @@ func (s *kafkaScope) settleUnsettled(ctx context.Context, points map[tp]txnPoint
 	for _, pt := range points {
 		pt.part.set(pt.done)
 	}
-	s.e.Committed(len(points))
+	s.e.Committed(len(points), pointTopics(points)...)
 	s.log.Warn("kscope: ending the transaction failed, but the broker had committed it; consuming goes on from what it committed", "err", unsettled)
 	s.rewind()
 	return true, nil
@@ -295,14 +295,14 @@ func (s *kafkaScope) settleUnsettled(ctx context.Context, points map[tp]txnPoint
 // partition rewinds to its committed state.
 func (s *kafkaScope) installOutcome(committed bool, points map[tp]txnPoint) {
 	if !committed {
-		s.e.Aborted(len(points), errAborted)
+		s.e.Aborted(len(points), errAborted, pointTopics(points)...)
 		s.rewind()
 		return
 	}
 	for _, pt := range points {
 		pt.part.set(pt.done)
 	}
-	s.e.Committed(len(points))
+	s.e.Committed(len(points), pointTopics(points)...)
 }
 
 // txnRecovered aborts a transaction whose commit failed in a way the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/internal/dlreason"
 	"github.com/kscope-dev/kscope/retrytopic"
 	"github.com/kscope-dev/kscope/sequence"
 )
@@ -160,12 +161,11 @@ func (s *kafkaScope) failed(ctx context.Context, w *work, rec *consumer.Record, 
 		// The retry record joins the transaction: it becomes visible
 		// exactly when the input's offset commits.
 		out := s.f.RetryTopicRecord(rec, err, step, attempt, first)
-		s.route(ctx, w, rec, out, "retry", step.Class.String())
+		s.route(ctx, w, rec, out, hook.Route{Kind: "retry", Class: step.Class.String()})
 		w.do(func(tx *txnState) { tx.retryTopic.Add(1) })
 		s.obs.Event(rec, hook.EventRetryTopic, out.Topic)
 		s.log.LogAttrs(ctx, slog.LevelWarn, "kscope: record sent to a retry topic (in the transaction)",
-			append([]slog.Attr{slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset),
-				slog.String("retry_topic", out.Topic), slog.Duration("delay", step.Delay), slog.Any("err", err)}, s.f.PanicStack(rec, err)...)...)
+			append(append(s.recordAttrs(rec), slog.String("retry_topic", out.Topic), slog.Duration("delay", step.Delay), slog.Any("err", err)), s.f.PanicStack(rec, err)...)...)
 		return hook.OutcomeRetried, err
 	default:
 		s.deadLetter(ctx, w, rec, err, step, attempt, first)
@@ -177,25 +177,28 @@ func (s *kafkaScope) failed(ctx context.Context, w *work, rec *consumer.Record, 
 // exactly when the input's offset commits.
 func (s *kafkaScope) deadLetter(ctx context.Context, w *work, rec *consumer.Record, err error, step retrytopic.Step, attempt int, first time.Time) {
 	dl := s.f.DeadLetterRecord(rec, err, step, attempt, first)
-	s.route(ctx, w, rec, dl, "dlt", step.Class.String())
+	reason := dlreason.Of(err, step.Class)
+	s.route(ctx, w, rec, dl, hook.Route{Kind: "dlt", Class: step.Class.String(), Reason: reason})
 	w.do(func(tx *txnState) { tx.dead.Add(1) })
 	s.obs.Event(rec, hook.EventDeadLetter, dl.Topic)
 	s.dltLog.Log(ctx, s.log, slog.LevelError, "kscope: record sent to the dead-letter topic (in the transaction)", "records sent to the dead-letter topic",
-		append([]slog.Attr{slog.String("topic", rec.Topic), slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset),
-			slog.String("class", step.Class.String()), slog.Any("err", err)}, s.f.PanicStack(rec, err)...)...)
+		append(append(s.recordAttrs(rec), slog.String("class", step.Class.String()), slog.String("reason", reason), slog.Any("err", err)), s.f.PanicStack(rec, err)...)...)
 }
 
-// route adds a retry or dead-letter record to w.
-func (s *kafkaScope) route(ctx context.Context, w *work, rec *consumer.Record, out *kgo.Record, kind, class string) {
+// route adds a retry or dead-letter record to w; rt (its Kind, Class and
+// Reason) is reported to the hooks once it is produced.
+func (s *kafkaScope) route(ctx context.Context, w *work, rec *consumer.Record, out *kgo.Record, rt hook.Route) {
 	obs := s.obs
 	as := producedRoute
-	if kind == "dlt" {
+	if rt.Kind == "dlt" {
 		as = producedDead
 	}
-	what := fmt.Sprintf("the %s record of %s[%d]@%d", kind, rec.Topic, rec.Partition, rec.Offset)
+	what := fmt.Sprintf("the %s record of %s[%d]@%d", rt.Kind, rec.Topic, rec.Partition, rec.Offset)
+	rt.Topic, rt.Target = rec.Topic, out.Topic
 	w.do(func(tx *txnState) {
 		tx.produce(ctx, s.sess, out, rec, as, what, s.limit, func(err error) {
-			obs.Route(hook.Route{Topic: rec.Topic, Kind: kind, Class: class, Target: out.Topic, Err: err})
+			rt.Err = err
+			obs.Route(rt)
 		})
 	})
 }
@@ -451,7 +454,7 @@ func (s *kafkaScope) parkGap(ctx context.Context, w *work, rec *consumer.Record,
 		// dead-lettered with it.
 		stored = parked.with(p)
 		s.log.Warn("kscope: a record has the version of a parked record of its key; it waits with it",
-			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "version", v,
+			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "id", s.cfg.Identity.Of(rec), "version", v,
 			"parked", fmt.Sprintf("%s[%d]@%d", parked.Topic, parked.Partition, parked.Offset))
 	}
 	val, err := json.Marshal(stored)

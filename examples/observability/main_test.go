@@ -58,7 +58,8 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 		fmt.Sprintf(`kscope_outbox_published_records_total{outbox=%q} 20`, topic),
 		fmt.Sprintf(`kscope_outbox_pending_rows{outbox=%q,partition="0"} 0`, topic),
 		fmt.Sprintf(`kscope_records_processed_total{consumer_group=%q,outcome="dead_lettered",topic=%q} 6`, group, topic),
-		fmt.Sprintf(`kscope_handler_retries_total{consumer_group=%q,topic=%q} 8`, group, topic),
+		fmt.Sprintf(`kscope_handler_retries_total{consumer_group=%q,reason="retryable",topic=%q} 8`, group, topic),
+		fmt.Sprintf(`kscope_dead_letters_total{consumer_group=%q,reason="deserialization_failure",topic=%q} 6`, group, topic),
 	} {
 		if !strings.Contains(res.Scrape, want) {
 			t.Errorf("scrape lacks %s:\n%s", want, res.Scrape)
@@ -84,6 +85,10 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 	// Nor did a key-shard hold on a deployment error: kscope_held_key_shards
 	// has a series only once one has (TestHeldKeyShardsGauge in kscopeprom).
 	fams["kscope_held_key_shards"] = true
+	// Nor did a record repeat one already applied: kscope_duplicates_total
+	// has a series only once one has (TestHandbookMetricsThroughARunner and
+	// TestKafkaGuardDuplicates in kscopeprom).
+	fams["kscope_duplicates_total"] = true
 
 	// The series pipelines.yml records are the user's, read by the alerts.
 	type ruleFile struct {
