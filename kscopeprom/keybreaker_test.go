@@ -56,3 +56,20 @@ func TestDedupeUnavailableMetric(t *testing.T) {
 		t.Errorf("kscope_dedupe_unavailable_total = %v; want 2", v)
 	}
 }
+
+// Version gaps found and healed count in kscope_version_gaps_total{event}.
+func TestVersionGapsMetric(t *testing.T) {
+	m, err := kscopeprom.New(kscopeprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: "accounts"}
+	for _, ev := range []hook.Event{hook.EventVersionGap, hook.EventVersionGap, hook.EventVersionHeal} {
+		m.OnRecordEvent(context.Background(), "g", rec, ev, "")
+	}
+	for event, want := range map[string]float64{"found": 2, "healed": 1} {
+		if v := value(t, m.Gatherer(), "kscope_version_gaps_total", map[string]string{"consumer_group": "g", "topic": "accounts", "event": event}); v != want {
+			t.Errorf("kscope_version_gaps_total{event=%q} = %v; want %v", event, v, want)
+		}
+	}
+}

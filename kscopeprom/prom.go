@@ -63,6 +63,9 @@
 //	                                         state entered
 //	kscope_dedupe_unavailable_total          records the AtLeastOnce scope handled while its
 //	                                         dedupe store did not answer (consumer.FailOpen)
+//	kscope_version_gaps_total{event}         version gaps found (event="found": a record ahead of
+//	                                         its key's next version) and healed (event="healed":
+//	                                         the missing versions came)
 //	kscope_held_keys                         keys their circuit breakers hold in memory
 //	                                         (consumer.Config.KeyBreaker; the DB scope's
 //	                                         wait in PostgreSQL)
@@ -157,6 +160,7 @@ type Metrics struct {
 	breakers  *prometheus.GaugeVec
 	heldKeys  *prometheus.GaugeVec
 	dedupeNA  *prometheus.CounterVec
+	gaps      *prometheus.CounterVec
 	keyHolds  *prometheus.CounterVec
 	trans     *prometheus.CounterVec
 	commits   *prometheus.CounterVec
@@ -240,8 +244,9 @@ func New(o Options) (*Metrics, error) {
 	m.heldKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_held_keys", Help: "Keys their circuit breakers hold in memory (consumer.Config.KeyBreaker)."}, []string{"consumer_group"})
 	m.keyHolds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_key_holds_total", Help: "Times a key's circuit breaker held it (its failures, or a failed probe)."}, gt)
 	m.dedupeNA = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_dedupe_unavailable_total", Help: "Records the AtLeastOnce scope handled while its dedupe store did not answer (consumer.FailOpen)."}, gt)
+	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kscope_version_gaps_total", Help: "Version gaps found (event=\"found\") and gaps the missing versions filled (event=\"healed\")."}, append(gt, "event"))
 	m.newHandbookMetrics()
-	for _, c := range []prometheus.Collector{m.dead, m.dups, m.overflow, m.dedupeNA, m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans, m.heldKeys, m.keyHolds} {
+	for _, c := range []prometheus.Collector{m.gaps, m.dead, m.dups, m.overflow, m.dedupeNA, m.received, m.processed, m.retries, m.overruns, m.duration, m.inFlight, m.lag, m.lagAge, m.paused, m.commits, m.routes, m.lateness, m.rebal, m.stalled, m.held, m.decode, m.pauses, m.breakers, m.trans, m.heldKeys, m.keyHolds} {
 		if err := m.reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -295,6 +300,10 @@ func (m *Metrics) OnRecordEvent(_ context.Context, group string, r *kgo.Record, 
 		m.keyHolds.WithLabelValues(group, r.Topic).Inc()
 	case hook.EventDedupeUnavailable:
 		m.dedupeNA.WithLabelValues(group, r.Topic).Inc()
+	case hook.EventVersionGap:
+		m.gaps.WithLabelValues(group, r.Topic, "found").Inc()
+	case hook.EventVersionHeal:
+		m.gaps.WithLabelValues(group, r.Topic, "healed").Inc()
 	}
 }
 
