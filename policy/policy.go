@@ -54,6 +54,10 @@ type Consumer struct {
 	// offsets: false for a consumer whose effects must not run again
 	// (kscope replay refuses it). Required: a policy says it either way.
 	Replay bool `yaml:"replay" policy:"required"`
+	// Critical says that one dead letter of the consumer pages its owner
+	// (the alert KscopeDeadLetterOnCriticalPipeline, through the
+	// kscope_pipeline_info series Rules records). Default false.
+	Critical bool `yaml:"critical,omitempty"`
 	// Failures is the failure policy (consumer.Config.Failures). Omitted,
 	// the library's defaults apply.
 	Failures *Failures `yaml:"failures,omitempty"`

@@ -65,7 +65,7 @@ type env struct {
 func commands() []*command {
 	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), outboxStatusCmd(),
 		outboxDeadListCmd(), outboxDeadShowCmd(), outboxDeadRequeueCmd(), outboxDeadDiscardCmd(), devCmd(),
-		policyCheckCmd(), policySchemaCmd()}
+		policyCheckCmd(), policyRulesCmd(), policySchemaCmd()}
 }
 
 // groups are the first words of several commands, longest first, and
@@ -74,7 +74,7 @@ var groups = []struct{ name, summary string }{
 	{"outbox dead", "list, show, requeue and discard the rows an outbox relay moved to its dead-letter table"},
 	{"outbox", "see how far an outbox's relay is, and the rows Kafka refused"},
 	{"dlt", "read and redrive a consumer group's dead-letter topic"},
-	{"policy", "check a service's policy file, and print its JSON Schema"},
+	{"policy", "check a service's policy file, print the alert rules' series it declares, and its JSON Schema"},
 }
 
 // findGroup returns the longest group that words start with, and its

@@ -142,6 +142,51 @@ func policyCheck(e *env) error {
 	return tw.Flush()
 }
 
+// policyRulesCmd prints the Prometheus rules that declare the policy's
+// consumers to kscope's alerts.
+func policyRulesCmd() *command {
+	return &command{
+		name:      "policy rules",
+		summary:   "print the Prometheus rules that declare a policy's consumers to kscope's alerts",
+		takesArgs: true,
+		usage: `
+Usage:
+  kscope policy rules [FILE] > pipelines.yml
+
+Prints, for each consumer group of the policy file (FILE, or the file
+--policy or $KSCOPE_POLICY names), the series kscope's alert rules read
+(examples/observability/alerts.yml): kscope_pipeline_info (consumer_group,
+critical, team, scope), which says which groups must run and which page on
+one dead letter, and kscope_pipeline_lag_objective_seconds, the lag
+objective at p95 the lag and handling-time alerts compare against. Load the
+output beside alerts.yml in place of a hand-kept pipelines.yml. It talks
+to no server.
+
+Examples:
+  kscope policy rules kscope-policy.yaml > /etc/prometheus/rules/pipelines.yml
+`,
+		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
+			return func(context.Context) error {
+				path := e.policyPath()
+				switch {
+				case len(e.args) > 1:
+					return usagef("give one policy file, got %d", len(e.args))
+				case len(e.args) == 1:
+					path = e.args[0]
+				case path == "":
+					return usagef("give the policy file: kscope policy rules FILE (or --policy FILE, or %s)", policyEnv)
+				}
+				f, err := loadPolicy(path)
+				if err != nil {
+					return err
+				}
+				_, err = e.stdout.Write(f.Rules())
+				return err
+			}
+		},
+	}
+}
+
 // policySchemaCmd prints the policy file's JSON Schema.
 func policySchemaCmd() *command {
 	return &command{

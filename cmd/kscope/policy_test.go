@@ -180,3 +180,26 @@ func TestPolicyFlagInHelp(t *testing.T) {
 	kscope(t, "help", "policy", "check").want(t, exitOK, "kscope policy check [FILE]", "exit 2")
 	kscope(t, "--policy=x.yaml", "frobnicate").want(t, exitUsage, `unknown command "frobnicate"`)
 }
+
+// kscope policy rules prints the series kscope's alerts read, one
+// kscope_pipeline_info and one lag objective per consumer group, as a rule
+// file promtool accepts, and the alerts page on the right groups with it.
+func TestPolicyRules(t *testing.T) {
+	bin := kscopeBinary(t)
+	good := writePolicy(t, strings.Replace(billingPolicy, "replay: false\n", "replay: false\n    critical: true\n", 1))
+	r := kscopeBin(t, bin, nil, "policy", "rules", good)
+	r.want(t, exitOK, "record: kscope_pipeline_info", `consumer_group: "billing"`, `critical: "true"`, `team: "billing"`, `scope: "db"`,
+		`consumer_group: "reports"`, `critical: "false"`, "record: kscope_pipeline_lag_objective_seconds", "expr: vector(120)", "expr: vector(600)")
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool is not installed (Debian: apt-get install prometheus); .ci/run installs it")
+	}
+	rules := filepath.Join(t.TempDir(), "pipelines.yml")
+	if err := os.WriteFile(rules, []byte(r.stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", rules).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+	kscopeBin(t, bin, nil, "policy", "rules").want(t, exitUsage, "give the policy file")
+}
