@@ -421,8 +421,10 @@ func (s *kafkaScope) TxnPrepare(ctx context.Context) error {
 		}
 		err := s.vs.restore(ctx, need)
 		if err == nil {
+			// A partition assigned again while it was read (a newer
+			// generation) was not installed: the next round reads it.
 			s.expireRemembered(time.Now())
-			return nil
+			continue
 		}
 		if ctx.Err() != nil {
 			return nil // stopping
