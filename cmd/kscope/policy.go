@@ -213,23 +213,25 @@ gets completion and checks as it is typed; kscope policy check checks more
 
 // replayPolicy checks a replay of group against the policy file, when one
 // is given: it refuses a group whose entry says replay: false, and returns
-// what the entry says of the group ("" without a policy file).
-func (e *env) replayPolicy(group string) (string, error) {
+// what the entry says of the group (no note without a policy file, no
+// entry for a group the file does not list).
+func (e *env) replayPolicy(group string) (replayPolicy, error) {
 	path := e.policyPath()
 	if path == "" {
-		return "", nil
+		return replayPolicy{}, nil
 	}
 	f, err := loadPolicy(path)
 	if err != nil {
-		return "", err
+		return replayPolicy{}, err
 	}
 	c, ok := f.Consumer(group)
 	if !ok {
-		return fmt.Sprintf("policy %s: no entry for consumer group %s, so no policy governs this replay", path, group), nil
+		return replayPolicy{path: path, note: fmt.Sprintf("policy %s: no entry for consumer group %s, so no policy governs this replay", path, group)}, nil
 	}
 	if !c.Replay {
-		return "", refusef("refused: the policy %s says replay: false for consumer group %s (%s scope, owned by %s, %s): its effects must not run again, so its offsets are not moved; nothing was changed. If this replay is safe, ask the owner to set replay: true in the policy first.",
+		return replayPolicy{}, refusef("refused: the policy %s says replay: false for consumer group %s (%s scope, owned by %s, %s): its effects must not run again, so its offsets are not moved; nothing was changed. If this replay is safe, ask the owner to set replay: true in the policy first.",
 			path, group, c.Scope, c.Owner.Team, c.Owner.Contact)
 	}
-	return fmt.Sprintf("policy %s: consumer group %s (%s scope, owned by %s, %s) allows a replay", path, group, c.Scope, c.Owner.Team, c.Owner.Contact), nil
+	note := fmt.Sprintf("policy %s: consumer group %s (%s scope, owned by %s, %s) allows a replay", path, group, c.Scope, c.Owner.Team, c.Owner.Contact)
+	return replayPolicy{path: path, note: note, entry: &c}, nil
 }

@@ -81,6 +81,7 @@ consumers:
     scope: at_least_once
     owner: {team: analytics, contact: analytics@example.com}
     replay: true
+    dedupe: redis
     dead_letter: {retention: 168h}
     lag_objective: {p95_seconds: 600}
 `
