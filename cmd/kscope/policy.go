@@ -125,7 +125,7 @@ func policyCheck(e *env) error {
 	}
 	fmt.Fprintf(e.stdout, "%s: valid, %s\n", path, plural(len(f.Consumers), "consumer group"))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSCOPE\tOWNER\tREPLAY\tLAG P95\tDEAD-LETTER TOPIC")
+	fmt.Fprintln(tw, "GROUP\tSCOPE\tOWNER\tREPLAY\tDEDUPE\tLAG P95\tDEAD-LETTER TOPIC")
 	for _, c := range f.Consumers {
 		dlt, keep := retrytopic.DLTopic(c.Group), "unlimited"
 		if d := c.DeadLetter; d != nil {
@@ -136,10 +136,24 @@ func policyCheck(e *env) error {
 				keep = d.Retention.String()
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s (retention %s)\n", c.Group, c.Scope, c.Owner.Team, c.Owner.Contact,
-			map[bool]string{true: "allowed", false: "refused"}[c.Replay], c.LagP95(), dlt, keep)
+		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s\t%s (retention %s)\n", c.Group, c.Scope, c.Owner.Team, c.Owner.Contact,
+			map[bool]string{true: "allowed", false: "refused"}[c.Replay], dedupeColumn(c), c.LagP95(), dlt, keep)
 	}
 	return tw.Flush()
+}
+
+// dedupeColumn says what dedupes a consumer's records: its store in the
+// at_least_once scope (none when undeclared), the scope's own otherwise.
+func dedupeColumn(c policy.Consumer) string {
+	switch {
+	case c.Scope == policy.ScopeDB:
+		return "inbox"
+	case c.Scope == policy.ScopeKafka:
+		return "changelog"
+	case c.Dedupe == "":
+		return string(policy.DedupeNone)
+	}
+	return string(c.Dedupe)
 }
 
 // policyRulesCmd prints the Prometheus rules that declare the policy's
