@@ -120,3 +120,26 @@ consumers:
 	//         labels:
 	//           consumer_group: "payments"
 }
+
+// An at_least_once consumer's replay is deduplicated only with a store
+// that outlives its processes: kscope replay refuses the others unless
+// forced with a reason.
+func ExampleConsumer_ReplayDeduped() {
+	f, err := policy.Parse("kscope-policy.yaml", []byte(`
+version: 1
+consumers:
+  - {group: emails, scope: at_least_once, owner: {team: growth, contact: "#growth"}, replay: true, dedupe: redis}
+  - {group: metrics, scope: at_least_once, owner: {team: obs, contact: "#obs"}, replay: true, dedupe: memory}
+  - {group: ledger, scope: db, owner: {team: pay, contact: "#pay"}, replay: true}
+`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, c := range f.Consumers {
+		fmt.Println(c.Group, c.ReplayDeduped())
+	}
+	// Output:
+	// emails true
+	// metrics false
+	// ledger true
+}

@@ -155,6 +155,8 @@ func TestValidation(t *testing.T) {
 		{entry("    gaps: {policy: wait, on_timeout: skip}\n"), []string{"gaps.on_timeout: \"skip\" is not a timeout policy; use dead_letter or accept"}},
 		{entry("    gaps: {policy: dead_letter, on_timeout: accept}\n"), []string{"gaps.on_timeout: says what becomes of a record that waited, and the policy is dead_letter"}},
 		{head + "  - {group: a, scope: at_least_once, owner: {team: t, contact: c}, replay: true, gaps: {policy: wait}}\n", []string{"consumer a: gaps: the at_least_once scope checks no versions"}},
+		{entry("    dedupe: redis\n"), []string{"svc.yaml:7: consumer ledger: dedupe: the db scope dedupes by itself (its inbox); remove dedupe"}},
+		{head + "  - {group: a, scope: at_least_once, owner: {team: t, contact: c}, replay: true, dedupe: disk}\n", []string{"svc.yaml:3: consumer a: dedupe: \"disk\" is not a dedupe store; use redis, postgres, memory, none"}},
 		{head + "  - {group: a, scope: DB, owner: {team: t, contact: c}, replay: true}\n", []string{"svc.yaml:3: consumer a: scope: \"DB\" is not a scope; use at_least_once, db, kafka"}},
 		{head + "  - {group: a, scope: db, owner: {team: '', contact: c}, replay: true}\n  - {group: a, scope: db, owner: {team: t, contact: c}, replay: true}\n",
 			[]string{"consumer a: owner.team: is empty", "svc.yaml:4: consumer a: group: is listed twice (also entry 0, line 3)"}},
@@ -176,6 +178,29 @@ func TestValidateAFileBuiltInCode(t *testing.T) {
 	err := (&policy.File{Version: 1, Consumers: []policy.Consumer{c, c}}).Validate()
 	if err == nil || err.Error() != "policy: consumer a: group: is listed twice (also entry 0); keep one entry per consumer group" {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// Only a store that outlives the consumer's processes dedupes what a
+// replay gives an at_least_once consumer again; the other scopes dedupe by
+// themselves.
+func TestReplayDeduped(t *testing.T) {
+	for _, tc := range []struct {
+		scope  policy.Scope
+		dedupe policy.DedupeStore
+		want   bool
+	}{
+		{policy.ScopeAtLeastOnce, policy.DedupeRedis, true},
+		{policy.ScopeAtLeastOnce, policy.DedupePostgres, true},
+		{policy.ScopeAtLeastOnce, policy.DedupeMemory, false},
+		{policy.ScopeAtLeastOnce, policy.DedupeNone, false},
+		{policy.ScopeAtLeastOnce, "", false},
+		{policy.ScopeDB, "", true},
+		{policy.ScopeKafka, "", true},
+	} {
+		if got := (policy.Consumer{Scope: tc.scope, Dedupe: tc.dedupe}).ReplayDeduped(); got != tc.want {
+			t.Errorf("scope %s, dedupe %q: ReplayDeduped() = %v, want %v", tc.scope, tc.dedupe, got, tc.want)
+		}
 	}
 }
 

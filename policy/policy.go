@@ -58,6 +58,12 @@ type Consumer struct {
 	// (the alert KscopeDeadLetterOnCriticalPipeline, through the
 	// kscope_pipeline_info series Rules records). Default false.
 	Critical bool `yaml:"critical,omitempty"`
+	// Dedupe is the dedupe store an at_least_once consumer runs with
+	// (consumer.Config.Dedupe.Store). Only in the at_least_once scope (the
+	// db scope's inbox and the kafka scope's changelog dedupe already).
+	// Omitted, it reads as DedupeNone: kscope replay refuses the consumer
+	// without --force and a reason (see ReplayDeduped).
+	Dedupe DedupeStore `yaml:"dedupe,omitempty"`
 	// Failures is the failure policy (consumer.Config.Failures). Omitted,
 	// the library's defaults apply.
 	Failures *Failures `yaml:"failures,omitempty"`
@@ -104,6 +110,39 @@ const (
 
 // scopes are the valid Scope values, in the schema's order.
 var scopes = []string{string(ScopeAtLeastOnce), string(ScopeDB), string(ScopeKafka)}
+
+// DedupeStore is the kind of dedupe store an at_least_once consumer runs
+// with (consumer.DedupeConfig.Store).
+type DedupeStore string
+
+// The dedupe stores.
+const (
+	// DedupeRedis is redisstore's store: shared, kept across restarts.
+	DedupeRedis DedupeStore = "redis"
+	// DedupePostgres is dedupe.NewPostgres: shared, kept across restarts.
+	DedupePostgres DedupeStore = "postgres"
+	// DedupeMemory is dedupe.NewMemory: one process's, lost when it
+	// stops, so it forgets what it saw before a replay (which needs the
+	// group stopped).
+	DedupeMemory DedupeStore = "memory"
+	// DedupeNone is a consumer without a dedupe store: a replay runs its
+	// handler again for every record.
+	DedupeNone DedupeStore = "none"
+)
+
+var dedupeStores = []string{string(DedupeRedis), string(DedupePostgres), string(DedupeMemory), string(DedupeNone)}
+
+// ReplayDeduped reports whether records a replay gives the consumer again
+// are recognised as handled: always in the db and kafka scopes (the inbox,
+// the changelog); in the at_least_once scope only with a store that
+// outlives the consumer's processes (redis, postgres). kscope replay
+// refuses a consumer for which it is false, unless forced with a reason.
+func (c Consumer) ReplayDeduped() bool {
+	if c.Scope != ScopeAtLeastOnce {
+		return true
+	}
+	return c.Dedupe == DedupeRedis || c.Dedupe == DedupePostgres
+}
 
 // Owner is the team that owns a consumer.
 type Owner struct {

@@ -101,7 +101,7 @@ func checkValue(t *testing.T, root, n node, typ reflect.Type, where string) {
 	}
 	enums := map[reflect.Type][]string{
 		reflect.TypeFor[Scope](): scopes, reflect.TypeFor[GapPolicy](): gapPolicies, reflect.TypeFor[FirstVersion](): firstVersions,
-		reflect.TypeFor[TimeoutPolicy](): timeoutPolicies,
+		reflect.TypeFor[TimeoutPolicy](): timeoutPolicies, reflect.TypeFor[DedupeStore](): dedupeStores,
 	}
 	want := map[reflect.Kind]string{reflect.String: "string", reflect.Int: "integer", reflect.Bool: "boolean", reflect.Slice: "array", reflect.Struct: "object"}[typ.Kind()]
 	if typ == reflect.TypeFor[Duration]() {

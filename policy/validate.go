@@ -60,6 +60,7 @@ func (c Consumer) check(ps *problems, i int) {
 	if strings.TrimSpace(c.Owner.Contact) == "" {
 		bad("owner.contact", "is empty; say how to reach the owning team: a channel, an address or a rotation")
 	}
+	c.checkDedupe(bad)
 	c.checkFailures(bad)
 	if l := c.LagObjective; l != nil && l.P95Seconds <= 0 {
 		bad("lag_objective.p95_seconds", "is %d; set the seconds (1 or more) the consumer's lag stays under 95%% of the time, or remove lag_objective for the default, %d", l.P95Seconds, int(DefaultLagObjective.Seconds()))
@@ -82,6 +83,18 @@ func (c Consumer) checkFailures(bad func(path, format string, args ...any)) {
 	}
 	if _, ok := retrytopic.RetryTopicDelay(c.Group, p.DeadLetterTopic); ok && c.DeadLetter != nil && c.DeadLetter.Topic != "" {
 		bad("dead_letter.topic", "%q is named as one of group %s's retry topics, which its runner consumes: dead letters would be handled again without end; name it otherwise (default %s)", p.DeadLetterTopic, c.Group, retrytopic.DLTopic(c.Group))
+	}
+}
+
+// checkDedupe records the problems of the dedupe store.
+func (c Consumer) checkDedupe(bad func(path, format string, args ...any)) {
+	switch {
+	case c.Dedupe == "":
+	case !slices.Contains(dedupeStores, string(c.Dedupe)):
+		bad("dedupe", "%q is not a dedupe store; use %s", c.Dedupe, strings.Join(dedupeStores, ", "))
+	case c.Scope != ScopeAtLeastOnce && slices.Contains(scopes, string(c.Scope)):
+		bad("dedupe", "the %s scope dedupes by itself (%s); remove dedupe, which says what store an at_least_once consumer runs with", c.Scope,
+			map[Scope]string{ScopeDB: "its inbox", ScopeKafka: "its changelog and transactions"}[c.Scope])
 	}
 }
 

@@ -16,6 +16,8 @@
 //	kscope dlt show    (--topic T | --group G) --partition P --offset O [--max-value N] [--json]
 //	kscope dlt redrive (--topic T | --group G) --to source|retry [filters] [--dry-run] [--rate N] [--by WHO]
 //	kscope replay      --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
+//	                   [--approve NAME] [--force --reason R] [--max-scan N] [--database-url URL] [--audit-topic T]
+//	kscope audit       [--group G] [--audit-topic T] [--json]
 //	kscope outbox status         [--outbox NAME] [--partitions N] [--database-url URL] [--json]
 //	kscope outbox dead list      [--outbox NAME] [--database-url URL] [--json]
 //	kscope outbox dead show      ID [--max-value N] [--json]
@@ -113,9 +115,16 @@
 // replay moves the committed offsets of a stopped consumer group on one
 // topic. It first prints the blast radius: per partition, the committed
 // offset, the target offset and the number of records that will be
-// consumed again (moving back) or skipped (moving forward). It commits only
-// with --yes, and refuses when the group does not exist, still has members,
-// or the topic does not exist.
+// consumed again (moving back) or skipped (moving forward); for a move
+// back, the records it gives again read from the topic (at most --max-scan):
+// their count, distinct keys and time range, and for a DB-scope consumer
+// with --database-url the expected no-op rate, the share already in its
+// inbox. It commits only with --yes, and refuses when the group does not
+// exist, still has members, or the topic does not exist; with a policy
+// file, also an at_least_once consumer without a lasting dedupe store
+// (unless --force --reason) and a critical consumer without --approve.
+// Every commit is first appended to the audit log, the compacted topic
+// kscope-audit, which audit lists.
 //
 // # The outbox's dead rows
 //

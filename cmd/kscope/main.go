@@ -65,7 +65,7 @@ type env struct {
 func commands() []*command {
 	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), outboxStatusCmd(),
 		outboxDeadListCmd(), outboxDeadShowCmd(), outboxDeadRequeueCmd(), outboxDeadDiscardCmd(), devCmd(),
-		policyCheckCmd(), policyRulesCmd(), policySchemaCmd()}
+		policyCheckCmd(), policyRulesCmd(), policySchemaCmd(), auditCmd()}
 }
 
 // groups are the first words of several commands, longest first, and

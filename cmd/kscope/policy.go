@@ -125,7 +125,7 @@ func policyCheck(e *env) error {
 	}
 	fmt.Fprintf(e.stdout, "%s: valid, %s\n", path, plural(len(f.Consumers), "consumer group"))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSCOPE\tOWNER\tREPLAY\tLAG P95\tDEAD-LETTER TOPIC")
+	fmt.Fprintln(tw, "GROUP\tSCOPE\tOWNER\tREPLAY\tDEDUPE\tLAG P95\tDEAD-LETTER TOPIC")
 	for _, c := range f.Consumers {
 		dlt, keep := retrytopic.DLTopic(c.Group), "unlimited"
 		if d := c.DeadLetter; d != nil {
@@ -136,10 +136,24 @@ func policyCheck(e *env) error {
 				keep = d.Retention.String()
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s (retention %s)\n", c.Group, c.Scope, c.Owner.Team, c.Owner.Contact,
-			map[bool]string{true: "allowed", false: "refused"}[c.Replay], c.LagP95(), dlt, keep)
+		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s\t%s (retention %s)\n", c.Group, c.Scope, c.Owner.Team, c.Owner.Contact,
+			map[bool]string{true: "allowed", false: "refused"}[c.Replay], dedupeColumn(c), c.LagP95(), dlt, keep)
 	}
 	return tw.Flush()
+}
+
+// dedupeColumn says what dedupes a consumer's records: its store in the
+// at_least_once scope (none when undeclared), the scope's own otherwise.
+func dedupeColumn(c policy.Consumer) string {
+	switch {
+	case c.Scope == policy.ScopeDB:
+		return "inbox"
+	case c.Scope == policy.ScopeKafka:
+		return "changelog"
+	case c.Dedupe == "":
+		return string(policy.DedupeNone)
+	}
+	return string(c.Dedupe)
 }
 
 // policyRulesCmd prints the Prometheus rules that declare the policy's
@@ -213,23 +227,25 @@ gets completion and checks as it is typed; kscope policy check checks more
 
 // replayPolicy checks a replay of group against the policy file, when one
 // is given: it refuses a group whose entry says replay: false, and returns
-// what the entry says of the group ("" without a policy file).
-func (e *env) replayPolicy(group string) (string, error) {
+// what the entry says of the group (no note without a policy file, no
+// entry for a group the file does not list).
+func (e *env) replayPolicy(group string) (replayPolicy, error) {
 	path := e.policyPath()
 	if path == "" {
-		return "", nil
+		return replayPolicy{}, nil
 	}
 	f, err := loadPolicy(path)
 	if err != nil {
-		return "", err
+		return replayPolicy{}, err
 	}
 	c, ok := f.Consumer(group)
 	if !ok {
-		return fmt.Sprintf("policy %s: no entry for consumer group %s, so no policy governs this replay", path, group), nil
+		return replayPolicy{path: path, note: fmt.Sprintf("policy %s: no entry for consumer group %s, so no policy governs this replay", path, group)}, nil
 	}
 	if !c.Replay {
-		return "", refusef("refused: the policy %s says replay: false for consumer group %s (%s scope, owned by %s, %s): its effects must not run again, so its offsets are not moved; nothing was changed. If this replay is safe, ask the owner to set replay: true in the policy first.",
+		return replayPolicy{}, refusef("refused: the policy %s says replay: false for consumer group %s (%s scope, owned by %s, %s): its effects must not run again, so its offsets are not moved; nothing was changed. If this replay is safe, ask the owner to set replay: true in the policy first.",
 			path, group, c.Scope, c.Owner.Team, c.Owner.Contact)
 	}
-	return fmt.Sprintf("policy %s: consumer group %s (%s scope, owned by %s, %s) allows a replay", path, group, c.Scope, c.Owner.Team, c.Owner.Contact), nil
+	note := fmt.Sprintf("policy %s: consumer group %s (%s scope, owned by %s, %s) allows a replay", path, group, c.Scope, c.Owner.Team, c.Owner.Contact)
+	return replayPolicy{path: path, note: note, entry: &c}, nil
 }

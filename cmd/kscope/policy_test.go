@@ -81,6 +81,7 @@ consumers:
     scope: at_least_once
     owner: {team: analytics, contact: analytics@example.com}
     replay: true
+    dedupe: redis
     dead_letter: {retention: 168h}
     lag_objective: {p95_seconds: 600}
 `
@@ -89,8 +90,8 @@ func TestPolicyCheck(t *testing.T) {
 	bin := kscopeBinary(t)
 	good := writePolicy(t, billingPolicy)
 	r := kscopeBin(t, bin, nil, "policy", "check", good)
-	r.want(t, exitOK, good+": valid, 2 consumer groups", "GROUP", "billing", "db", "billing (#billing-oncall)", "refused", "2m0s", "billing.kscope-dlt (retention unlimited)",
-		"reports", "at_least_once", "allowed", "10m0s", "reports.kscope-dlt (retention 168h0m0s)")
+	r.want(t, exitOK, good+": valid, 2 consumer groups", "GROUP", "DEDUPE", "billing", "db", "billing (#billing-oncall)", "refused  inbox", "2m0s", "billing.kscope-dlt (retention unlimited)",
+		"reports", "at_least_once", "allowed  redis", "10m0s", "reports.kscope-dlt (retention 168h0m0s)")
 	// The file from the global flag, or from the environment.
 	kscopeBin(t, bin, nil, "--policy", good, "policy", "check").want(t, exitOK, "valid, 2 consumer groups")
 	kscopeBin(t, bin, []string{policyEnv + "=" + good}, "policy", "check").want(t, exitOK, "valid, 2 consumer groups")

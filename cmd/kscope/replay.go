@@ -19,6 +19,7 @@ import (
 const replayUsage = `
 Usage:
   kscope replay --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
+                [--approve NAME] [--force --reason "..."] [--max-scan N] [--database-url URL]
 
 Resets the committed offsets of a STOPPED consumer group for one topic, so
 that its consumers, when started again, re-consume records (moving back) or
@@ -27,11 +28,31 @@ skip them (moving forward).
 It first prints the blast radius: per partition the committed offset, the
 target offset and how many records will be consumed again or skipped, and
 the total. Counts are offset differences (transaction markers count too).
-With --dry-run, or without --yes, it stops there and changes nothing.
+When records are consumed again, it reads them (at most --max-scan, past
+which the counts are lower bounds) and prints how many there are, their
+distinct keys and the time range of their timestamps; for a DB-scope
+consumer (policy scope db) with --database-url or $DATABASE_URL, also the
+expected no-op rate: how many of them the consumer's inbox holds already
+(their identities, as consumer.Identity computes them with --id-header,
+under the consumer's name, --inbox-consumer). With --dry-run, or without
+--yes, it stops there and changes nothing.
 
-With a policy file (--policy FILE, or $KSCOPE_POLICY), it refuses a group
-whose entry says replay: false, before it talks to Kafka (exit status 2),
-and prints what the entry says of a group it allows.
+With a policy file (--policy FILE, or $KSCOPE_POLICY), it refuses (exit
+status 2, nothing changed):
+  - a group whose entry says replay: false, before it talks to Kafka;
+  - a move back of an at_least_once consumer whose entry declares no dedupe
+    store that outlives its processes (dedupe: redis or postgres), unless
+    --force with a --reason;
+  - a commit (--yes) of a consumer whose entry says critical: true without
+    --approve NAME.
+It prints what the entry says of a group it allows.
+
+Every replay it commits is first appended to the audit log, the compacted
+topic kscope-audit (--audit-topic): who approved it (--approve), who ran it
+($USER), when, the group, topic and target, the reason, whether --force
+overrode a refusal, each partition's offsets before and after, and the
+blast radius. A replay the log cannot take is not made. 'kscope audit'
+lists the log.
 
 It refuses when the group does not exist, when the group still has members
 (stop its consumers first: Kafka rejects offsets committed from outside a
@@ -80,6 +101,8 @@ Examples:
   kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z --yes
   kscope replay --group payments --topic orders --to-start --dry-run
   kscope replay --group payments --topic orders --to-end --yes
+  kscope replay --group ledger --topic orders --to-start --yes --approve alice --database-url "$DATABASE_URL"
+  kscope replay --group emails --topic signups --to-start --yes --force --reason "the mailer was down; resend" --approve bob
 `
 
 func replayCmd() *command {
@@ -100,6 +123,7 @@ func replayCmd() *command {
 			fs.BoolVar(&o.yes, "yes", false, "commit the new offsets (without it, only the blast radius is printed)")
 			fs.BoolVar(&o.asJSON, "json", false, "print the plan and the outcome as one JSON object")
 			o.timeouts = timeoutFlags(fs)
+			o.safetyFlags(fs)
 			return func(ctx context.Context) error {
 				o.brokers = *brokers
 				return replay(ctx, e, o)
@@ -115,6 +139,13 @@ type replayOpts struct {
 	toStart, toEnd        bool
 	dryRun, yes, asJSON   bool
 	timeouts              *timeouts
+
+	// The safety flags (replaysafety.go).
+	force                               bool
+	reason, approve                     string
+	maxScan                             int
+	databaseURL, tablePrefix            *string
+	inboxConsumer, idHeader, auditTopic string
 }
 
 // replayReport is what --json prints: the plan per partition, its totals,
@@ -134,6 +165,14 @@ type replayReport struct {
 	HandledAgain string `json:"handled_again,omitempty"`
 	// Policy says what the policy file (--policy) says of the group.
 	Policy string `json:"policy,omitempty"`
+	// Blast is what the replay gives the consumers again, read from the
+	// topic: records, keys, time range, and the DB scope's no-op rate.
+	Blast *blastRadius `json:"blast_radius,omitempty"`
+	// Forced says that --force overrode the refusal of an at_least_once
+	// consumer without a dedupe store.
+	Forced bool `json:"forced,omitempty"`
+	// Audit is the id of the replay's entry in the audit log.
+	Audit string `json:"audit_id,omitempty"`
 }
 
 type replayPartReport struct {
@@ -170,17 +209,21 @@ type replayPlan struct {
 	clamped   bool
 }
 
-// replay runs replay: it checks the flags, prints the plan, and with --yes
-// commits the group's new offsets.
+// replay runs replay: it checks the flags, prints the plan and its blast
+// radius, and with --yes audits the replay and commits the group's new
+// offsets.
 func replay(ctx context.Context, e *env, o *replayOpts) error {
 	if o.group == "" || o.topic == "" {
 		return usagef("give the consumer group with --group and the topic with --topic")
+	}
+	if err := o.checkSafetyFlags(); err != nil {
+		return err
 	}
 	desc, at, err := o.target()
 	if err != nil {
 		return err
 	}
-	policyNote, err := e.replayPolicy(o.group)
+	pol, err := e.replayPolicy(o.group)
 	if err != nil {
 		return err
 	}
@@ -199,20 +242,44 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		return err
 	}
 	rep := newReplayReport(o, desc, plan)
-	rep.Policy = policyNote
+	rep.Policy = pol.note
 	if rep.Again > 0 {
 		rep.HandledAgain = replayAgainNote(o.group, o.topic)
+		if rep.Blast, err = o.blast(ctx, e, kc, adm, plan, pol.entry); err != nil {
+			return err
+		}
 	}
 	if !o.asJSON {
-		fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
-		if policyNote != "" {
-			fmt.Fprintln(e.stdout, policyNote)
-		}
-		printPlan(e.stdout, plan)
-		if rep.HandledAgain != "" {
-			fmt.Fprintln(e.stdout, rep.HandledAgain)
-		}
+		printReplay(e, o, desc, plan, rep)
 	}
+	if err := pol.gate(o, rep); err != nil {
+		if o.asJSON {
+			rep.say(e, o, err.Error())
+		}
+		return err
+	}
+	return finishReplay(ctx, e, kc, adm, o, plan, rep)
+}
+
+// printReplay writes the plan, the blast radius and what the policy and
+// the scopes say of it.
+func printReplay(e *env, o *replayOpts, desc string, plan map[int32]*replayPlan, rep *replayReport) {
+	fmt.Fprintf(e.stdout, "replay: group %s, topic %s, to %s\n", o.group, o.topic, desc)
+	if rep.Policy != "" {
+		fmt.Fprintln(e.stdout, rep.Policy)
+	}
+	printPlan(e.stdout, plan)
+	if rep.Blast != nil {
+		rep.Blast.print(e.stdout)
+	}
+	if rep.HandledAgain != "" {
+		fmt.Fprintln(e.stdout, rep.HandledAgain)
+	}
+}
+
+// finishReplay stops at the plan (nothing to do, --dry-run, no --yes), or
+// audits the replay and commits the offsets.
+func finishReplay(ctx context.Context, e *env, kc *kafkaConn, adm *kadm.Client, o *replayOpts, plan map[int32]*replayPlan, rep *replayReport) error {
 	switch {
 	case rep.Changes == 0:
 		rep.say(e, o, "nothing to do: every partition is already at its target")
@@ -224,12 +291,21 @@ func replay(ctx context.Context, e *env, o *replayOpts) error {
 		rep.say(e, o, "nothing changed: re-run with --yes to commit these offsets (keep the group's consumers stopped until then)")
 		return nil
 	}
-	moved, err := commitReplay(ctx, kc, adm, o, plan)
-	if err != nil {
+	// Check right before auditing: a consumer may have started while the
+	// plan was read.
+	if err := kc.do(ctx, func(ctx context.Context) error { return groupStopped(ctx, adm, o.group) }); err != nil {
 		return err
 	}
+	if err := o.audit(ctx, e, kc, adm, rep); err != nil {
+		return err
+	}
+	moved, err := commitReplay(ctx, kc, adm, o, plan)
+	if err != nil {
+		return fmt.Errorf("%w (the audit log's entry %s records the attempt)", err, rep.Audit)
+	}
 	rep.Committed = true
-	rep.say(e, o, fmt.Sprintf("committed: group %s will start topic %s at the target offsets on %s when its consumers start", o.group, o.topic, plural(moved, "partition")))
+	rep.say(e, o, fmt.Sprintf("committed: group %s will start topic %s at the target offsets on %s when its consumers start; audit log entry %s in %s",
+		o.group, o.topic, plural(moved, "partition"), rep.Audit, o.auditTopic))
 	return nil
 }
 
