@@ -22,6 +22,7 @@ import (
 const (
 	listKeyWidth   = 24
 	listErrorWidth = 60
+	listOwnerWidth = 40
 	// listFlushEvery bounds how many table rows are held to align columns.
 	listFlushEvery = 1000
 )
@@ -95,6 +96,12 @@ type metadataJSON struct {
 	Stage             *int   `json:"stage,omitempty"`
 	Parked            bool   `json:"parked,omitempty"`
 	DecodeWarning     string `json:"decode_warning,omitempty"`
+	// Owner is the team that owns the group that dead-lettered the
+	// record, and how to reach it; OwnerSource says where it was read:
+	// "header" (its kscope-owner header) or "policy" (the entry of its
+	// group in the --policy file, for a record without the header).
+	Owner       string `json:"owner,omitempty"`
+	OwnerSource string `json:"owner_source,omitempty"`
 }
 
 func toMetadataJSON(m retrytopic.Metadata, derr error) metadataJSON {
@@ -154,6 +161,10 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	if err != nil {
 		return err
 	}
+	own, err := e.dltOwners(*f.group)
+	if err != nil {
+		return err
+	}
 	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
@@ -164,7 +175,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	}
 	defer cl.Close()
 
-	l := &dltLister{e: e, flt: flt, asJSON: asJSON, enc: json.NewEncoder(e.stdout), copies: map[string]int{}}
+	l := &dltLister{e: e, own: own, flt: flt, asJSON: asJSON, enc: json.NewEncoder(e.stdout), copies: map[string]int{}}
 	if !asJSON {
 		l.tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	}
@@ -185,6 +196,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 // JSON lines, and counts them by identity.
 type dltLister struct {
 	e        *env
+	own      *owners // finds each record's owner
 	flt      *recordFilter
 	asJSON   bool
 	n, shown int               // records selected, and rows in the table
@@ -213,12 +225,14 @@ func (l *dltLister) record(r *kgo.Record) error {
 	}
 	if l.asJSON {
 		k, kh := keyJSON(r.Key)
-		return l.enc.Encode(listEntry{
+		e := listEntry{
 			Copy:  l.copies[m.ID],
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Timestamp: timeText(r.Timestamp), Key: k, KeyHex: kh,
 			metadataJSON: toMetadataJSON(m, derr),
-		})
+		}
+		l.own.fill(&e.metadataJSON, m)
+		return l.enc.Encode(e)
 	}
 	if l.copies[m.ID] > 1 {
 		return nil // listed at its first record; counted below
@@ -232,15 +246,15 @@ func (l *dltLister) row(r *kgo.Record, m retrytopic.Metadata) error {
 	tw := l.tw
 	l.shown++
 	if l.shown == 1 {
-		fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tATTEMPT\tCLASS\tLAST FAILURE\tORIGINAL\tERROR")
+		fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tATTEMPT\tCLASS\tLAST FAILURE\tORIGINAL\tOWNER\tERROR")
 	}
 	last := timeText(m.LastFailure)
 	if last == "" {
 		last = "-"
 	}
-	fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%s\t%s/%d/%d\t%s\n",
+	fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%s\t%s/%d/%d\t%s\t%s\n",
 		r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.Attempt, m.Class, last,
-		m.OriginalTopic, m.OriginalPartition, m.OriginalOffset, cell(m.Error, listErrorWidth))
+		m.OriginalTopic, m.OriginalPartition, m.OriginalOffset, l.own.cell(m, listOwnerWidth), cell(m.Error, listErrorWidth))
 	if l.n%listFlushEvery == 0 {
 		return tw.Flush()
 	}

@@ -128,7 +128,7 @@ func TestDLTListTable(t *testing.T) {
 		t.Fatalf("want a header, 5 rows and a count, got:\n%s", r.stdout)
 	}
 	first := strings.Fields(lines[1])
-	if want := []string{"0", "0", "k1", "3", "retryable", "2024-05-01T12:30:00.000Z", "orders/0/10", "db", "down"}; strings.Join(first, " ") != strings.Join(want, " ") {
+	if want := []string{"0", "0", "k1", "3", "retryable", "2024-05-01T12:30:00.000Z", "orders/0/10", "-", "db", "down"}; strings.Join(first, " ") != strings.Join(want, " ") {
 		t.Fatalf("first row %q, want %q", first, want)
 	}
 	// The long, multi-line error is escaped and cut to one cell.
