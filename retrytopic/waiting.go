@@ -2,9 +2,11 @@ package retrytopic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // DeadLettersWaiting returns, per partition of the dead-letter topic dlt
@@ -36,6 +38,9 @@ func DeadLettersWaiting(ctx context.Context, adm *kadm.Client, group, dlt string
 	committed, err := adm.FetchOffsetsForTopics(ctx, TriageGroup(group), dlt)
 	if err == nil {
 		err = committed.Error()
+	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		committed, err = nil, nil // nothing committed yet
 	}
 	if err != nil {
 		return nil, fmt.Errorf("retrytopic: fetching the offsets group %s committed on %s: %w", TriageGroup(group), dlt, err)

@@ -189,6 +189,9 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 		return err
 	}
 	l.finish(topic, held)
+	if !asJSON && *f.group != "" {
+		printWaiting(ctx, e, adm, kc, *f.group, topic)
+	}
 	return nil
 }
 
