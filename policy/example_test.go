@@ -120,3 +120,10 @@ consumers:
 	//         labels:
 	//           consumer_group: "payments"
 }
+
+// An owner as consumer.Config.Owner and the kscope-owner header of each
+// dead letter carry it.
+func ExampleOwner_String() {
+	fmt.Println(policy.Owner{Team: "payments", Contact: "#payments-oncall"})
+	// Output: payments <#payments-oncall>
+}
