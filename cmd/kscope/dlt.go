@@ -42,9 +42,17 @@ transaction still open holds back are named in a warning; records deleted
 (retention) after the read began and before it reached them fail it. For
 each record it
 prints the partition, offset, key, attempt count, error class, last failure
-time, original topic/partition/offset and error message. Long keys and
+time, original topic/partition/offset, owner and error message. Long keys and
 messages are cut in the table; --json prints one complete JSON object per
 line instead. Records are listed partition by partition, in offset order.
+
+The owner is the record's kscope-owner header (consumer.Config.Owner of the
+group that dead-lettered it); for a record without one, with --policy FILE
+(or $KSCOPE_POLICY), the file's owner of its group, marked "(policy)"
+("owner_source":"policy" in --json). With --group, the table ends with how
+many dead letters wait for triage: past the offsets 'kscope dlt redrive
+--group' committed under the group <group>.kscope-triage, as the gauge
+kscope_dead_letters_waiting counts them.
 
 A record's identity (its kscope-id) can be dead-lettered twice when a
 consumer died between the DLT's acknowledgement and the transaction that

@@ -91,6 +91,13 @@ Redrive does NOT remove the records from the dead-letter topic: Kafka cannot
 delete single records. They stay there until retention drops them; use
 --from-offset to skip what an earlier redrive already sent.
 
+With --group (and not --dry-run), the redrive commits, per partition, the
+offset past the records it handled in offset order from the group
+<group>.kscope-triage's committed offset, under that group: the dead
+letters before it no longer count as waiting (dlt list's count and the
+gauge kscope_dead_letters_waiting). The first record a filter passes
+over, or one skipped, ends that run: it and the later records wait on.
+
 Partitions are redriven one after the other, each in offset order; records
 are produced one at a time, synchronously, at most --rate per second. The
 first produce error stops the redrive and says where to resume. So do
