@@ -57,6 +57,17 @@ type Config struct {
 	// and still has records in its retry topics.
 	Group string
 
+	// Owner is the team that owns the consumer and answers for its dead
+	// letters, and how to reach it, as "team <contact>" (such as
+	// "payments <#payments-oncall>"). The runner writes it as the
+	// kscope-owner header (retrytopic.HeaderOwner) on every record it
+	// sends to the dead-letter topic or a retry topic, in every scope,
+	// and kscope dlt list and dlt show print it. policy.Consumer.Apply
+	// fills it from the policy file's owner. At most
+	// retrytopic.MaxOwnerLength bytes of printable text. Empty by
+	// default: no header.
+	Owner string
+
 	// Topics are the topics to consume. Required, without duplicates,
 	// unless TopicPatterns is set.
 	Topics []string
@@ -334,6 +345,7 @@ func (c Config) validate() error {
 	c.validateKeyBreaker(bad)
 	c.validateDedupe(bad)
 	c.validateIdleWork(bad)
+	c.validateOwner(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)
 	}

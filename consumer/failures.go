@@ -154,7 +154,7 @@ func (f *failures) Route(ctx context.Context, rec *Record, err error, step retry
 func (f *failures) routedRecord(rec *Record, err error, step retrytopic.Step, attempt int, firstFailure time.Time) *kgo.Record {
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	now := time.Now()
-	meta.Group = f.group
+	meta.Group, meta.Owner = f.group, f.calls.owner
 	meta.Attempt = min(meta.Attempt+spent(rec, attempt), retrytopic.MaxAttempt)
 	if meta.FirstFailure.IsZero() {
 		meta.FirstFailure = firstFailure

@@ -75,12 +75,14 @@ type callRules struct {
 	breakers   *breakers        // Config.Breakers; nil without any
 	keys       *keyBreaker      // Config.KeyBreaker; nil without one
 	expiredLog *ratelog.Limiter // one INFO line per expired skip, up to a burst per window
+	owner      string           // Config.Owner, written on every routed record
 }
 
 // newCallRules returns cfg's rules for a handler call.
 func newCallRules(cfg Config) callRules {
 	return callRules{group: cfg.Group, retryName: retrytopic.SafeName(cfg.Group) + ".kscope-retry-", keep: cfg.Keep, maxAge: cfg.MaxAge, expired: cfg.Expired,
-		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), breakers: newBreakers(cfg), keys: newKeyBreaker(cfg), expiredLog: ratelog.New(10, 10*time.Second)}
+		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), breakers: newBreakers(cfg), keys: newKeyBreaker(cfg), expiredLog: ratelog.New(10, 10*time.Second),
+		owner: cfg.Owner}
 }
 
 // validateHandlerCall checks the handler call's fields and reports each

@@ -100,6 +100,9 @@
 // without bound.
 //
 // [Metrics.WatchRelay] adds an outbox relay's metrics (kscope_outbox_*).
+// [Metrics.WatchDeadLetters] adds kscope_dead_letters_waiting{consumer_group,topic},
+// the dead letters of a group waiting for triage (past what kscope dlt
+// redrive committed).
 //
 // A delivery that did not finish (outcome aborted: a revoked partition, an
 // aborted transaction) is not counted in records_processed: the record is
@@ -178,6 +181,9 @@ type Metrics struct {
 
 	relayMu sync.Mutex
 	relays  *relayCollector // registered at the first WatchRelay
+
+	waitingMu sync.Mutex
+	waiting   *prometheus.GaugeVec // kscope_dead_letters_waiting, registered at the first WatchDeadLetters
 }
 
 // The hooks Metrics implements.

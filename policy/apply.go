@@ -55,8 +55,9 @@ func (c Consumer) failurePolicy() retrytopic.Policy {
 	return p
 }
 
-// Apply returns cfg with the entry's failure policy and dead-letter topic
-// in cfg.Failures, for consumer.New, dbscope.New or txn.New. cfg stays the
+// Apply returns cfg with the entry's owner in cfg.Owner (Owner.String,
+// written on every dead letter) and its failure policy and dead-letter
+// topic in cfg.Failures, for consumer.New, dbscope.New or txn.New. cfg stays the
 // source of truth: each field of cfg.Failures that cfg sets (not left at
 // its zero value) is kept, and where the policy says otherwise the
 // disagreement is logged as a WARN on cfg.Logger (slog.Default() when
@@ -75,6 +76,7 @@ func (c Consumer) Apply(cfg consumer.Config) (consumer.Config, []Conflict, error
 	}
 	p, have := c.failurePolicy(), &cfg.Failures
 	m := merger{group: c.Group}
+	fill(&m, &cfg.Owner, c.Owner.String(), "Owner", "owner")
 	fill(&m, &have.Backoff, p.Backoff, "Failures.Backoff", "failures.backoff")
 	fill(&m, &have.MaxBackoff, p.MaxBackoff, "Failures.MaxBackoff", "failures.max_backoff")
 	fill(&m, &have.InPlaceAttempts, p.InPlaceAttempts, "Failures.InPlaceAttempts", "failures.in_place_attempts")

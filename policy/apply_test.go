@@ -42,6 +42,9 @@ func TestApplyFillsTheFailurePolicy(t *testing.T) {
 		f.DeadLetterTopic != want.DeadLetterTopic || f.DeadLetterRetention != want.DeadLetterRetention {
 		t.Fatalf("group %q, failures %+v", cfg.Group, f)
 	}
+	if cfg.Owner != "payments <#payments-oncall>" {
+		t.Fatalf("owner %q, want the policy's as \"team <contact>\"", cfg.Owner)
+	}
 	_, err = consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil }))
 	if err != nil {
 		t.Fatalf("the runner refused the applied Config: %v", err)
@@ -85,6 +88,18 @@ func TestApplyKeepsTheCodesValueOnAConflict(t *testing.T) {
 		if !strings.Contains(logs.String(), s) {
 			t.Fatalf("log lacks %q:\n%s", s, logs.String())
 		}
+	}
+}
+
+// An owner the code sets wins over the policy's, with a Conflict.
+func TestApplyKeepsTheCodesOwner(t *testing.T) {
+	cfg, conflicts, err := ledger(t).Apply(consumer.Config{Owner: "ledger <ledger@example.com>", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Owner != "ledger <ledger@example.com>" || len(conflicts) != 1 || conflicts[0].Field != "Owner" || conflicts[0].Key != "owner" ||
+		conflicts[0].Policy != `"payments <#payments-oncall>"` {
+		t.Fatalf("owner %q, conflicts %v", cfg.Owner, conflicts)
 	}
 }
 

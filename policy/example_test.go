@@ -143,3 +143,10 @@ consumers:
 	// metrics false
 	// ledger true
 }
+
+// An owner as consumer.Config.Owner and the kscope-owner header of each
+// dead letter carry it.
+func ExampleOwner_String() {
+	fmt.Println(policy.Owner{Team: "payments", Contact: "#payments-oncall"})
+	// Output: payments <#payments-oncall>
+}

@@ -153,6 +153,15 @@ type Owner struct {
 	Contact string `yaml:"contact" policy:"required"`
 }
 
+// String returns the owner as consumer.Config.Owner holds it and the
+// kscope-owner header carries it: "team <contact>".
+func (o Owner) String() string {
+	if o.Contact == "" {
+		return o.Team
+	}
+	return o.Team + " <" + o.Contact + ">"
+}
+
 // Failures is a failure policy: the fields of retrytopic.Policy that a file
 // declares, under their YAML names. A field left out (or zero) takes the
 // library's default.

@@ -61,6 +61,11 @@ func (c Consumer) check(ps *problems, i int) {
 		bad("owner.contact", "is empty; say how to reach the owning team: a channel, an address or a rotation")
 	}
 	c.checkDedupe(bad)
+	if n := len(c.Owner.String()); n > retrytopic.MaxOwnerLength {
+		bad("owner", "takes %d bytes as \"team <contact>\" (the kscope-owner header of every dead letter); keep team and contact to %d bytes together", n, retrytopic.MaxOwnerLength-3)
+	} else if strings.ContainsFunc(c.Owner.String(), func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		bad("owner", "holds a control character (a line break, a tab); write team and contact on one line each")
+	}
 	c.checkFailures(bad)
 	if l := c.LagObjective; l != nil && l.P95Seconds <= 0 {
 		bad("lag_objective.p95_seconds", "is %d; set the seconds (1 or more) the consumer's lag stays under 95%% of the time, or remove lag_objective for the default, %d", l.P95Seconds, int(DefaultLagObjective.Seconds()))

@@ -85,6 +85,9 @@ type Metadata struct {
 	Undecodable  bool
 	DecodeFormat string
 	SchemaID     int
+	// Owner is the team that owns the group that routed the record, and
+	// how to reach it (HeaderOwner; "" when the group declares none).
+	Owner string
 }
 
 // FromRecord returns the metadata r carries, filling in what it does not
@@ -113,6 +116,7 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	d.failures(&m)
 	d.routing(&m)
 	d.decode(&m)
+	d.owner(&m)
 	return m, errors.Join(d.errs...)
 }
 
@@ -249,6 +253,9 @@ func (m Metadata) Headers(orig []kgo.RecordHeader, spring bool) []kgo.RecordHead
 		out = append(out, kgo.RecordHeader{Key: HeaderOriginalKey, Value: truncateBytes(m.OriginalKey, MaxKeyLength)})
 	}
 	add(HeaderGroup, m.Group)
+	if m.Owner != "" {
+		add(HeaderOwner, truncate(m.Owner, MaxOwnerLength))
+	}
 	add(HeaderAttempt, strconv.Itoa(m.Attempt))
 	if !m.FirstFailure.IsZero() {
 		add(HeaderFirstFailure, millis(m.FirstFailure))

@@ -22,6 +22,7 @@ import (
 const (
 	listKeyWidth   = 24
 	listErrorWidth = 60
+	listOwnerWidth = 40
 	// listFlushEvery bounds how many table rows are held to align columns.
 	listFlushEvery = 1000
 )
@@ -41,9 +42,17 @@ transaction still open holds back are named in a warning; records deleted
 (retention) after the read began and before it reached them fail it. For
 each record it
 prints the partition, offset, key, attempt count, error class, last failure
-time, original topic/partition/offset and error message. Long keys and
+time, original topic/partition/offset, owner and error message. Long keys and
 messages are cut in the table; --json prints one complete JSON object per
 line instead. Records are listed partition by partition, in offset order.
+
+The owner is the record's kscope-owner header (consumer.Config.Owner of the
+group that dead-lettered it); for a record without one, with --policy FILE
+(or $KSCOPE_POLICY), the file's owner of its group, marked "(policy)"
+("owner_source":"policy" in --json). With --group, the table ends with how
+many dead letters wait for triage: past the offsets 'kscope dlt redrive
+--group' committed under the group <group>.kscope-triage, as the gauge
+kscope_dead_letters_waiting counts them.
 
 A record's identity (its kscope-id) can be dead-lettered twice when a
 consumer died between the DLT's acknowledgement and the transaction that
@@ -95,6 +104,12 @@ type metadataJSON struct {
 	Stage             *int   `json:"stage,omitempty"`
 	Parked            bool   `json:"parked,omitempty"`
 	DecodeWarning     string `json:"decode_warning,omitempty"`
+	// Owner is the team that owns the group that dead-lettered the
+	// record, and how to reach it; OwnerSource says where it was read:
+	// "header" (its kscope-owner header) or "policy" (the entry of its
+	// group in the --policy file, for a record without the header).
+	Owner       string `json:"owner,omitempty"`
+	OwnerSource string `json:"owner_source,omitempty"`
 }
 
 func toMetadataJSON(m retrytopic.Metadata, derr error) metadataJSON {
@@ -154,6 +169,10 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	if err != nil {
 		return err
 	}
+	own, err := e.dltOwners(*f.group)
+	if err != nil {
+		return err
+	}
 	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
@@ -164,7 +183,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	}
 	defer cl.Close()
 
-	l := &dltLister{e: e, flt: flt, asJSON: asJSON, enc: json.NewEncoder(e.stdout), copies: map[string]int{}}
+	l := &dltLister{e: e, own: own, flt: flt, asJSON: asJSON, enc: json.NewEncoder(e.stdout), copies: map[string]int{}}
 	if !asJSON {
 		l.tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	}
@@ -178,6 +197,9 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 		return err
 	}
 	l.finish(topic, held)
+	if !asJSON && *f.group != "" {
+		printWaiting(ctx, e, adm, kc, *f.group, topic)
+	}
 	return nil
 }
 
@@ -185,6 +207,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 // JSON lines, and counts them by identity.
 type dltLister struct {
 	e        *env
+	own      *owners // finds each record's owner
 	flt      *recordFilter
 	asJSON   bool
 	n, shown int               // records selected, and rows in the table
@@ -213,12 +236,14 @@ func (l *dltLister) record(r *kgo.Record) error {
 	}
 	if l.asJSON {
 		k, kh := keyJSON(r.Key)
-		return l.enc.Encode(listEntry{
+		e := listEntry{
 			Copy:  l.copies[m.ID],
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Timestamp: timeText(r.Timestamp), Key: k, KeyHex: kh,
 			metadataJSON: toMetadataJSON(m, derr),
-		})
+		}
+		l.own.fill(&e.metadataJSON, m)
+		return l.enc.Encode(e)
 	}
 	if l.copies[m.ID] > 1 {
 		return nil // listed at its first record; counted below
@@ -232,15 +257,15 @@ func (l *dltLister) row(r *kgo.Record, m retrytopic.Metadata) error {
 	tw := l.tw
 	l.shown++
 	if l.shown == 1 {
-		fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tATTEMPT\tCLASS\tLAST FAILURE\tORIGINAL\tERROR")
+		fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tATTEMPT\tCLASS\tLAST FAILURE\tORIGINAL\tOWNER\tERROR")
 	}
 	last := timeText(m.LastFailure)
 	if last == "" {
 		last = "-"
 	}
-	fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%s\t%s/%d/%d\t%s\n",
+	fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%s\t%s/%d/%d\t%s\t%s\n",
 		r.Partition, r.Offset, cell(keyText(r.Key), listKeyWidth), m.Attempt, m.Class, last,
-		m.OriginalTopic, m.OriginalPartition, m.OriginalOffset, cell(m.Error, listErrorWidth))
+		m.OriginalTopic, m.OriginalPartition, m.OriginalOffset, l.own.cell(m, listOwnerWidth), cell(m.Error, listErrorWidth))
 	if l.n%listFlushEvery == 0 {
 		return tw.Flush()
 	}

@@ -122,13 +122,14 @@ func TestDLTListTable(t *testing.T) {
 	k := testenv.KafkaT(t)
 	setupDLT(t, k)
 	r := kscope(t, "dlt", "list", brokers(k), "--group", testGroup)
-	r.want(t, exitOK, "PARTITION", "OFFSET", "KEY", "ATTEMPT", "CLASS", "LAST FAILURE", "ORIGINAL", "ERROR", "5 records in payments.kscope-dlt")
+	r.want(t, exitOK, "PARTITION", "OFFSET", "KEY", "ATTEMPT", "CLASS", "LAST FAILURE", "ORIGINAL", "OWNER", "ERROR", "5 records in payments.kscope-dlt",
+		"5 waiting for triage")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if len(lines) != 7 { // header, 5 rows, count
-		t.Fatalf("want a header, 5 rows and a count, got:\n%s", r.stdout)
+	if len(lines) != 8 { // header, 5 rows, count, waiting
+		t.Fatalf("want a header, 5 rows, a count and the waiting, got:\n%s", r.stdout)
 	}
 	first := strings.Fields(lines[1])
-	if want := []string{"0", "0", "k1", "3", "retryable", "2024-05-01T12:30:00.000Z", "orders/0/10", "db", "down"}; strings.Join(first, " ") != strings.Join(want, " ") {
+	if want := []string{"0", "0", "k1", "3", "retryable", "2024-05-01T12:30:00.000Z", "orders/0/10", "-", "db", "down"}; strings.Join(first, " ") != strings.Join(want, " ") {
 		t.Fatalf("first row %q, want %q", first, want)
 	}
 	// The long, multi-line error is escaped and cut to one cell.

@@ -83,6 +83,10 @@ func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue in
 	if err != nil {
 		return err
 	}
+	own, err := e.dltOwners(*f.group)
+	if err != nil {
+		return err
+	}
 	kc, err := e.kafka(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
@@ -119,9 +123,11 @@ func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue in
 	}
 	m, derr := decode(found)
 	if asJSON {
-		return json.NewEncoder(e.stdout).Encode(showJSON(found, m, derr, maxValue))
+		s := showJSON(found, m, derr, maxValue)
+		own.fill(&s.Metadata, m)
+		return json.NewEncoder(e.stdout).Encode(s)
 	}
-	showText(e.stdout, found, m, derr, maxValue)
+	showText(e.stdout, found, m, derr, maxValue, own)
 	return nil
 }
 
@@ -220,7 +226,7 @@ func valueText(w io.Writer, value []byte, maxValue int) {
 	}
 }
 
-func showText(w io.Writer, r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int) {
+func showText(w io.Writer, r *kgo.Record, m retrytopic.Metadata, derr error, maxValue int, own *owners) {
 	fmt.Fprintf(w, "topic:      %s\npartition:  %d\noffset:     %d\ntimestamp:  %s\n", r.Topic, r.Partition, r.Offset, timeText(r.Timestamp))
 	fmt.Fprintf(w, "key:        %s\n", keyText(r.Key))
 	fmt.Fprintf(w, "headers:    %d\n", len(r.Headers))
@@ -235,6 +241,11 @@ func showText(w io.Writer, r *kgo.Record, m retrytopic.Metadata, derr error, max
 	}
 	row("id", m.ID)
 	row("group", m.Group)
+	if owner, source := own.of(m); source == ownerFromPolicy {
+		row("owner", escape(owner)+" (from the policy file: the record carries no kscope-owner header)")
+	} else {
+		row("owner", escape(owner))
+	}
 	row("attempt", strconv.Itoa(m.Attempt))
 	row("class", m.Class.String())
 	row("error", escape(m.Error))

@@ -50,7 +50,15 @@
 // schema prints the file's JSON Schema. replay refuses a group whose
 // entry says replay: false, before it talks to Kafka, with exit status 2
 // and a sentence that names the policy and the owner; a policy file that
-// is not valid stops it the same way.
+// is not valid stops it the same way. dlt list and dlt show print a dead
+// letter's owner from its kscope-owner header, else the file's owner of
+// its group, marked "(policy)".
+//
+// dlt redrive --group G commits the offsets past the dead letters it
+// handled, in offset order, under the consumer group G.kscope-triage;
+// dlt list --group G ends with how many wait past them, the count the
+// gauge kscope_dead_letters_waiting (kscopeprom.Metrics.WatchDeadLetters)
+// exports.
 //
 // # Timeouts
 //

@@ -253,7 +253,9 @@ connection, or does not answer a request, within them fails the command,
 and the error names it.
 Every command takes --policy FILE (default: $KSCOPE_POLICY), the service's
 policy file, before or after the command's name: replay refuses a group
-whose entry says replay: false; kscope policy check FILE validates one.
+whose entry says replay: false; dlt list and dlt show print its owner of
+a dead letter without a kscope-owner header; kscope policy check FILE
+validates one.
 kscope --version prints the version.
 Exit codes: 0 ok, 1 failure or refusal, 2 wrong command line, or a policy
 that is not valid or forbids what was asked (nothing was done).

@@ -29,7 +29,7 @@ func refusef(format string, args ...any) error {
 
 // globalFlags declares the flags every command takes.
 func globalFlags(fs *flag.FlagSet, e *env) {
-	fs.StringVar(&e.policyFlag, "policy", e.policyFlag, "the service's policy `file` (default $"+policyEnv+"): replay refuses a group whose entry says replay: false")
+	fs.StringVar(&e.policyFlag, "policy", e.policyFlag, "the service's policy `file` (default $"+policyEnv+"): replay refuses a group whose entry says replay: false; dlt list and dlt show print its owner of a dead letter without a kscope-owner header")
 }
 
 // takeGlobalFlags reads the global flags given before the command (only

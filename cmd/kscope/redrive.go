@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os/user"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -91,6 +90,13 @@ are in, or run the pipeline with sequence.Accept to apply it over the gap.
 Redrive does NOT remove the records from the dead-letter topic: Kafka cannot
 delete single records. They stay there until retention drops them; use
 --from-offset to skip what an earlier redrive already sent.
+
+With --group (and not --dry-run), the redrive commits, per partition, the
+offset past the records it handled in offset order from the group
+<group>.kscope-triage's committed offset, under that group: the dead
+letters before it no longer count as waiting (dlt list's count and the
+gauge kscope_dead_letters_waiting). The first record a filter passes
+over, or one skipped, ends that run: it and the later records wait on.
 
 Partitions are redriven one after the other, each in offset order; records
 are produced one at a time, synchronously, at most --rate per second. The
@@ -261,6 +267,7 @@ type redriver struct {
 	// transaction that records it) is sent once, its first copy.
 	sentIDs map[string]bool
 	st      *redriveStats
+	tr      *triage // what the redrive handled, committed under the triage group
 }
 
 // dltRedrive runs dlt redrive: it checks the flags, then reads the
@@ -305,11 +312,18 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	rd.checked = make(map[string]error)
 	rd.sentIDs = make(map[string]bool)
 	rd.st = &redriveStats{perTopic: make(map[string]int), started: time.Now()}
+	if rd.tr, err = rd.triage(ctx, *f.group, rng); err != nil {
+		return err
+	}
 	if err := rd.measure(ctx, rng); err != nil {
 		return err
 	}
 	held, err := scan(ctx, kc, adm, topic, rng, func(r *kgo.Record) error { return rd.record(ctx, r) })
-	return rd.finish(rd.resumable(err, held))
+	err = rd.resumable(err, held)
+	if cerr := rd.commitTriage(ctx, err == nil); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	return rd.finish(err)
 }
 
 // measure counts the records in the range to read, for the progress
@@ -319,6 +333,7 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 func (rd *redriver) measure(ctx context.Context, rng scanRange) error {
 	st := rd.st
 	if bs, err := bounds(ctx, rd.adm, rd.kc, rd.topic, rng); err == nil {
+		rd.tr.bounds = bs
 		for _, b := range bs {
 			st.total += max(b.end-b.begin, 0)
 		}
@@ -346,15 +361,18 @@ func (rd *redriver) record(ctx context.Context, r *kgo.Record) error {
 	st.scanned++
 	m, derr := decode(r)
 	if !rd.flt.match(r, m) {
+		rd.tr.saw(r, false)
 		return nil
 	}
 	st.matched++
 	if rd.sentIDs[m.ID] {
 		st.copies++
+		rd.tr.saw(r, true)
 		return nil
 	}
 	target, ok := rd.target(r, m, derr)
 	if !ok {
+		rd.tr.saw(r, false)
 		return nil
 	}
 	if err := rd.checkTarget(ctx, r, target); err != nil {
@@ -364,6 +382,7 @@ func (rd *redriver) record(ctx context.Context, r *kgo.Record) error {
 		return err
 	}
 	rd.sent(r, m, target)
+	rd.tr.saw(r, true)
 	return nil
 }
 
@@ -508,33 +527,6 @@ func (rd *redriver) printReport(err error) {
 		rep.Error = err.Error()
 	}
 	json.NewEncoder(rd.e.stdout).Encode(rep) //nolint:errcheck // stdout
-}
-
-func redriveSummary(topic, verb string, st *redriveStats) string {
-	if st.matched == 0 {
-		return fmt.Sprintf("redrive: no record of %s matched; nothing to send", topic)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "redrive: %s %d of %s from %s", verb, st.sent, plural(st.matched, "matching record"), topic)
-	if len(st.perTopic) > 0 {
-		ts := make([]string, 0, len(st.perTopic))
-		for t := range st.perTopic {
-			ts = append(ts, t)
-		}
-		sort.Strings(ts)
-		for i, t := range ts {
-			ts[i] = fmt.Sprintf("%s (%d)", t, st.perTopic[t])
-		}
-		fmt.Fprintf(&b, " to %s", strings.Join(ts, ", "))
-	}
-	fmt.Fprintf(&b, ", skipped %d", st.skipped)
-	switch {
-	case st.copies == 1:
-		b.WriteString(", 1 later copy of an identity sent once")
-	case st.copies > 1:
-		fmt.Fprintf(&b, ", %d later copies of identities sent once", st.copies)
-	}
-	return b.String()
 }
 
 // redriveRecord returns the record that redrives r to topic: r's key, value
