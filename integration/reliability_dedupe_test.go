@@ -46,28 +46,10 @@ func TestReliabilityUpstreamDuplicatesKafka(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
 	stream := upstreamStream(in, messages, rng)
 	total := int64(len(stream))
-	produced := make(chan error, 1)
-	go func() {
-		for i := 0; i < len(stream); i += 500 {
-			for committedSumQuiet(k, group, in) < int64(i-3000) {
-				time.Sleep(time.Millisecond)
-			}
-			if err := k.Produce(ctx, stream[i:min(i+500, len(stream))]...); err != nil {
-				produced <- err
-				return
-			}
-		}
-		produced <- nil
-	}()
-	for i := range kills {
-		c := startChild(t, k, "txn-dedupe", group, in, time.Millisecond, func([]byte) {})
-		target := committedSumQuiet(k, group, in) + int64(300+rng.IntN(700))
-		testenv.WaitFor(t, time.Minute, "the child to commit", func() bool { return committedSumQuiet(k, group, in) >= min(target, total) })
-		time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond) // a random moment, not a synchronisation
-		c.kill()
-		t.Logf("kill %d: %d inputs committed", i+1, committedSumQuiet(k, group, in))
-	}
-	c := startChild(t, k, "txn-dedupe", group, in, 0, func([]byte) {})
+	produced := produceAhead(ctx, k, group, in, stream)
+	c := killLoop(t, k, group, in, kills, total, rng, func(_ int, delay time.Duration) *child {
+		return startChild(t, k, "txn-dedupe", group, in, delay, func([]byte) {})
+	})
 	if err := <-produced; err != nil {
 		t.Fatal(err)
 	}
@@ -151,19 +133,7 @@ func TestReliabilityUpstreamDuplicatesAtLeastOnce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
 	stream := upstreamStream(in, messages, rng)
 	total := int64(len(stream))
-	produced := make(chan error, 1)
-	go func() {
-		for i := 0; i < len(stream); i += 500 {
-			for committedSumQuiet(k, group, in) < int64(i-3000) {
-				time.Sleep(time.Millisecond)
-			}
-			if err := k.Produce(ctx, stream[i:min(i+500, len(stream))]...); err != nil {
-				produced <- err
-				return
-			}
-		}
-		produced <- nil
-	}()
+	produced := produceAhead(ctx, k, group, in, stream)
 	var mu sync.Mutex
 	calls := map[string][]int{} // message id → the children that called its handler, in turn
 	var children []*child
@@ -176,15 +146,7 @@ func TestReliabilityUpstreamDuplicatesAtLeastOnce(t *testing.T) {
 		children = append(children, c)
 		return c
 	}
-	for i := range kills {
-		c := run(i, time.Millisecond)
-		target := committedSumQuiet(k, group, in) + int64(300+rng.IntN(700))
-		testenv.WaitFor(t, time.Minute, "the child to commit", func() bool { return committedSumQuiet(k, group, in) >= min(target, total) })
-		time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond) // a random moment, not a synchronisation
-		c.kill()
-		t.Logf("kill %d: %d inputs committed", i+1, committedSumQuiet(k, group, in))
-	}
-	c := run(kills, 0)
+	c := killLoop(t, k, group, in, kills, total, rng, run)
 	if err := <-produced; err != nil {
 		t.Fatal(err)
 	}
@@ -257,4 +219,40 @@ func upstreamStream(in string, messages int, rng *rand.Rand) []*kgo.Record {
 		delete(resend, at)
 	}
 	return stream
+}
+
+// produceAhead produces stream in steps of 500 records, staying at most
+// 3,000 ahead of the group's committed offsets of in; the channel says how
+// it ended.
+func produceAhead(ctx context.Context, k *testenv.Kafka, group, in string, stream []*kgo.Record) <-chan error {
+	produced := make(chan error, 1)
+	go func() {
+		for i := 0; i < len(stream); i += 500 {
+			for committedSumQuiet(k, group, in) < int64(i-3000) {
+				time.Sleep(time.Millisecond)
+			}
+			if err := k.Produce(ctx, stream[i:min(i+500, len(stream))]...); err != nil {
+				produced <- err
+				return
+			}
+		}
+		produced <- nil
+	}()
+	return produced
+}
+
+// killLoop starts kills children (start(i, delay)), each SIGKILLed at a
+// random moment once the group committed a few hundred more of total
+// records of in, and returns one more, started after them and left running.
+func killLoop(t *testing.T, k *testenv.Kafka, group, in string, kills int, total int64, rng *rand.Rand, start func(i int, delay time.Duration) *child) *child {
+	t.Helper()
+	for i := range kills {
+		c := start(i, time.Millisecond)
+		target := committedSumQuiet(k, group, in) + int64(300+rng.IntN(700))
+		testenv.WaitFor(t, time.Minute, "the child to commit", func() bool { return committedSumQuiet(k, group, in) >= min(target, total) })
+		time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond) // a random moment, not a synchronisation
+		c.kill()
+		t.Logf("kill %d: %d inputs committed", i+1, committedSumQuiet(k, group, in))
+	}
+	return start(kills, 0)
 }

@@ -23,8 +23,8 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/internal/checkkit"
 	"github.com/kscope-dev/kscope/internal/testenv"
-	"github.com/kscope-dev/kscope/retrytopic"
 )
 
 // The check's input: Topic, of Partitions partitions, holds Keys keys of
@@ -140,7 +140,7 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner) *Dep
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, r)
+	checkkit.Run(t, r)
 
 	// Down: the breaker opens, pauses fetching, and probes in turn.
 	testenv.WaitFor(t, time.Minute, "the breaker open", func() bool { return state(r).State == consumer.BreakerOpen })
@@ -153,7 +153,7 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner) *Dep
 		st := state(r)
 		return st.State == consumer.BreakerOpen && pausedByBreaker(r) && clientPaused(r) == Partitions
 	})
-	if n := routed(t, k, group); n > 0 {
+	if n := checkkit.Routed(t, k, group); n > 0 {
 		t.Errorf("%d records in the retry and dead-letter topics while the breaker is open; want none", n)
 	}
 
@@ -170,7 +170,7 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner) *Dep
 	}
 	checkTransitions(t, tr)
 	checkServed(t, dep, len(recs))
-	if n := routed(t, k, group); n > 0 {
+	if n := checkkit.Routed(t, k, group); n > 0 {
 		t.Errorf("%d records in the retry and dead-letter topics; want none: a breaker's wait is not a retry", n)
 	}
 	if f := r.Stats().Failures; f.DeadLettered != 0 || f.RetryTopic != 0 {
@@ -202,29 +202,6 @@ func clientPaused(r *consumer.Runner) int {
 		return -1
 	}
 	return len(cl.PauseFetchPartitions(nil)[Topic])
-}
-
-// routed returns how many records the group's retry and dead-letter
-// topics hold.
-func routed(t *testing.T, k *testenv.Kafka, group string) int64 {
-	topics, err := k.Admin().ListTopics(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for name := range topics {
-		if !strings.HasPrefix(name, retrytopic.SafeName(group)+".kscope-retry-") && name != retrytopic.DLTopic(group) {
-			continue
-		}
-		ends, err := k.EndOffsets(context.Background(), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range ends {
-			n += o
-		}
-	}
-	return n
 }
 
 // checkTransitions checks that each change of state was reported once:
@@ -278,16 +255,4 @@ func checkServed(t *testing.T, d *Dep, want int) {
 			}
 		}
 	}
-}
-
-func run(t *testing.T, r *consumer.Runner) {
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
 }

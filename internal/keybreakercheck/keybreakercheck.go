@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/checkkit"
 	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
@@ -134,7 +135,7 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner, c Ch
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, r)
+	checkkit.Run(t, r)
 
 	// The failing key is held; every other key flows.
 	testenv.WaitFor(t, time.Minute, "the other keys served", func() bool { return dep.Served() == (Keys-1)*PerKey })
@@ -152,7 +153,7 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner, c Ch
 	if c.Held != nil {
 		c.Held(t, r)
 	}
-	if n := routed(t, k, group); n > 0 {
+	if n := checkkit.Routed(t, k, group); n > 0 {
 		t.Errorf("%d records in the retry and dead-letter topics while the key is held; want none", n)
 	}
 
@@ -167,7 +168,7 @@ func Run(t *testing.T, k *testenv.Kafka, group string, newRunner NewRunner, c Ch
 		t.Errorf("%d calls of the failing key failed with %d probes; want at most %d: the failures that held it, then one call per probe", failed, probes, Failures+probes)
 	}
 	checkServed(t, dep, total)
-	if n := routed(t, k, group); n > 0 {
+	if n := checkkit.Routed(t, k, group); n > 0 {
 		t.Errorf("%d records in the retry and dead-letter topics; want none: a held key is not retried through them", n)
 	}
 	if f := r.Stats().Failures; f.DeadLettered != 0 || f.RetryTopic != 0 {
@@ -183,29 +184,6 @@ func probesFailed(r *consumer.Runner) int64 {
 
 func record(key string, n int) *kgo.Record {
 	return &kgo.Record{Topic: Topic, Key: []byte(key), Value: fmt.Appendf(nil, "%s-%d", key, n)}
-}
-
-// routed returns how many records the group's retry and dead-letter
-// topics hold.
-func routed(t *testing.T, k *testenv.Kafka, group string) int64 {
-	topics, err := k.Admin().ListTopics(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for name := range topics {
-		if !strings.HasPrefix(name, retrytopic.SafeName(group)+".kscope-retry-") && name != retrytopic.DLTopic(group) {
-			continue
-		}
-		ends, err := k.EndOffsets(context.Background(), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range ends {
-			n += o
-		}
-	}
-	return n
 }
 
 // checkServed checks every record was served once, each key's in order.
@@ -228,16 +206,4 @@ func checkServed(t *testing.T, d *Dep, want int) {
 			}
 		}
 	}
-}
-
-func run(t *testing.T, r *consumer.Runner) {
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
 }
