@@ -47,7 +47,7 @@ func TestReliabilityUpstreamDuplicatesKafka(t *testing.T) {
 	stream := upstreamStream(in, messages, rng)
 	total := int64(len(stream))
 	produced := produceAhead(ctx, k, group, in, stream)
-	c := killLoop(t, k, group, in, kills, total, rng, func(_ int, delay time.Duration) *child {
+	c := killChildrenWhileCommitting(t, k, group, in, kills, total, rng, func(_ int, delay time.Duration) *child {
 		return startChild(t, k, "txn-dedupe", group, in, delay, func([]byte) {})
 	})
 	if err := <-produced; err != nil {
@@ -146,7 +146,7 @@ func TestReliabilityUpstreamDuplicatesAtLeastOnce(t *testing.T) {
 		children = append(children, c)
 		return c
 	}
-	c := killLoop(t, k, group, in, kills, total, rng, run)
+	c := killChildrenWhileCommitting(t, k, group, in, kills, total, rng, run)
 	if err := <-produced; err != nil {
 		t.Fatal(err)
 	}
@@ -241,10 +241,10 @@ func produceAhead(ctx context.Context, k *testenv.Kafka, group, in string, strea
 	return produced
 }
 
-// killLoop starts kills children (start(i, delay)), each SIGKILLed at a
+// killChildrenWhileCommitting starts kills children (start(i, delay)), each SIGKILLed at a
 // random moment once the group committed a few hundred more of total
 // records of in, and returns one more, started after them and left running.
-func killLoop(t *testing.T, k *testenv.Kafka, group, in string, kills int, total int64, rng *rand.Rand, start func(i int, delay time.Duration) *child) *child {
+func killChildrenWhileCommitting(t *testing.T, k *testenv.Kafka, group, in string, kills int, total int64, rng *rand.Rand, start func(i int, delay time.Duration) *child) *child {
 	t.Helper()
 	for i := range kills {
 		c := start(i, time.Millisecond)
