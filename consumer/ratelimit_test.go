@@ -80,8 +80,15 @@ func TestRateLimitHoldsWithoutSpinning(t *testing.T) {
 	if math.Abs(rate-perSecond)/perSecond > 0.05 {
 		t.Errorf("%.1f records a second; want %.0f within 5%%", rate, perSecond)
 	}
-	if cpu > 0.05 {
-		t.Errorf("the process used %.2f%% of one core while limited; want under 5%% (no busy loop)", cpu*100)
+	// Under 5% of one core; the race detector's instrumentation (make
+	// test) multiplies a process's CPU several times, so there the bound
+	// is 20%, still far under the whole core a busy loop takes.
+	bound := 0.05
+	if raceDetector {
+		bound = 0.20
+	}
+	if cpu > bound {
+		t.Errorf("the process used %.2f%% of one core while limited; want under %.0f%% (no busy loop)", cpu*100, bound*100)
 	}
 	if stalled > 0 {
 		t.Errorf("Stats.StalledShards reached %d; a rate limit's wait is not a stall", stalled)
