@@ -108,18 +108,25 @@ func policyCheckCmd() *command {
 	}
 }
 
-// policyCheck runs policy check.
-func policyCheck(e *env) error {
+// policyArg loads the policy file a policy command (kscope policy cmd) is
+// given: its argument, else --policy or KSCOPE_POLICY.
+func policyArg(e *env, cmd string) (string, *policy.File, error) {
 	path := e.policyPath()
 	switch {
 	case len(e.args) > 1:
-		return usagef("give one policy file, got %d", len(e.args))
+		return "", nil, usagef("give one policy file, got %d", len(e.args))
 	case len(e.args) == 1:
 		path = e.args[0]
 	case path == "":
-		return usagef("give the policy file: kscope policy check FILE (or --policy FILE, or %s)", policyEnv)
+		return "", nil, usagef("give the policy file: kscope policy %s FILE (or --policy FILE, or %s)", cmd, policyEnv)
 	}
 	f, err := loadPolicy(path)
+	return path, f, err
+}
+
+// policyCheck runs policy check.
+func policyCheck(e *env) error {
+	path, f, err := policyArg(e, "check")
 	if err != nil {
 		return err
 	}
@@ -181,16 +188,7 @@ Examples:
 `,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
 			return func(context.Context) error {
-				path := e.policyPath()
-				switch {
-				case len(e.args) > 1:
-					return usagef("give one policy file, got %d", len(e.args))
-				case len(e.args) == 1:
-					path = e.args[0]
-				case path == "":
-					return usagef("give the policy file: kscope policy rules FILE (or --policy FILE, or %s)", policyEnv)
-				}
-				f, err := loadPolicy(path)
+				_, f, err := policyArg(e, "rules")
 				if err != nil {
 					return err
 				}
