@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -35,15 +36,9 @@ func DeadLettersWaiting(ctx context.Context, adm *kadm.Client, group, dlt string
 	if err != nil {
 		return nil, fmt.Errorf("retrytopic: listing the end offsets of the dead-letter topic %s: %w", dlt, err)
 	}
-	committed, err := adm.FetchOffsetsForTopics(ctx, TriageGroup(group), dlt)
-	if err == nil {
-		err = committed.Error()
-	}
-	if errors.Is(err, kerr.GroupIDNotFound) {
-		committed, err = nil, nil // nothing committed yet
-	}
+	committed, err := TriageOffsets(ctx, adm, group, dlt)
 	if err != nil {
-		return nil, fmt.Errorf("retrytopic: fetching the offsets group %s committed on %s: %w", TriageGroup(group), dlt, err)
+		return nil, err
 	}
 	waiting := map[int32]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
@@ -57,4 +52,36 @@ func DeadLettersWaiting(ctx context.Context, adm *kadm.Client, group, dlt string
 		waiting[e.Partition] = max(e.Offset-from, 0)
 	})
 	return waiting, nil
+}
+
+// TriageOffsets returns the offsets the triage group of consumer group
+// group (TriageGroup) committed on the dead-letter topic dlt; nil when it
+// never committed. While the group's coordinator is not ready (a cluster
+// creates its offsets topic on the first group request and answers
+// COORDINATOR_NOT_AVAILABLE until then; a coordinator moving or loading
+// answers alike) it asks again, until ctx ends.
+func TriageOffsets(ctx context.Context, adm *kadm.Client, group, dlt string) (kadm.OffsetResponses, error) {
+	wait := 50 * time.Millisecond
+	for {
+		committed, err := adm.FetchOffsetsForTopics(ctx, TriageGroup(group), dlt)
+		if err == nil {
+			err = committed.Error()
+		}
+		switch {
+		case errors.Is(err, kerr.GroupIDNotFound):
+			return nil, nil // nothing committed yet
+		case err == nil:
+			return committed, nil
+		case !kerr.IsRetriable(err) || ctx.Err() != nil:
+			return nil, fmt.Errorf("retrytopic: fetching the offsets group %s committed on %s: %w", TriageGroup(group), dlt, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("retrytopic: fetching the offsets group %s committed on %s: %w", TriageGroup(group), dlt, err)
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/retrytopic"
@@ -38,17 +36,11 @@ func newTriage(ctx context.Context, adm *kadm.Client, kc *kafkaConn, group, topi
 	t.group = retrytopic.TriageGroup(group)
 	var got kadm.OffsetResponses
 	err := kc.do(ctx, func(ctx context.Context) (err error) {
-		got, err = adm.FetchOffsetsForTopics(ctx, t.group, topic)
-		if err == nil {
-			err = got.Error()
-		}
-		if errors.Is(err, kerr.GroupIDNotFound) {
-			got, err = nil, nil // nothing committed yet
-		}
+		got, err = retrytopic.TriageOffsets(ctx, adm, group, topic)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading the offsets group %s committed on %s: %w", t.group, topic, err)
+		return nil, err
 	}
 	got.Each(func(o kadm.OffsetResponse) {
 		if o.At >= 0 {
