@@ -70,7 +70,11 @@ func (r *Runner) consumedAtStart() []string {
 // with RequireStable, would wait for the broker to time it out).
 func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
 	if r.txs == nil {
-		cl, err := kgo.NewClient(r.clientOptions()...)
+		opts := r.clientOptions()
+		if r.share != nil {
+			opts = r.shareClientOptions()
+		}
+		cl, err := kgo.NewClient(opts...)
 		if err != nil {
 			return nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
 		}

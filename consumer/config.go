@@ -270,6 +270,13 @@ type Config struct {
 	// dbscope.Options.Periodic, in a transaction). Off by default.
 	Periodic PeriodicConfig
 
+	// Share, when set, makes the runner a member of the share group
+	// (KIP-932) named Group instead of a consumer group: its members take
+	// records from the same partitions together and acknowledge them one
+	// by one, with no order across members (see [ShareConfig] and
+	// docs/share-groups.md). Nil by default: a consumer group.
+	Share *ShareConfig
+
 	// Hooks observe the runner: metrics, traces, lag (see package hook;
 	// the kscopeprom and kscopeotel packages provide them). None by
 	// default.
@@ -306,6 +313,13 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.HandlerTimeout > 0 && c.HandlerGrace == 0 {
 		c.HandlerGrace = DefaultHandlerGrace
+	}
+	if c.Share != nil {
+		// Retries stay in place: the retry topics' held records would
+		// stop a share-group member's polling (ShareConfig).
+		sc := c.Share.withDefaults()
+		c.Share = &sc
+		c.Failures.DisableRetryTopics = true
 	}
 	c.Failures = c.Failures.WithDefaults(c.Group)
 	return c

@@ -155,6 +155,9 @@ func (f *failures) routedRecord(rec *Record, err error, step retrytopic.Step, at
 	meta, _ := retrytopic.FromRecord(rec.Record, f.identity.Of(rec))
 	now := time.Now()
 	meta.Group, meta.Owner = f.group, f.calls.owner
+	if n := rec.DeliveryCount(); n > 0 {
+		meta.DeliveryCount = n
+	}
 	meta.Attempt = min(meta.Attempt+spent(rec, attempt), retrytopic.MaxAttempt)
 	if meta.FirstFailure.IsZero() {
 		meta.FirstFailure = firstFailure

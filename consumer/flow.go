@@ -82,6 +82,7 @@ func (d *doneBuf) done(rec *Record) {
 		return
 	}
 	rec.state = recFinished
+	d.r.shareAck(rec, true)
 	d.finished++
 	d.recs = append(d.recs, rec)
 	if len(d.recs) >= atLeastOnceBatch {
@@ -170,6 +171,9 @@ func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 			// Left undone while the partition is still ours.
 			r.setFatal(fmt.Errorf("kscope: scope %T returned without finishing %s[%d]@%d while the partition is still assigned", r.unit, rec.Topic, rec.Partition, rec.Offset))
 		}
+		if rec.state == recPending {
+			r.shareAck(rec, false)
+		}
 		rec.state = recDone
 	}
 	r.releaseN(n, bytes)
@@ -178,6 +182,7 @@ func (r *Runner) processRecords(ctx context.Context, batch []*Record) {
 // drop is the pool's DropFunc for records that will never run here.
 func (r *Runner) drop(_ *partition.Assignment, rec *Record) {
 	if rec.state == recPending {
+		r.shareAck(rec, false)
 		r.release(rec)
 	}
 }

@@ -76,13 +76,16 @@ type callRules struct {
 	keys       *keyBreaker      // Config.KeyBreaker; nil without one
 	expiredLog *ratelog.Limiter // one INFO line per expired skip, up to a burst per window
 	owner      string           // Config.Owner, written on every routed record
+	// maxDeliveries is a share group's ShareConfig.MaxDeliveries; 0 for a
+	// consumer group.
+	maxDeliveries int32
 }
 
 // newCallRules returns cfg's rules for a handler call.
 func newCallRules(cfg Config) callRules {
 	return callRules{group: cfg.Group, retryName: retrytopic.SafeName(cfg.Group) + ".kscope-retry-", keep: cfg.Keep, maxAge: cfg.MaxAge, expired: cfg.Expired,
 		timeout: cfg.HandlerTimeout, grace: cfg.HandlerGrace, limits: newLimits(cfg.RateLimit), breakers: newBreakers(cfg), keys: newKeyBreaker(cfg), expiredLog: ratelog.New(10, 10*time.Second),
-		owner: cfg.Owner}
+		owner: cfg.Owner, maxDeliveries: shareMaxDeliveries(cfg)}
 }
 
 // validateHandlerCall checks the handler call's fields and reports each
@@ -162,7 +165,7 @@ const (
 // it on r, for its delivery's end: a scope may end it without the error.
 func (f *failures) admit(r *Record) error {
 	c := &f.calls
-	if c.keep == nil && c.maxAge <= 0 {
+	if c.keep == nil && c.maxAge <= 0 && c.maxDeliveries == 0 {
 		return nil
 	}
 	err := c.admission(f, r)
@@ -179,6 +182,9 @@ func (f *failures) admit(r *Record) error {
 
 // admission applies the rules to r: Keep, then MaxAge.
 func (c *callRules) admission(f *failures, r *Record) error {
+	if err := c.deliveries(f, r); err != nil {
+		return err
+	}
 	retried := false
 	if strings.HasPrefix(r.Topic, c.retryName) {
 		_, retried = retrytopic.RetryTopicDelay(c.group, r.Topic)
@@ -228,7 +234,7 @@ func (c *callRules) kept(r *Record) (keep bool, err error) {
 // an admission rule's decision, which a user's Failures.Classify does not
 // reclassify.
 func admission(err error) bool {
-	return errors.Is(err, ErrFiltered) || errors.Is(err, ErrExpired)
+	return errors.Is(err, ErrFiltered) || errors.Is(err, ErrExpired) || errors.Is(err, ErrDeliveriesExhausted)
 }
 
 // classOf classifies err under the policy; an admission error keeps its

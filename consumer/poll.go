@@ -2,8 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -11,7 +9,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/hook"
-	"github.com/kscope-dev/kscope/internal/kafkaerr"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -55,21 +52,7 @@ func (r *Runner) pollOnce(ctx context.Context) (closed bool) {
 	if fetches.IsClientClosed() {
 		return true
 	}
-	failed := false
-	fetches.EachError(func(topic string, p int32, err error) {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return
-		}
-		if kafkaerr.Fatal(err) {
-			r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
-			return
-		}
-		failed = true
-		r.fetchHealth.failed(r.log, topic, p, err)
-	})
-	if !failed && fetches.NumRecords() > 0 {
-		r.fetchHealth.ok(r.log)
-	}
+	r.fetchErrors(fetches)
 	if r.obs.WantsLag() {
 		r.observeFetches(fetches)
 	}
@@ -299,7 +282,8 @@ func (r *Runner) routePoll(recs []*kgo.Record) (route []routed, next []int, mark
 			route[i] = routed{shard: -1}
 			continue
 		}
-		s := int32(th.Shard(rec.Partition, rec.Offset, rec.Key, r.cfg.Shards, r.cfg.NullKeys))
+		key, nullKeys := r.routeBy(rec)
+		s := int32(th.Shard(rec.Partition, rec.Offset, key, r.cfg.Shards, nullKeys))
 		size := recordSize(rec)
 		added += size
 		route[i] = routed{offset: rec.Offset, size: size, shard: s}

@@ -130,6 +130,7 @@ type Runner struct {
 	brokers   brokerHealth
 	joined    atomic.Bool
 	idle      idleWork // the periodic work's counters (Config.Periodic; idlework.go)
+	share     *shareRun // a share group's (Config.Share); nil for a consumer group
 }
 
 // New returns an AtLeastOnce runner: every record is handled at least once
@@ -167,7 +168,7 @@ func NewScoped(cfg Config, s scope.Scope[*Record]) (*Runner, error) {
 }
 
 func newRunner(cfg Config, s workScope) (*Runner, error) {
-	if err := errors.Join(cfg.validate(), checkPeriodic(cfg, s)); err != nil {
+	if err := errors.Join(cfg.validate(), checkPeriodic(cfg, s), checkShare(cfg, s)); err != nil {
 		return nil, err
 	}
 	r := &Runner{
@@ -179,6 +180,9 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 		parts:    make(map[tp]*partState),
 		room:     make(chan struct{}, 1),
 		kb:       newKeyBreaker(cfg),
+	}
+	if cfg.Share != nil {
+		r.share = &shareRun{cfg: *cfg.Share}
 	}
 	if err := r.useKeyBreaker(s); err != nil {
 		return nil, err
@@ -248,6 +252,9 @@ func (r *Runner) Stats() Stats {
 		Periodic:         r.idle.stats(),
 		KeyBreaker:       r.kb.stats(),
 		Dedupe:           r.dedupeStats(),
+	}
+	if r.share != nil {
+		st.Share = r.share.stats()
 	}
 	r.callStats(&st)
 	if r.txs != nil {
@@ -352,9 +359,12 @@ func (r *Runner) session(ctx, runCtx context.Context) (err, renew error) {
 	r.pool.Start()
 	bg := r.startBackground(sessCtx)
 	r.log.Info("kscope: runner started", "topics", r.cfg.Topics, "topic_patterns", r.cfg.TopicPatterns, "shards", r.cfg.Shards, "transactional_id", r.txnID)
-	if r.txs != nil {
+	switch {
+	case r.share != nil:
+		r.sharePollLoop(sessCtx)
+	case r.txs != nil:
 		renew = r.txnSession(sessCtx, runCtx)
-	} else {
+	default:
 		r.pollLoop(sessCtx)
 	}
 	stop()

@@ -51,6 +51,9 @@ type Stats struct {
 	// Dedupe counts the AtLeastOnce scope's idempotency guard's work
 	// (Config.Dedupe).
 	Dedupe DedupeStats
+	// Share are a share-group runner's counters (Config.Share); zero for a
+	// consumer group's.
+	Share ShareStats
 	DB     DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
 	Kafka  KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 

@@ -178,6 +178,11 @@ const (
 	// ReasonNoRoute: no route of its router handles it
 	// (consumer.ErrNoRoute).
 	ReasonNoRoute = "no_route"
+	// ReasonDeliveriesExhausted: a share group delivered it more times
+	// than consumer.ShareConfig.MaxDeliveries (consumer.ErrDeliveriesExhausted):
+	// its earlier deliveries crashed their member, outran their lock, or
+	// were released unfinished.
+	ReasonDeliveriesExhausted = "deliveries_exhausted"
 )
 
 // The sources of a duplicate (the detail of EventDuplicate).

@@ -88,6 +88,10 @@ type Metadata struct {
 	// Owner is the team that owns the group that routed the record, and
 	// how to reach it (HeaderOwner; "" when the group declares none).
 	Owner string
+	// DeliveryCount is how many times a share group's broker had
+	// delivered the record when it was routed (HeaderDeliveryCount; 0 for
+	// a consumer group's record).
+	DeliveryCount int32
 }
 
 // FromRecord returns the metadata r carries, filling in what it does not
@@ -117,6 +121,7 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	d.routing(&m)
 	d.decode(&m)
 	d.owner(&m)
+	d.deliveryCount(&m)
 	return m, errors.Join(d.errs...)
 }
 
@@ -257,6 +262,9 @@ func (m Metadata) Headers(orig []kgo.RecordHeader, spring bool) []kgo.RecordHead
 		add(HeaderOwner, truncate(m.Owner, MaxOwnerLength))
 	}
 	add(HeaderAttempt, strconv.Itoa(m.Attempt))
+	if m.DeliveryCount > 0 {
+		add(HeaderDeliveryCount, strconv.Itoa(int(m.DeliveryCount)))
+	}
 	if !m.FirstFailure.IsZero() {
 		add(HeaderFirstFailure, millis(m.FirstFailure))
 	}

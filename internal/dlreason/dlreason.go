@@ -16,6 +16,11 @@ import (
 // consumer.Config.MaxAge.
 var ErrExpired = errors.New("kscope: record expired (older than Config.MaxAge)")
 
+// ErrDeliveriesExhausted is consumer.ErrDeliveriesExhausted: the error of
+// a share group's record delivered more than ShareConfig.MaxDeliveries
+// times.
+var ErrDeliveriesExhausted = errors.New("kscope: share-group record delivered more times than Share.MaxDeliveries")
+
 // Of returns why a record whose failure err, of class, sends it to the
 // dead-letter topic goes there: one of the hook.Reason* constants.
 func Of(err error, class retrytopic.Class) string {
@@ -28,6 +33,8 @@ func Of(err error, class retrytopic.Class) string {
 	switch {
 	case errors.Is(err, ErrExpired):
 		return hook.ReasonExpired
+	case errors.Is(err, ErrDeliveriesExhausted):
+		return hook.ReasonDeliveriesExhausted
 	case errors.Is(err, route.ErrNoRoute):
 		return hook.ReasonNoRoute
 	case class == retrytopic.ClassTerminal:

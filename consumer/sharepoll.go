@@ -1,0 +1,287 @@
+package consumer
+
+// The share-group runner's poll loop (Config.Share): one poll at a time,
+// each record acknowledged as its effect becomes durable, locks renewed
+// while records run.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kscope-dev/kscope/commit"
+	"github.com/kscope-dev/kscope/internal/kafkaerr"
+	"github.com/kscope-dev/kscope/partition"
+	"github.com/kscope-dev/kscope/retrytopic"
+)
+
+// shareRun is a share-group runner's state; nil for a consumer group's.
+type shareRun struct {
+	cfg ShareConfig
+	shareCounters
+
+	// The poll loop's own: the records of the last poll (their locks are
+	// renewed while any runs), when it returned, and when they are next
+	// renewed.
+	polled  []*kgo.Record
+	polling time.Time
+	renewAt time.Time
+}
+
+// shareMaxDeliveries is cfg's ShareConfig.MaxDeliveries, 0 for a
+// consumer group.
+func shareMaxDeliveries(cfg Config) int32 {
+	if cfg.Share == nil || cfg.Share.MaxDeliveries <= 0 {
+		return 0
+	}
+	return int32(cfg.Share.MaxDeliveries)
+}
+
+// deliveries turns away a share group's record delivered more than
+// MaxDeliveries times: it is dead-lettered without its handler.
+func (c *callRules) deliveries(_ *failures, r *Record) error {
+	if c.maxDeliveries == 0 {
+		return nil
+	}
+	if n := r.DeliveryCount(); n > c.maxDeliveries {
+		return retrytopic.Terminal(fmt.Errorf("%w: this is its delivery %d, past Share.MaxDeliveries %d (its earlier deliveries crashed their member, outran their acquisition lock, or were released unfinished)",
+			ErrDeliveriesExhausted, n, c.maxDeliveries))
+	}
+	return nil
+}
+
+// shareClientOptions are a share-group runner's client options: the
+// user's, then the ones the runner rests on.
+func (r *Runner) shareClientOptions() []kgo.Opt {
+	opts := []kgo.Opt{kgo.FetchMaxWait(500 * time.Millisecond)}
+	opts = append(opts, r.cfg.ClientOptions...)
+	opts = append(opts, r.extra...)
+	return append(opts,
+		kgo.SeedBrokers(r.cfg.Brokers...),
+		kgo.ShareGroup(r.cfg.Group),
+		kgo.ConsumeTopics(r.topics()...),
+		kgo.ShareMaxRecords(int32(min(r.cfg.MaxInFlightRecords, 1<<30))),
+		kgo.ShareAckCallback(r.shareAcked),
+		kgo.WithHooks(&r.brokers),
+	)
+}
+
+// shareAcked counts the acknowledgements the broker refused, per
+// partition and request.
+func (r *Runner) shareAcked(_ *kgo.Client, res kgo.ShareAckResults) {
+	for _, a := range res {
+		if a.Err != nil {
+			r.share.refused.Add(1)
+			r.log.Warn("kscope: the broker refused acknowledgements of the share group; their records were (or will be) delivered again, to this member or another",
+				"topic", a.Topic, "partition", a.Partition, "err", a.Err)
+		}
+	}
+}
+
+// configureShareGroup sets the share group's start (share.auto.offset.reset)
+// and isolation level (read_committed), unless StartFrom says to leave them.
+func (r *Runner) configureShareGroup(ctx context.Context, cl *kgo.Client) error {
+	reset := "earliest"
+	switch r.share.cfg.StartFrom {
+	case ShareStartAsConfigured:
+		return nil
+	case ShareFromLatest:
+		reset = "latest"
+	}
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = r.cfg.Group
+	for name, v := range map[string]string{"share.auto.offset.reset": reset, "share.isolation.level": "read_committed"} {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = name, kmsg.StringPtr(v)
+		c.Op = kmsg.IncrementalAlterConfigOpSet
+		res.Configs = append(res.Configs, c)
+	}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil {
+		for _, rr := range resp.Resources {
+			if err = kerr.ErrorForCode(rr.ErrorCode); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("kscope: setting share.auto.offset.reset=%s and share.isolation.level=read_committed on share group %s (Config.Share.StartFrom; "+
+			"the member needs ALTER_CONFIGS on the group, or set them yourself and use ShareStartAsConfigured): %w", reset, r.cfg.Group, err)
+	}
+	return nil
+}
+
+// sharePollLoop polls the share group until ctx ends: once every record
+// of a poll is acknowledged, the next.
+func (r *Runner) sharePollLoop(ctx context.Context) {
+	r.shardBuf = make([][]*Record, r.cfg.Shards)
+	if err := r.configureShareGroup(ctx, r.cl); err != nil {
+		if ctx.Err() == nil {
+			r.setFatal(err)
+		}
+		return
+	}
+	// The member is in the group once its client runs: a share group
+	// assigns it no partitions to wait for (Health's readiness).
+	r.joined.Store(true)
+	for ctx.Err() == nil {
+		if !r.shareWaitAcked(ctx) {
+			return
+		}
+		if r.sharePollOnce(ctx) {
+			return
+		}
+	}
+}
+
+// sharePollOnce polls once and dispatches what it fetched. It reports
+// whether the client was closed.
+func (r *Runner) sharePollOnce(ctx context.Context) (closed bool) {
+	r.loopBeat.wait()
+	fetches := r.cl.PollRecords(ctx, r.cfg.MaxInFlightRecords)
+	r.loopBeat.back()
+	if fetches.IsClientClosed() {
+		return true
+	}
+	r.fetchErrors(fetches)
+	if fetches.NumRecords() == 0 {
+		return false
+	}
+	sh := r.share
+	sh.polls.Add(1)
+	sh.polled = sh.polled[:0]
+	sh.polling = time.Now()
+	sh.renewAt = time.Time{}
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		sh.polled = append(sh.polled, p.Records...)
+		for _, kr := range p.Records {
+			if n := kr.DeliveryCount(); n > 1 {
+				sh.redelivered.Add(1)
+				if m := sh.cfg.MaxDeliveries; m > 0 && int(n) > m {
+					sh.exhausted.Add(1)
+				}
+			}
+		}
+		// Each poll's records of a partition are an assignment of their
+		// own: the client hands out records of one partition out of
+		// order across polls (a released record comes back), which one
+		// watermark could not follow, and nothing is committed.
+		st := &partState{Assignment: partition.NewAssignment(r.assignCtx(), commit.NewPartition(p.Topic, p.Partition)), bufs: r.doneBufs}
+		r.mu.Lock()
+		r.parts[tp{p.Topic, p.Partition}] = st
+		r.mu.Unlock()
+		r.dispatchAll(p.Topic, p.Partition, p.HighWatermark, p.Records)
+	})
+	return false
+}
+
+// shareWaitAcked waits until every record of the last poll is finished
+// (acknowledged), renewing the locks of those that run meanwhile. It
+// reports false when ctx ended first.
+func (r *Runner) shareWaitAcked(ctx context.Context) bool {
+	if r.inflight.Load() == 0 {
+		return true
+	}
+	r.waiting.Store(true)
+	defer r.waiting.Store(false)
+	r.loopBeat.wait()
+	defer r.loopBeat.back()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for r.inflight.Load() > 0 {
+		r.renewLocks()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-r.room:
+		case <-tick.C:
+		}
+	}
+	r.share.polled = r.share.polled[:0]
+	return true
+}
+
+// renewLocks renews the acquisition locks of the last poll's records
+// still running, RenewBefore before the earliest of them expires, and
+// again a lock's length later.
+func (r *Runner) renewLocks() {
+	sh := r.share
+	if sh.cfg.RenewBefore < 0 || len(sh.polled) == 0 {
+		return
+	}
+	now := time.Now()
+	if sh.renewAt.IsZero() {
+		deadline := sh.polled[0].AcquisitionDeadline()
+		if deadline.IsZero() {
+			return
+		}
+		sh.renewAt = deadline.Add(-sh.cfg.RenewBefore)
+	}
+	if now.Before(sh.renewAt) {
+		return
+	}
+	lock := max(sh.polled[0].AcquisitionDeadline().Sub(sh.polling), time.Second)
+	for _, rec := range sh.polled {
+		// A record acknowledged already is not renewed: the client's
+		// state machine ignores a renewal after a terminal ack.
+		rec.Ack(kgo.AckRenew)
+	}
+	sh.renewals.Add(int64(len(sh.polled)))
+	sh.renewAt = now.Add(max(lock-sh.cfg.RenewBefore, lock/3))
+}
+
+// routeBy is what rec is routed to its key-shard by: its key and
+// Config.NullKeys, or, for a share group's record without
+// ShareConfig.KeyOrder, its offset alone (spread).
+func (r *Runner) routeBy(rec *kgo.Record) ([]byte, partition.NullKeyPolicy) {
+	if r.share != nil && !r.share.cfg.KeyOrder {
+		return nil, partition.NullKeySpread
+	}
+	return rec.Key, r.cfg.NullKeys
+}
+
+// fetchErrors reports a poll's fetch errors: a fatal one stops the runner,
+// others are logged once as fetching failing, until a fetch succeeds.
+func (r *Runner) fetchErrors(fetches kgo.Fetches) {
+	failed := false
+	fetches.EachError(func(topic string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		if kafkaerr.Fatal(err) {
+			r.setFatal(fmt.Errorf("kscope: consuming %s[%d]: %w", topic, p, err))
+			return
+		}
+		failed = true
+		r.fetchHealth.failed(r.log, topic, p, err)
+	})
+	if !failed && fetches.NumRecords() > 0 {
+		r.fetchHealth.ok(r.log)
+	}
+}
+
+// shareAck acknowledges rec, once: accepted when the scope finished it,
+// released when it was left unfinished.
+func (r *Runner) shareAck(rec *Record, finished bool) {
+	if r.share == nil {
+		return
+	}
+	if finished {
+		rec.Ack(kgo.AckAccept)
+		r.share.accepted.Add(1)
+		return
+	}
+	rec.Ack(kgo.AckRelease)
+	r.share.released.Add(1)
+}
