@@ -129,7 +129,7 @@ type Runner struct {
 	loopBeat  loopBeat
 	brokers   brokerHealth
 	joined    atomic.Bool
-	idle      idleWork // the periodic work's counters (Config.Periodic; idlework.go)
+	idle      idleWork  // the periodic work's counters (Config.Periodic; idlework.go)
 	share     *shareRun // a share group's (Config.Share); nil for a consumer group
 }
 

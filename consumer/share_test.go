@@ -311,8 +311,10 @@ func TestShareGroupRefusals(t *testing.T) {
 	base := consumer.Config{Brokers: []string{"localhost:9092"}, Group: "g", Topics: []string{"t"}, Share: &consumer.ShareConfig{}}
 	h := consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil })
 	for name, mod := range map[string]func(*consumer.Config){
-		"KeyBreaker":          func(c *consumer.Config) { c.KeyBreaker = &consumer.KeyBreakerConfig{} },
-		"Periodic":            func(c *consumer.Config) { c.Periodic = consumer.PeriodicConfig{Interval: time.Second, Func: func(context.Context, string, int32) error { return nil }} },
+		"KeyBreaker": func(c *consumer.Config) { c.KeyBreaker = &consumer.KeyBreakerConfig{} },
+		"Periodic": func(c *consumer.Config) {
+			c.Periodic = consumer.PeriodicConfig{Interval: time.Second, Func: func(context.Context, string, int32) error { return nil }}
+		},
 		"TopicPatterns":       func(c *consumer.Config) { c.Topics, c.TopicPatterns = nil, []string{"t.*"} },
 		"Share.MaxDeliveries": func(c *consumer.Config) { c.Share = &consumer.ShareConfig{MaxDeliveries: -1} },
 		"Share.StartFrom":     func(c *consumer.Config) { c.Share = &consumer.ShareConfig{StartFrom: 7} },

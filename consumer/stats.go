@@ -54,8 +54,8 @@ type Stats struct {
 	// Share are a share-group runner's counters (Config.Share); zero for a
 	// consumer group's.
 	Share ShareStats
-	DB     DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
-	Kafka  KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
+	DB    DBStats    // the DB scope's counters (package dbscope); zero in the other scopes
+	Kafka KafkaStats // the Kafka scope's counters (package txn); zero in the other scopes
 
 	// Periodic counts the calls of the periodic work (Config.Periodic,
 	// or the scope's own, dbscope.Options.Periodic), in every scope.
