@@ -77,6 +77,14 @@ type ShareConfig struct {
 	// default; a negative value never renews.
 	RenewBefore time.Duration
 
+	// LockDuration, when positive, is the acquisition lock's length the
+	// runner sets on the share group when it starts
+	// (share.record.lock.duration.ms; within the broker's
+	// group.share.min.record.lock.duration.ms and max). Default 0: the
+	// group's setting, or the broker's group.share.record.lock.duration.ms
+	// (30s by default). Renewals keep a long handler's record either way.
+	LockDuration time.Duration
+
 	// StartFrom is where the share group starts on a partition it has not
 	// consumed yet: the group's share.auto.offset.reset, which the runner
 	// sets when it starts (with share.isolation.level read_committed, so
@@ -176,6 +184,9 @@ func checkShare(cfg Config, s workScope) error {
 	}
 	if sc.MaxDeliveries < 0 {
 		errs = append(errs, bad("Share.MaxDeliveries", fmt.Sprintf("is %d; use a positive count below the broker's group.share.delivery.count.limit (default 5), or 0 for %d", sc.MaxDeliveries, DefaultShareMaxDeliveries)))
+	}
+	if sc.LockDuration < 0 || sc.LockDuration > 0 && sc.LockDuration < time.Millisecond {
+		errs = append(errs, bad("Share.LockDuration", fmt.Sprintf("is %s; use at least a millisecond (the broker's minimum is group.share.min.record.lock.duration.ms, 15s by default), or 0 for the group's setting", sc.LockDuration)))
 	}
 	if sc.StartFrom < ShareFromEarliest || sc.StartFrom > ShareStartAsConfigured {
 		errs = append(errs, bad("Share.StartFrom", fmt.Sprintf("is %s; use ShareFromEarliest, ShareFromLatest or ShareStartAsConfigured", sc.StartFrom)))

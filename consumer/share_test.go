@@ -20,13 +20,15 @@ import (
 )
 
 // shareKafka is a Kafka for share-group tests: on kfake, members heartbeat
-// every 100ms (a member joins within one), and a record's acquisition lock
-// lasts lock.
+// every 100ms (a member joins within one), and expired locks are found
+// within 100ms (Apache Kafka's test brokers are set up alike).
 func shareKafka(t *testing.T, lock time.Duration) *testenv.Kafka {
 	return testenv.KafkaT(t, kfake.BrokerConfigs(map[string]string{
 		"group.share.heartbeat.interval.ms":   "100",
-		"group.share.record.lock.duration.ms": strconv.FormatInt(lock.Milliseconds(), 10),
 		"share.record.lock.sweep.interval.ms": "100",
+		// kfake's locks last as long as the broker says; Apache Kafka's
+		// as the group says (ShareConfig.LockDuration).
+		"group.share.record.lock.duration.ms": strconv.FormatInt(lock.Milliseconds(), 10),
 	}))
 }
 
@@ -252,7 +254,8 @@ func TestShareGroupReleasesUnfinishedAndDeadLettersPastMaxDeliveries(t *testing.
 func TestShareGroupRenewsLocksOfLongHandlers(t *testing.T) {
 	for _, renew := range []bool{true, false} {
 		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
-			k := shareKafka(t, 1500*time.Millisecond)
+			const lock = 1500 * time.Millisecond
+			k := shareKafka(t, lock)
 			ctx := context.Background()
 			const topic, group = "slow", "g-share-renew"
 			if err := k.CreateTopic(ctx, topic, 1); err != nil {
@@ -261,7 +264,7 @@ func TestShareGroupRenewsLocksOfLongHandlers(t *testing.T) {
 			if err := k.Produce(ctx, &kgo.Record{Topic: topic, Value: []byte("long")}); err != nil {
 				t.Fatal(err)
 			}
-			sc := consumer.ShareConfig{RenewBefore: time.Second}
+			sc := consumer.ShareConfig{RenewBefore: time.Second, LockDuration: lock}
 			if !renew {
 				sc.RenewBefore = -1
 			}
@@ -318,6 +321,7 @@ func TestShareGroupRefusals(t *testing.T) {
 		"TopicPatterns":       func(c *consumer.Config) { c.Topics, c.TopicPatterns = nil, []string{"t.*"} },
 		"Share.MaxDeliveries": func(c *consumer.Config) { c.Share = &consumer.ShareConfig{MaxDeliveries: -1} },
 		"Share.StartFrom":     func(c *consumer.Config) { c.Share = &consumer.ShareConfig{StartFrom: 7} },
+		"Share.LockDuration":  func(c *consumer.Config) { c.Share = &consumer.ShareConfig{LockDuration: -time.Second} },
 	} {
 		cfg := base
 		mod(&cfg)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -84,20 +85,27 @@ func (r *Runner) shareAcked(_ *kgo.Client, res kgo.ShareAckResults) {
 }
 
 // configureShareGroup sets the share group's start (share.auto.offset.reset)
-// and isolation level (read_committed), unless StartFrom says to leave them.
+// and isolation level (read_committed), unless StartFrom says to leave them,
+// and its lock duration when LockDuration says one.
 func (r *Runner) configureShareGroup(ctx context.Context, cl *kgo.Client) error {
-	reset := "earliest"
+	set := map[string]string{}
 	switch r.share.cfg.StartFrom {
-	case ShareStartAsConfigured:
-		return nil
+	case ShareFromEarliest:
+		set["share.auto.offset.reset"], set["share.isolation.level"] = "earliest", "read_committed"
 	case ShareFromLatest:
-		reset = "latest"
+		set["share.auto.offset.reset"], set["share.isolation.level"] = "latest", "read_committed"
+	}
+	if d := r.share.cfg.LockDuration; d > 0 {
+		set["share.record.lock.duration.ms"] = strconv.FormatInt(d.Milliseconds(), 10)
+	}
+	if len(set) == 0 {
+		return nil
 	}
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
 	res := kmsg.NewIncrementalAlterConfigsRequestResource()
 	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
 	res.ResourceName = r.cfg.Group
-	for name, v := range map[string]string{"share.auto.offset.reset": reset, "share.isolation.level": "read_committed"} {
+	for name, v := range set {
 		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
 		c.Name, c.Value = name, kmsg.StringPtr(v)
 		c.Op = kmsg.IncrementalAlterConfigOpSet
@@ -113,8 +121,8 @@ func (r *Runner) configureShareGroup(ctx context.Context, cl *kgo.Client) error 
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("kscope: setting share.auto.offset.reset=%s and share.isolation.level=read_committed on share group %s (Config.Share.StartFrom; "+
-			"the member needs ALTER_CONFIGS on the group, or set them yourself and use ShareStartAsConfigured): %w", reset, r.cfg.Group, err)
+		return fmt.Errorf("kscope: setting %v on share group %s (Config.Share.StartFrom and LockDuration; "+
+			"the member needs ALTER_CONFIGS on the group, or set them yourself, use ShareStartAsConfigured and leave LockDuration 0): %w", set, r.cfg.Group, err)
 	}
 	return nil
 }

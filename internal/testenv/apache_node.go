@@ -58,6 +58,12 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 		// consumer quickly (the broker default minimum is 6 s).
 		{"group.initial.rebalance.delay.ms", "0"},
 		{"group.min.session.timeout.ms", "100"},
+		// Share groups: members join within half a second, and a test
+		// may shorten a group's acquisition locks to a second
+		// (share.record.lock.duration.ms, consumer.ShareConfig.LockDuration).
+		{"group.share.min.heartbeat.interval.ms", "100"},
+		{"group.share.heartbeat.interval.ms", "500"},
+		{"group.share.min.record.lock.duration.ms", "1000"},
 		// A killed broker is fenced, and its partitions led elsewhere,
 		// after 3 s without a heartbeat (the default is 9 s).
 		{"broker.heartbeat.interval.ms", "500"},
