@@ -77,7 +77,7 @@ func dltSkipCmd() *command {
 			s := &skipOpts{}
 			fs.Int64Var(&s.offset, "offset", -1, "the offset of the dead letter to skip (with --partition)")
 			s.tf.declare(fs, "the dead letters are skipped")
-			s.res.declare(fs)
+			s.res.declare(fs, f.timeouts)
 			return func(ctx context.Context) error { return dltSkip(ctx, e, f, s) }
 		},
 	}

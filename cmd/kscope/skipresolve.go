@@ -35,7 +35,8 @@ type resolveOpts struct {
 	timeouts      *timeouts
 }
 
-func (o *resolveOpts) declare(fs *flag.FlagSet) {
+func (o *resolveOpts) declare(fs *flag.FlagSet, to *timeouts) {
+	o.timeouts = to
 	fs.StringVar(&o.scope, "scope", "", "the group's scope: db, at_least_once or kafka (default: its entry in the policy file)")
 	fs.StringVar(&o.dedupe, "dedupe", "", "an at_least_once group's dedupe store: postgres, redis, memory or none (default: its entry in the policy file)")
 	o.databaseURL = databaseFlag(fs)
@@ -45,7 +46,6 @@ func (o *resolveOpts) declare(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisURL, "redis-url", "", "with --dedupe redis: the Redis URL, redis://host:port/db (default $REDIS_URL)")
 	fs.StringVar(&o.redisPrefix, "redis-prefix", redisstore.DefaultPrefix, "with --dedupe redis: the store's key prefix (redisstore.Options.Prefix)")
 	fs.DurationVar(&o.window, "dedupe-window", consumer.DefaultDedupeWindow, "with --dedupe: how long the store remembers the identities (consumer.DedupeConfig.Window)")
-	o.timeouts = timeoutFlags(fs)
 }
 
 // resolver marks identities resolved where a group's scope deduplicates.
