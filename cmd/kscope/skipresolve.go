@@ -129,7 +129,7 @@ func (o *resolveOpts) dedupeStore(e *env, group string, store policy.DedupeStore
 		return nil, usagef("--dedupe-window must be a positive duration, got %v", o.window)
 	}
 	var st dedupe.Store
-	closeFn := func() {}
+	var closeFn func()
 	switch store {
 	case policy.DedupePostgres:
 		db, err := e.database(*o.databaseURL, o.timeouts)
