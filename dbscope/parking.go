@@ -19,6 +19,9 @@ const (
 	statusRetry   = "retry"   // in the retry topics: only the hop of its attempt count runs it
 	statusDLT     = "dlt"     // going to the dead-letter topic
 	statusDead    = "dead"    // the dead-letter topic acknowledged it
+	// statusResolved is written by kscope dlt skip: an operator gave the
+	// dead letter up. Done, even for a copy redriven from the DLT.
+	statusResolved = "resolved"
 )
 
 // viaWaiting is the via of an outcome decided for a record released from

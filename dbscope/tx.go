@@ -159,6 +159,8 @@ func (b *batchTx) classify(fresh freshIDs, prior map[string]inboxStatus) {
 			b.res[i].out, b.isNew[i] = toApply, true
 		case had && st.status == statusRetry && m.Stage >= 0 && !m.Parked && m.Attempt == st.attempt:
 			b.res[i].out = toApply // the hop it was sent on: it runs again
+		case had && st.status == statusResolved:
+			b.res[i].out = duplicate // skipped by an operator: never applied
 		case had && st.status == statusDead && hasHeader(r, retrytopic.HeaderRedrive):
 			b.res[i].out = toApply // redriven from the DLT by an operator
 		case had && (st.status == statusRetry || st.status == statusDLT) && st.via == coords(r):

@@ -24,7 +24,7 @@ const defaultAuditTopic = "kscope-audit"
 // its id, in the compacted audit topic.
 type auditRecord struct {
 	ID     string    `json:"id"`
-	Action string    `json:"action"` // replay
+	Action string    `json:"action"` // replay, dlt-redrive-edited, dlt-skip, dlt-delete
 	At     time.Time `json:"at"`
 	// ApprovedBy is --approve: who approved the action.
 	ApprovedBy string `json:"approved_by,omitempty"`
@@ -43,6 +43,27 @@ type auditRecord struct {
 	Again   int64        `json:"records_consumed_again"`
 	Skipped int64        `json:"records_skipped"`
 	Blast   *blastRadius `json:"blast_radius,omitempty"`
+	// DeadLetters are the dead letters a triage action (dlt skip, dlt
+	// delete, dlt redrive --payload-file) handled, by identity.
+	DeadLetters []auditDeadLetter `json:"dead_letters,omitempty"`
+	// Payload is an edited redrive's original and edited values.
+	Payload *auditPayload `json:"payload,omitempty"`
+}
+
+// auditDeadLetter is one dead letter a triage action handled: where it is
+// in the dead-letter topic, its identity and its key (as dlt list shows
+// it); never its value.
+type auditDeadLetter struct {
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+	ID        string `json:"id"`
+	Key       string `json:"key"`
+}
+
+// auditPayload keeps both values of an edited redrive, base64 in JSON.
+type auditPayload struct {
+	Original []byte `json:"original_value"`
+	Edited   []byte `json:"edited_value"`
 }
 
 // auditRange is one partition's move: the offsets from committed (-1:
@@ -102,11 +123,15 @@ Usage:
   kscope audit [--group G] [--audit-topic T] [--json]
 
 Lists the audit log: one entry per replay that kscope replay committed,
-oldest first, with who approved it (--approve), who ran it, when, the
+and per triage action of a dead-letter topic (dlt redrive --payload-file,
+dlt skip, dlt delete), oldest first, with who approved it (--approve), who ran it, when, the
 group, the topic, the target, the reason, whether --force overrode a
-refusal, and the offsets each partition moved from and to. The log is the
-compacted topic kscope-audit (--audit-topic), which kscope replay creates
-with its first entry.
+refusal, and the offsets each partition moved from and to (for a triage
+action, the dead letters it handled: partition/offset(identity)). The log
+is the compacted topic kscope-audit (--audit-topic), which the first
+audited command creates. With --json, an edited redrive's entry holds the
+original and the edited value (payload.original_value, edited_value,
+base64).
 
 Examples:
   kscope audit
@@ -116,7 +141,7 @@ Examples:
 func auditCmd() *command {
 	return &command{
 		name:    "audit",
-		summary: "list the audit log: who approved which replay, when, why",
+		summary: "list the audit log: who approved which replay or dead-letter triage, when, why",
 		usage:   auditUsage,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context) error {
 			brokers := brokerFlag(fs)
@@ -185,6 +210,9 @@ func printAudit(e *env, topic string, recs []auditRecord, asJSON bool) error {
 		var ranges []string
 		for _, rg := range r.Ranges {
 			ranges = append(ranges, fmt.Sprintf("%d:%d->%d", rg.Partition, rg.Committed, rg.Target))
+		}
+		for _, d := range r.DeadLetters {
+			ranges = append(ranges, fmt.Sprintf("%d/%d(%s)", d.Partition, d.Offset, d.ID))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", r.At.UTC().Format(time.RFC3339), r.Action, r.Group, r.Topic, r.What,
 			dash(r.ApprovedBy), dash(r.Operator), r.Forced, dash(r.Reason), strings.Join(ranges, " "))

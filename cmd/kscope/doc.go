@@ -1,6 +1,7 @@
 // Command kscope inspects and repairs what kscope consumers leave in Kafka
 // and what an outbox relay leaves in PostgreSQL: it lists, shows and
-// redrives the records of a consumer group's dead-letter topic, moves a
+// redrives, skips and deletes the records of a consumer group's
+// dead-letter topic, moves a
 // stopped group's committed offsets to replay (or skip) records, shows
 // how far an outbox's relay is, lists, shows, requeues and discards the
 // outbox rows Kafka refused, checks a service's policy file, and runs a
@@ -15,6 +16,10 @@
 //	kscope dlt list    (--topic T | --group G) [filters] [--json]
 //	kscope dlt show    (--topic T | --group G) --partition P --offset O [--max-value N] [--json]
 //	kscope dlt redrive (--topic T | --group G) --to source|retry [filters] [--dry-run] [--rate N] [--by WHO]
+//	kscope dlt redrive (--topic T | --group G) --to source|retry --partition P --offset O --payload-file F --reason R [--approve NAME]
+//	kscope dlt skip    --group G (--partition P --offset O | --key K | --id ID) --reason R [--approve NAME] [--scope S] [--database-url URL]
+//	                   [--dedupe postgres|redis] [--redis-url URL]
+//	kscope dlt delete  (--topic T | --group G) --partition P --before-offset O --approve NAME --reason R [--yes]
 //	kscope replay      --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
 //	                   [--approve NAME] [--force --reason R] [--max-scan N] [--database-url URL] [--audit-topic T]
 //	kscope audit       [--group G] [--audit-topic T] [--json]
@@ -59,6 +64,20 @@
 // dlt list --group G ends with how many wait past them, the count the
 // gauge kscope_dead_letters_waiting (kscopeprom.Metrics.WatchDeadLetters)
 // exports.
+//
+// Beyond redrive, three triage actions each write a record to the audit
+// log before they act, and commit the triage group past the dead letters
+// they handled when those are next in line. dlt redrive --payload-file
+// sends one dead letter with an edited value, and the audit record keeps
+// both values. dlt skip gives dead letters up with a reason and marks
+// their identities resolved: the DB scope's inbox rows get the status
+// resolved, which the scope treats as done even when redriven; an
+// at_least_once group's dedupe store (Postgres or Redis) remembers them
+// under the runner's key; the Kafka scope has no such state, so a replay
+// handles them again there. Every later dlt redrive passes over a skipped
+// identity. dlt delete deletes a partition's prefix (Kafka's
+// DeleteRecords), refused without --approve, listing the identities it
+// deletes (never their values) in the audit record.
 //
 // # Timeouts
 //

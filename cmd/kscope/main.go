@@ -63,7 +63,7 @@ type env struct {
 }
 
 func commands() []*command {
-	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), replayCmd(), outboxStatusCmd(),
+	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), dltSkipCmd(), dltDeleteCmd(), replayCmd(), outboxStatusCmd(),
 		outboxDeadListCmd(), outboxDeadShowCmd(), outboxDeadRequeueCmd(), outboxDeadDiscardCmd(), devCmd(),
 		policyCheckCmd(), policyRulesCmd(), policySchemaCmd(), auditCmd()}
 }
@@ -73,7 +73,7 @@ func commands() []*command {
 var groups = []struct{ name, summary string }{
 	{"outbox dead", "list, show, requeue and discard the rows an outbox relay moved to its dead-letter table"},
 	{"outbox", "see how far an outbox's relay is, and the rows Kafka refused"},
-	{"dlt", "read and redrive a consumer group's dead-letter topic"},
+	{"dlt", "read, redrive, skip and delete the records of a consumer group's dead-letter topic"},
 	{"policy", "check a service's policy file, print the alert rules' series it declares, and its JSON Schema"},
 }
 

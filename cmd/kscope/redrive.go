@@ -6,9 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os/user"
-	"strconv"
 	"strings"
 	"time"
 
@@ -137,13 +135,21 @@ func dltRedriveCmd() *command {
 			fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be sent and send nothing")
 			fs.Float64Var(&o.rate, "rate", 100, "at most this many records per second (0: no limit)")
 			fs.BoolVar(&o.asJSON, "json", false, "print the summary (and, with --dry-run, each record) as JSON objects, one per line")
-			return func(ctx context.Context) error { return dltRedrive(ctx, e, f, o) }
+			ed := declareEditFlags(fs)
+			return func(ctx context.Context) error {
+				if ed.file != "" {
+					return editRedrive(ctx, e, f, o, ed)
+				}
+				o.auditTopic = ed.tf.auditTopic
+				return dltRedrive(ctx, e, f, o)
+			}
 		},
 	}
 }
 
 type redriveOpts struct {
 	to          string
+	auditTopic  string // where kscope dlt skip recorded the resolved dead letters
 	ladderFirst time.Duration
 	by          string
 	dryRun      bool
@@ -163,7 +169,8 @@ type redriveReport struct {
 	Sent      int  `json:"sent"`
 	WouldSend *int `json:"would_send,omitempty"` // --dry-run only
 	Skipped   int  `json:"skipped"`
-	Copies    int  `json:"copies"` // later copies of an identity already sent
+	Copies    int  `json:"copies"`   // later copies of an identity already sent
+	Resolved  int  `json:"resolved"` // dead letters kscope dlt skip resolved, not sent
 	// PerTopic counts the records sent (with --dry-run: that would be
 	// sent) per target topic.
 	PerTopic map[string]int `json:"per_topic"`
@@ -183,6 +190,7 @@ type redriveLine struct {
 type redriveStats struct {
 	matched, sent, skipped int
 	copies                 int   // later copies of an identity already sent
+	resolved               int   // dead letters kscope dlt skip resolved, not sent
 	scanned, total         int64 // records read, and in the range to read
 	perTopic               map[string]int
 	started, lastProgress  time.Time
@@ -268,6 +276,9 @@ type redriver struct {
 	sentIDs map[string]bool
 	st      *redriveStats
 	tr      *triage // what the redrive handled, committed under the triage group
+	// resolved are the identities kscope dlt skip resolved, with their
+	// audit records: not sent.
+	resolved map[string]string
 }
 
 // dltRedrive runs dlt redrive: it checks the flags, then reads the
@@ -313,6 +324,9 @@ func dltRedrive(ctx context.Context, e *env, f *dltFlags, o *redriveOpts) error 
 	rd.sentIDs = make(map[string]bool)
 	rd.st = &redriveStats{perTopic: make(map[string]int), started: time.Now()}
 	if rd.tr, err = rd.triage(ctx, *f.group, rng); err != nil {
+		return err
+	}
+	if err := rd.loadResolved(ctx, *f.group); err != nil {
 		return err
 	}
 	if err := rd.measure(ctx, rng); err != nil {
@@ -365,6 +379,10 @@ func (rd *redriver) record(ctx context.Context, r *kgo.Record) error {
 		return nil
 	}
 	st.matched++
+	if rd.passResolved(r, m) {
+		rd.tr.saw(r, true)
+		return nil
+	}
 	if rd.sentIDs[m.ID] {
 		st.copies++
 		rd.tr.saw(r, true)
@@ -519,7 +537,7 @@ func (rd *redriver) finish(err error) error {
 func (rd *redriver) printReport(err error) {
 	o, st := rd.o, rd.st
 	rep := redriveReport{DLTTopic: rd.topic, To: o.to, DryRun: o.dryRun, Scanned: int(st.scanned), Matched: st.matched,
-		Sent: st.sent, Skipped: st.skipped, Copies: st.copies, PerTopic: st.perTopic}
+		Sent: st.sent, Skipped: st.skipped, Copies: st.copies, Resolved: st.resolved, PerTopic: st.perTopic}
 	if o.dryRun {
 		rep.Sent, rep.WouldSend = 0, &st.sent
 	}
@@ -527,52 +545,4 @@ func (rd *redriver) printReport(err error) {
 		rep.Error = err.Error()
 	}
 	json.NewEncoder(rd.e.stdout).Encode(rep) //nolint:errcheck // stdout
-}
-
-// redriveRecord returns the record that redrives r to topic: r's key, value
-// and headers minus the per-attempt routing headers, plus the audit header.
-// For a null key, the partition hint is the original partition when going
-// back to the source topic.
-func redriveRecord(r *kgo.Record, topic string, m retrytopic.Metadata, by string, now time.Time) *kgo.Record {
-	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
-	for _, h := range r.Headers {
-		if routingHeaders[h.Key] || strings.HasPrefix(h.Key, springPrefix) {
-			continue
-		}
-		hs = append(hs, h)
-	}
-	hs = append(hs, kgo.RecordHeader{Key: retrytopic.HeaderRedrive, Value: []byte(auditNote(by, now, r))})
-	out := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: hs, Partition: -1}
-	if topic == m.OriginalTopic {
-		out.Partition = m.OriginalPartition
-	}
-	return out
-}
-
-// auditNote is the value of the audit header: who, when, from where.
-func auditNote(by string, now time.Time, r *kgo.Record) string {
-	if strings.ContainsAny(by, " \t\n\"=") {
-		by = strconv.Quote(by)
-	}
-	return fmt.Sprintf("by=%s at=%s from=%s/%d/%d", by, now.UTC().Format(time.RFC3339), r.Topic, r.Partition, r.Offset)
-}
-
-// redrivePartitioner places a keyed record as the Java client and kgo's
-// default do (murmur2 of the key), so a key lands where its earlier records
-// are; a record without a key goes to the partition in its Partition field
-// when the topic has it (its original partition), else to any.
-func redrivePartitioner() kgo.Partitioner {
-	keyed := kgo.StickyKeyPartitioner(nil)
-	return kgo.BasicConsistentPartitioner(func(topic string) func(*kgo.Record, int) int {
-		byKey := keyed.ForTopic(topic)
-		return func(r *kgo.Record, n int) int {
-			if r.Key != nil {
-				return byKey.Partition(r, n)
-			}
-			if r.Partition >= 0 && int(r.Partition) < n {
-				return int(r.Partition)
-			}
-			return rand.IntN(n)
-		}
-	})
 }

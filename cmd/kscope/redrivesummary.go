@@ -25,6 +25,9 @@ func redriveSummary(topic, verb string, st *redriveStats) string {
 		fmt.Fprintf(&b, " to %s", strings.Join(ts, ", "))
 	}
 	fmt.Fprintf(&b, ", skipped %d", st.skipped)
+	if st.resolved > 0 {
+		fmt.Fprintf(&b, ", %s resolved by kscope dlt skip (not sent)", plural(st.resolved, "dead letter"))
+	}
 	switch {
 	case st.copies == 1:
 		b.WriteString(", 1 later copy of an identity sent once")

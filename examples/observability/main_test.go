@@ -92,6 +92,11 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 	// Nor did a record find a version gap: kscope_version_gaps_total has a
 	// series only once one has (TestVersionGapsMetric in kscopeprom).
 	fams["kscope_version_gaps_total"] = true
+	// Nor does the example watch a dead-letter topic:
+	// kscope_dead_letters_waiting is registered by
+	// Metrics.WatchDeadLetters (TestDeadLettersWaitingRiseWithDeadLettersAndFallWithRedrives
+	// in cmd/kscope).
+	fams["kscope_dead_letters_waiting"] = true
 
 	// The series pipelines.yml records are the user's, read by the alerts.
 	type ruleFile struct {
