@@ -58,12 +58,6 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 		// consumer quickly (the broker default minimum is 6 s).
 		{"group.initial.rebalance.delay.ms", "0"},
 		{"group.min.session.timeout.ms", "100"},
-		// Share groups: members join within half a second, and a test
-		// may shorten a group's acquisition locks to a second
-		// (share.record.lock.duration.ms, consumer.ShareConfig.LockDuration).
-		{"group.share.min.heartbeat.interval.ms", "100"},
-		{"group.share.heartbeat.interval.ms", "500"},
-		{"group.share.min.record.lock.duration.ms", "1000"},
 		// A killed broker is fenced, and its partitions led elsewhere,
 		// after 3 s without a heartbeat (the default is 9 s).
 		{"broker.heartbeat.interval.ms", "500"},
@@ -76,6 +70,7 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 		{"log.cleaner.threads", "1"},
 		{"log.cleaner.dedupe.buffer.size", strconv.Itoa(4 << 20)},
 	}
+	props = append(props, shareGroupProps...)
 	keys := make([]string, 0, len(settings))
 	for k := range settings {
 		keys = append(keys, k)
@@ -194,4 +189,13 @@ func (c *ApacheCluster) formatFromTemplate(ctx context.Context, nd *apacheNode, 
 	}
 	meta := fmt.Sprintf("#\n#written by kscope's testenv, as kafka-storage format does\nnode.id=%d\ndirectory.id=%s\nversion=1\ncluster.id=%s\n", nd.id, kafkaUUID(), clusterID)
 	return os.WriteFile(filepath.Join(data, "meta.properties"), []byte(meta), 0o644)
+}
+
+// shareGroupProps are a test broker's share-group settings: members join
+// within half a second, and a test may shorten a group's acquisition locks
+// to a second (share.record.lock.duration.ms, consumer.ShareConfig.LockDuration).
+var shareGroupProps = [][2]string{
+	{"group.share.min.heartbeat.interval.ms", "100"},
+	{"group.share.heartbeat.interval.ms", "500"},
+	{"group.share.min.record.lock.duration.ms", "1000"},
 }
