@@ -62,15 +62,8 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 		// after 3 s without a heartbeat (the default is 9 s).
 		{"broker.heartbeat.interval.ms", "500"},
 		{"broker.session.timeout.ms", "3000"},
-		// Sized for a small shared machine.
-		{"num.network.threads", "2"},
-		{"num.io.threads", "4"},
-		{"num.recovery.threads.per.data.dir", "1"},
-		{"background.threads", "4"},
-		{"log.cleaner.threads", "1"},
-		{"log.cleaner.dedupe.buffer.size", strconv.Itoa(4 << 20)},
 	}
-	props = append(props, shareGroupProps...)
+	props = append(append(props, smallMachineProps...), shareGroupProps...)
 	keys := make([]string, 0, len(settings))
 	for k := range settings {
 		keys = append(keys, k)
@@ -198,4 +191,14 @@ var shareGroupProps = [][2]string{
 	{"group.share.min.heartbeat.interval.ms", "100"},
 	{"group.share.heartbeat.interval.ms", "500"},
 	{"group.share.min.record.lock.duration.ms", "1000"},
+}
+
+// smallMachineProps size a test broker for a small shared machine.
+var smallMachineProps = [][2]string{
+	{"num.network.threads", "2"},
+	{"num.io.threads", "4"},
+	{"num.recovery.threads.per.data.dir", "1"},
+	{"background.threads", "4"},
+	{"log.cleaner.threads", "1"},
+	{"log.cleaner.dedupe.buffer.size", strconv.Itoa(4 << 20)},
 }
