@@ -84,7 +84,9 @@ func New(cfg consumer.Config, o Options, h Handler) (*Runner, error) {
 // newRunner builds a DB-scope runner around a Handler, a QueueHandler or
 // a BatchHandler.
 func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler, bh BatchHandler) (*Runner, error) {
-	s := &dbScope{h: h, qh: qh, bh: bh, o: o.withDefaults(cfg), useTopics: !cfg.Failures.DisableRetryTopics, defaultConsumer: o.Consumer == "",
+	// A share group keeps retries in place (consumer.ShareConfig): its
+	// defaults say so.
+	s := &dbScope{h: h, qh: qh, bh: bh, o: o.withDefaults(cfg), useTopics: !cfg.WithDefaults().Failures.DisableRetryTopics, defaultConsumer: o.Consumer == "",
 		holdKeys: cfg.KeyBreaker != nil}
 	o = s.o
 	oerr := o.validate()
@@ -93,7 +95,7 @@ func newRunner(cfg consumer.Config, o Options, h Handler, qh QueueHandler, bh Ba
 			Reason: "is set with Config.Failures.Unordered; versions are applied in per-key order, so unset one of them"})
 	}
 	r, err := consumer.NewScoped(cfg, s)
-	if err = errors.Join(err, oerr, consumer.CheckRoutes(cfg, h), consumer.CheckRoutes(cfg, qh)); err != nil {
+	if err = errors.Join(err, oerr, checkShare(cfg, o), consumer.CheckRoutes(cfg, h), consumer.CheckRoutes(cfg, qh)); err != nil {
 		return nil, err
 	}
 	s.init(r.Config())
