@@ -57,7 +57,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 		"Record.Header", "Record.Revoked", "Retryable", "Runner", "Runner.Client",
 		"CheckRoutes", "NewRouter", "RouteChecker", "Router", "Router.CheckRoutes", "Router.Default", "Router.Handle",
 		"Router.Header", "Router.Pattern", "Router.Topic",
-		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "Skip", "Stats", "Terminal",
+		"Runner.Close", "Runner.Config", "Runner.Health", "Runner.Run", "Runner.Stats", "ShareConfig", "ShareStart", "ShareStart.String", "ShareStats", "Skip", "Stats", "Terminal",
 		"BatchError", "BatchError.Error", "BatchError.Unwrap", "BatchHandler", "BatchHandlerFunc",
 		"BatchHandlerFunc.HandleBatch", "FailedAt", "FailedIndex", "NewBatch",
 		"DecodeValue", "Decoder", "Encoder", "Typed",

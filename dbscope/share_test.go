@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,8 +38,6 @@ func TestShareGroupEffectsOnceWhenLocksExpire(t *testing.T) {
 	}
 	total := k.ProduceKeyed(t, topic, 20, 15)
 
-	var mu sync.Mutex
-	slow := map[string]bool{} // records whose first delivery outlived its lock
 	var runners []*dbscope.Runner
 	for range 2 {
 		cfg := baseConfig(k, group, topic)
@@ -48,9 +45,6 @@ func TestShareGroupEffectsOnceWhenLocksExpire(t *testing.T) {
 		r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, rec *consumer.Record) error {
 			_, seq, _ := testenv.ParseKeyed(rec.Value)
 			if seq == 7 && rec.DeliveryCount() == 1 {
-				mu.Lock()
-				slow[string(rec.Value)] = true
-				mu.Unlock()
 				select { // twice the lock: the record goes to the other member meanwhile
 				case <-time.After(2 * lock):
 				case <-ctx.Done():
@@ -66,23 +60,22 @@ func TestShareGroupEffectsOnceWhenLocksExpire(t *testing.T) {
 		run(t, r)
 	}
 	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return countEffects(t, pool).unique >= total })
-	var redelivered, duplicates int64
-	testenv.WaitFor(t, time.Minute, "the slow deliveries finished", func() bool {
-		redelivered, duplicates = 0, 0
+	redelivered := func() (n int64) {
 		for _, r := range runners {
-			st := r.Stats()
-			redelivered += st.Share.Redelivered
-			duplicates += st.DB.Duplicates
+			n += r.Stats().Share.Redelivered
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return duplicates >= int64(len(slow)) && len(slow) > 0
+		return n
+	}
+	// A lock that expired while its handler ran gives the record to
+	// whichever member fetches next (the broker may also take the late
+	// acknowledgement of a record nobody fetched meanwhile: then there is
+	// no second delivery).
+	testenv.WaitFor(t, time.Minute, "a record delivered again after its lock expired", func() bool { return redelivered() > 0 })
+	testenv.WaitFor(t, time.Minute, "every delivery finished", func() bool {
+		return runners[0].Stats().InFlight == 0 && runners[1].Stats().InFlight == 0
 	})
 	if c := countEffects(t, pool); c.rows != total || c.unique != total {
 		t.Fatalf("%d effect rows for %d records (%d distinct): a redelivery was applied twice", c.rows, total, c.unique)
-	}
-	if redelivered == 0 {
-		t.Fatal("no record was delivered twice: the test did not make a lock expire")
 	}
 }
 
