@@ -52,3 +52,15 @@ func TestBadOptionsFailAtConstruction(t *testing.T) {
 		}
 	})
 }
+
+// The Kafka scope has no share-group mode: a share group's
+// acknowledgements are not part of Kafka transactions.
+func TestShareGroupRefused(t *testing.T) {
+	cfg := consumer.Config{Brokers: []string{"localhost:9092"}, Group: "g", Topics: []string{"t"}, Share: &consumer.ShareConfig{}}
+	h := txn.HandlerFunc(func(context.Context, *consumer.Record, txn.Emitter) error { return nil })
+	_, err := txn.New(cfg, txn.Options{}, h)
+	var ce *consumer.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Share" || !strings.Contains(err.Error(), "not part of a transaction") {
+		t.Fatalf("got %v, want Share refused with its reason", err)
+	}
+}
