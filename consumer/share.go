@@ -34,8 +34,9 @@ import (
 //     a share group keeps no consumer offsets.
 //   - One poll at a time: the member polls again only once every record of
 //     its last poll is acknowledged (the client accepts whatever is left of
-//     a poll at the next one), so Config.MaxInFlightRecords is the most
-//     records a poll takes, and a slow record delays the member's next poll
+//     a poll at the next one), and it fetches only while it polls, so that
+//     no record waits in a buffer while its lock runs out. A poll takes at
+//     most MaxRecords records; a slow record delays the member's next poll
 //     (not the other members). The runner renews the locks of records still
 //     running (RenewBefore) so that a long handler keeps its record.
 //   - Retries stay in place (Config.Failures, with DisableRetryTopics
@@ -58,6 +59,13 @@ type ShareConfig struct {
 	// order polled. Without it the records are spread over the key-shards
 	// by offset, for the most parallelism.
 	KeyOrder bool
+
+	// MaxRecords is the most records one poll takes (and the broker hands
+	// over in one fetch), at most Config.MaxInFlightRecords. Default
+	// DefaultShareMaxRecords (500, Kafka's max.poll.records). Small polls
+	// spread the records over more members; large ones cost fewer round
+	// trips.
+	MaxRecords int
 
 	// MaxDeliveries is how many deliveries of one record the runner
 	// handles: a record the broker delivers for a later time (its earlier
@@ -125,6 +133,7 @@ func (s ShareStart) String() string {
 // Defaults of ShareConfig.
 const (
 	DefaultShareMaxDeliveries = 4
+	DefaultShareMaxRecords    = 500
 	DefaultShareRenewBefore   = 10 * time.Second
 )
 
@@ -162,6 +171,9 @@ func (c *shareCounters) stats() ShareStats {
 
 // withDefaults fills in s's zero fields.
 func (s ShareConfig) withDefaults() ShareConfig {
+	if s.MaxRecords == 0 {
+		s.MaxRecords = DefaultShareMaxRecords
+	}
 	if s.MaxDeliveries == 0 {
 		s.MaxDeliveries = DefaultShareMaxDeliveries
 	}
@@ -181,6 +193,9 @@ func checkShare(cfg Config, s workScope) error {
 	var errs []error
 	if _, ok := s.(scope.Transactor[*Record]); ok {
 		errs = append(errs, bad("Share", "is set for the Kafka scope, whose offsets are committed in its Kafka transactions: a share group's acknowledgements are not part of a transaction, so exactly-once within Kafka cannot hold; use a consumer group (leave Share nil), or the DB scope for a share group"))
+	}
+	if sc.MaxRecords < 0 {
+		errs = append(errs, bad("Share.MaxRecords", fmt.Sprintf("is %d; use a positive count, or 0 for %d", sc.MaxRecords, DefaultShareMaxRecords)))
 	}
 	if sc.MaxDeliveries < 0 {
 		errs = append(errs, bad("Share.MaxDeliveries", fmt.Sprintf("is %d; use a positive count below the broker's group.share.delivery.count.limit (default 5), or 0 for %d", sc.MaxDeliveries, DefaultShareMaxDeliveries)))

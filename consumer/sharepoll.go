@@ -56,20 +56,32 @@ func (c *callRules) deliveries(_ *failures, r *Record) error {
 	return nil
 }
 
-// shareClientOptions are a share-group runner's client options: the
-// user's, then the ones the runner rests on.
+// shareClientOptions are a share-group runner's client options: its
+// defaults, the user's, then the ones the runner rests on.
 func (r *Runner) shareClientOptions() []kgo.Opt {
-	opts := []kgo.Opt{kgo.FetchMaxWait(500 * time.Millisecond)}
+	opts := []kgo.Opt{
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		// Fetch only while a poll waits, and no more than it takes: a
+		// record the client acquired and buffered while the handlers
+		// run would see its lock run out before a handler saw it.
+		kgo.MaxConcurrentFetches(0),
+		kgo.ShareMaxRecordsStrict(),
+	}
 	opts = append(opts, r.cfg.ClientOptions...)
 	opts = append(opts, r.extra...)
 	return append(opts,
 		kgo.SeedBrokers(r.cfg.Brokers...),
 		kgo.ShareGroup(r.cfg.Group),
 		kgo.ConsumeTopics(r.topics()...),
-		kgo.ShareMaxRecords(int32(min(r.cfg.MaxInFlightRecords, 1<<30))),
+		kgo.ShareMaxRecords(int32(r.sharePollRecords())),
 		kgo.ShareAckCallback(r.shareAcked),
 		kgo.WithHooks(&r.brokers),
 	)
+}
+
+// sharePollRecords is the most records one poll takes.
+func (r *Runner) sharePollRecords() int {
+	return max(min(r.share.cfg.MaxRecords, r.cfg.MaxInFlightRecords), 1)
 }
 
 // shareAcked counts the acknowledgements the broker refused, per
@@ -154,7 +166,7 @@ func (r *Runner) sharePollLoop(ctx context.Context) {
 // whether the client was closed.
 func (r *Runner) sharePollOnce(ctx context.Context) (closed bool) {
 	r.loopBeat.wait()
-	fetches := r.cl.PollRecords(ctx, r.cfg.MaxInFlightRecords)
+	fetches := r.cl.PollRecords(ctx, r.sharePollRecords())
 	r.loopBeat.back()
 	if fetches.IsClientClosed() {
 		return true
@@ -205,7 +217,8 @@ func (r *Runner) shareWaitAcked(ctx context.Context) bool {
 	defer r.waiting.Store(false)
 	r.loopBeat.wait()
 	defer r.loopBeat.back()
-	tick := time.NewTicker(time.Second)
+	// Often enough to renew within a quarter of RenewBefore.
+	tick := time.NewTicker(min(max(r.share.cfg.RenewBefore/4, 50*time.Millisecond), time.Second))
 	defer tick.Stop()
 	for r.inflight.Load() > 0 {
 		r.renewLocks()
