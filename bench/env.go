@@ -55,6 +55,11 @@ func (b *bench) produceBacklog(ctx context.Context, topic string, n int) error {
 	if err := b.k.CreateTopic(ctx, topic, partitions); err != nil {
 		return fmt.Errorf("creating %s: %w", topic, err)
 	}
+	return b.produceTo(ctx, topic, n)
+}
+
+// produceTo writes n records of the backlog's kind to topic, which exists.
+func (b *bench) produceTo(ctx context.Context, topic string, n int) error {
 	cl, err := b.k.Client(
 		kgo.ProducerBatchCompression(kgo.NoCompression()),
 		kgo.ProducerBatchMaxBytes(1<<20),

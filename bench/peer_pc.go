@@ -114,6 +114,9 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	}
 	rep.add(scenario{key: "peer_parallel_consumer", title: "Peer: kscope against Confluent Parallel Consumer (r4 workload, Apache Kafka)", figs: figs,
 		pair: pairOf(figs[0], figs[1]), target: 1.2, atLeast: true})
+	if err := ab.shareVsGroup(ctx, rep, p.share); err != nil {
+		return err
+	}
 	if ab == b {
 		return nil // the run's own figures are Apache Kafka's
 	}

@@ -221,7 +221,7 @@ func (r *Runner) shareWaitAcked(ctx context.Context) bool {
 	tick := time.NewTicker(min(max(r.share.cfg.RenewBefore/4, 50*time.Millisecond), time.Second))
 	defer tick.Stop()
 	for r.inflight.Load() > 0 {
-		r.renewLocks()
+		r.renewLocks(ctx)
 		select {
 		case <-ctx.Done():
 			return false
@@ -236,7 +236,7 @@ func (r *Runner) shareWaitAcked(ctx context.Context) bool {
 // renewLocks renews the acquisition locks of the last poll's records
 // still running, RenewBefore before the earliest of them expires, and
 // again a lock's length later.
-func (r *Runner) renewLocks() {
+func (r *Runner) renewLocks(ctx context.Context) {
 	sh := r.share
 	if sh.cfg.RenewBefore < 0 || len(sh.polled) == 0 {
 		return
@@ -260,6 +260,14 @@ func (r *Runner) renewLocks() {
 	}
 	sh.renewals.Add(int64(len(sh.polled)))
 	sh.renewAt = now.Add(max(lock-sh.cfg.RenewBefore, lock/3))
+	// The client sends acknowledgements within a second; a renewal
+	// cannot wait that long for a lock that ends within RenewBefore.
+	fctx, cancel := context.WithTimeout(ctx, sh.cfg.RenewBefore/2)
+	if err := r.cl.FlushAcks(fctx); err != nil && ctx.Err() == nil {
+		r.log.Warn("kscope: renewing the acquisition locks of a share group's running records took longer than half of Share.RenewBefore; a lock may expire and its record go to another member",
+			"records", len(sh.polled), "renew_before", sh.cfg.RenewBefore, "err", err)
+	}
+	cancel()
 }
 
 // routeBy is what rec is routed to its key-shard by: its key and

@@ -1,0 +1,213 @@
+package main
+
+// share_vs_group: a share group's members against a consumer group's, on
+// a topic with fewer partitions than members (Apache Kafka).
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
+)
+
+const (
+	roleMember  = "member"                // a share_vs_group member process
+	memberShare = "KSCOPE_BENCH_SHARE"    // "1": the member joins a share group
+	shareShards = "KSCOPE_BENCH_SHARDS"   // the member's Config.Shards
+	countPrefix = "kscope-bench-handled " // a member's progress line: records handled so far
+
+	// The share_vs_group workload: 2 partitions, 4 member processes, a
+	// 5 ms handler, 8 key-shards a member.
+	sharePartitions = 2
+	shareMembers    = 4
+	shareMemberSh   = 8
+)
+
+// memberChild is a share_vs_group member: an AtLeastOnce runner with a 5 ms
+// handler in a share group or a consumer group, printing how many records
+// it handled every 20 ms until SIGTERM.
+func memberChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	shards, _ := strconv.Atoi(os.Getenv(shareShards))
+	cfg := consumer.Config{
+		Brokers: strings.Split(os.Getenv("KAFKA_BROKERS"), ","),
+		Group:   os.Getenv(groupEnv),
+		Topics:  []string{os.Getenv(topicEnv)},
+		Shards:  shards,
+		Logger:  slog.New(slog.DiscardHandler),
+	}
+	if os.Getenv(memberShare) == "1" {
+		cfg.Share = &consumer.ShareConfig{}
+	}
+	var handled atomic.Int64
+	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
+		time.Sleep(ioDelay)
+		handled.Add(1)
+		return nil
+	}))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	go func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				fmt.Printf("%s%d\n", countPrefix, handled.Load())
+			}
+		}
+	}()
+	if err := r.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// members returns the contender of share_vs_group: shareMembers member
+// processes of one new group (a share group when share is set) on topic,
+// timed from the first record handled to the n-th.
+func (b *bench) members(topic string, share bool) func(ctx context.Context, n int) (result, error) {
+	return func(ctx context.Context, n int) (result, error) {
+		self, err := os.Executable()
+		if err != nil {
+			return result{}, err
+		}
+		group := b.name("members")
+		mctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var (
+			mu      sync.Mutex
+			counts  = make([]int64, shareMembers)
+			first   time.Time
+			reached = make(chan time.Time, 1)
+			wg      sync.WaitGroup
+			errs    = make(chan error, shareMembers)
+		)
+		shareEnv := "0"
+		if share {
+			shareEnv = "1"
+		}
+		for i := range shareMembers {
+			cmd := exec.CommandContext(mctx, self)
+			cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+			cmd.WaitDelay = 10 * time.Second
+			cmd.Env = append(os.Environ(), roleEnv+"="+roleMember, "KAFKA_BROKERS="+strings.Join(b.k.Brokers, ","),
+				groupEnv+"="+group, topicEnv+"="+topic, memberShare+"="+shareEnv, shareShards+"="+strconv.Itoa(shareMemberSh))
+			cmd.Stderr = os.Stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				return result{}, err
+			}
+			if err := cmd.Start(); err != nil {
+				return result{}, err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sc := bufio.NewScanner(out)
+				for sc.Scan() {
+					v, ok := strings.CutPrefix(sc.Text(), countPrefix)
+					if !ok {
+						continue
+					}
+					c, _ := strconv.ParseInt(v, 10, 64)
+					mu.Lock()
+					counts[i] = c
+					var sum int64
+					for _, x := range counts {
+						sum += x
+					}
+					now := time.Now()
+					if sum > 0 && first.IsZero() {
+						first = now
+					}
+					if sum >= int64(n) {
+						select {
+						case reached <- now:
+						default:
+						}
+					}
+					mu.Unlock()
+				}
+				if err := cmd.Wait(); err != nil && mctx.Err() == nil {
+					errs <- fmt.Errorf("member %d: %w", i, err)
+				}
+			}()
+		}
+		var end time.Time
+		select {
+		case end = <-reached:
+		case err = <-errs:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(10 * time.Minute):
+			err = errors.New("the members did not handle the records within 10 minutes")
+		}
+		cancel()
+		wg.Wait()
+		if err != nil {
+			return result{}, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return result{records: n, elapsed: end.Sub(first), handler: ioDelay}, nil
+	}
+}
+
+// shareVsGroup measures share_vs_group on ab's Apache Kafka: the share
+// group's members against the consumer group's, same records, same
+// Shards; no target yet.
+func (ab *bench) shareVsGroup(ctx context.Context, rep *report, n int) error {
+	topic := ab.topic + ".share"
+	if err := ab.k.CreateTopic(ctx, topic, sharePartitions); err != nil {
+		return fmt.Errorf("creating %s: %w", topic, err)
+	}
+	ab.logf("share_vs_group: producing %d records to %d partitions", n, sharePartitions)
+	if err := ab.produceTo(ctx, topic, n); err != nil {
+		return err
+	}
+	figs, err := ab.measureWarm(ctx, "share_vs_group (Apache Kafka)", 4, ab.runs,
+		contender{fmt.Sprintf("share group: %d member processes, %d key-shards each, 5 ms handler, %d partitions (Apache Kafka)", shareMembers, shareMemberSh, sharePartitions), n, ab.members(topic, true), nil},
+		contender{fmt.Sprintf("consumer group: %d member processes, %d key-shards each, 5 ms handler, %d partitions (Apache Kafka)", shareMembers, shareMemberSh, sharePartitions), n, ab.members(topic, false), nil})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "share_vs_group", title: "Share group against consumer group: 4 members on 2 partitions (Apache Kafka)", figs: figs,
+		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true})
+	return nil
+}
+
+// shareOnly runs share_vs_group alone (-only share), on the run's Apache
+// Kafka or on one started here.
+func (b *bench) shareOnly(ctx context.Context, p plan, rep *report) error {
+	if b.k.Kind != "kfake" {
+		return b.shareVsGroup(ctx, rep, p.share)
+	}
+	b.logf("Apache Kafka: starting %s", testenv.ApacheKafkaVersion)
+	k, err := testenv.StartApacheKafka(ctx, testenv.ApacheOptions{})
+	if err != nil {
+		return fmt.Errorf("starting Apache Kafka: %w", err)
+	}
+	defer k.Close()
+	ab := &bench{k: k, pg: b.pg, pool: b.pool, runs: b.runs, log: b.log, out: b.out, topic: "bench.records.apache"}
+	return ab.shareVsGroup(ctx, rep, p.share)
+}
