@@ -312,6 +312,9 @@ func (u *userPauses) find(t Target, reason string) *userPause {
 // fetchPause pauses fetching of the assigned partitions t holds, and
 // returns how many it holds. r.pauseMu is held.
 func (r *Runner) fetchPause(t Target) int {
+	if r.share != nil {
+		return r.shareFetchPause(t)
+	}
 	tps := make(map[string][]int32)
 	n := 0
 	for _, st := range r.assignedNow() {
@@ -330,6 +333,9 @@ func (r *Runner) fetchPause(t Target) int {
 // pauses held and that nothing holds any more (no pause, no engine hold),
 // and returns how many. r.pauseMu is held.
 func (r *Runner) fetchResume(ended []*userPause) int {
+	if r.share != nil {
+		return r.shareRepause()
+	}
 	tps := make(map[string][]int32)
 	n := 0
 	for _, st := range r.assignedNow() {

@@ -338,3 +338,58 @@ func TestShareGroupRefusals(t *testing.T) {
 		t.Fatalf("a share group's defaults: DisableRetryTopics %v, MaxDeliveries %d", cfg.Failures.DisableRetryTopics, cfg.Share.MaxDeliveries)
 	}
 }
+
+// A topic a share-group member pauses, before it runs or while it runs,
+// is not fetched while its other topic flows, and its records are handled
+// once it resumes.
+func TestShareGroupPauseTopic(t *testing.T) {
+	k := shareKafka(t, 30*time.Second)
+	ctx := context.Background()
+	const paused, flowing, group = "sp-paused", "sp-flowing", "g-share-pause"
+	for _, topic := range []string{paused, flowing} {
+		if err := k.CreateTopic(ctx, topic, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen deliveries
+	r, err := consumer.New(shareConfig(t, k, group, consumer.ShareConfig{}, paused, flowing), consumer.HandlerFunc(func(ctx context.Context, rec *consumer.Record) error {
+		seen.add(string(rec.Value))
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(v string) bool {
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		return seen.n[v] > 0
+	}
+	produce := func(topic, v string) {
+		t.Helper()
+		if err := k.Produce(ctx, &kgo.Record{Topic: topic, Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(round string) {
+		t.Helper()
+		produce(paused, "held-"+round)
+		produce(flowing, "flows-"+round)
+		testenv.WaitFor(t, time.Minute, "the flowing topic's record handled", func() bool { return has("flows-" + round) })
+		if has("held-" + round) {
+			t.Fatalf("%s: a record of the paused topic was handled while it was paused", round)
+		}
+		if err := r.Resume(consumer.Topic(paused)); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, time.Minute, "the paused topic's record handled after the resume", func() bool { return has("held-" + round) })
+	}
+	if err := r.Pause(consumer.Topic(paused)); err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	check("before-run")
+	if err := r.Pause(consumer.Topic(paused)); err != nil {
+		t.Fatal(err)
+	}
+	check("while-running")
+}

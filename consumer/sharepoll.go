@@ -149,6 +149,7 @@ func (r *Runner) sharePollLoop(ctx context.Context) {
 		}
 		return
 	}
+	r.shareApplyPauses()
 	// The member is in the group once its client runs: a share group
 	// assigns it no partitions to wait for (Health's readiness).
 	r.joined.Store(true)
