@@ -209,6 +209,9 @@ func checkShare(cfg Config, s workScope) error {
 	if len(cfg.TopicPatterns) > 0 {
 		errs = append(errs, bad("TopicPatterns", "is set with Share: a share-group runner consumes the topics it names; list them in Topics"))
 	}
+	if u, ok := s.(scope.RetryTopicUser); ok && u.UsesRetryTopics() {
+		errs = append(errs, bad("Failures.Unordered", "is set with Share: it sends failing records through the retry topics, whose held records would stop a share-group member's polling; leave Unordered false (a share group keeps no order to give up, and retries in place)"))
+	}
 	if cfg.KeyBreaker != nil {
 		errs = append(errs, bad("KeyBreaker", "is set with Share: a held key's records would stay unacknowledged and stop the member's polling (a share group acknowledges a poll's records before the next); leave KeyBreaker nil, or use a consumer group"))
 	}

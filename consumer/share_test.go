@@ -317,7 +317,8 @@ func TestShareGroupRefusals(t *testing.T) {
 	base := consumer.Config{Brokers: []string{"localhost:9092"}, Group: "g", Topics: []string{"t"}, Share: &consumer.ShareConfig{}}
 	h := consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil })
 	for name, mod := range map[string]func(*consumer.Config){
-		"KeyBreaker": func(c *consumer.Config) { c.KeyBreaker = &consumer.KeyBreakerConfig{} },
+		"KeyBreaker":         func(c *consumer.Config) { c.KeyBreaker = &consumer.KeyBreakerConfig{} },
+		"Failures.Unordered": func(c *consumer.Config) { c.Failures.Unordered = true },
 		"Periodic": func(c *consumer.Config) {
 			c.Periodic = consumer.PeriodicConfig{Interval: time.Second, Func: func(context.Context, string, int32) error { return nil }}
 		},
@@ -392,4 +393,31 @@ func TestShareGroupPauseTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("while-running")
+}
+
+// A batch handler runs in a share group as in a consumer group: each
+// record of a batch that succeeded is accepted, once.
+func TestShareGroupBatchHandler(t *testing.T) {
+	k := shareKafka(t, 30*time.Second)
+	ctx := context.Background()
+	const topic, group, total = "batched", "g-share-batch", 300
+	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	k.ProduceKeyed(t, topic, 30, total/30)
+	var seen deliveries
+	r, err := consumer.NewBatch(shareConfig(t, k, group, consumer.ShareConfig{KeyOrder: true}, topic), consumer.BatchHandlerFunc(func(ctx context.Context, recs []*consumer.Record) error {
+		for _, rec := range recs {
+			seen.add(string(rec.Value))
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	testenv.WaitFor(t, time.Minute, "every record accepted", func() bool { return r.Stats().Share.Accepted >= total })
+	if seen.distinct() != total || len(seen.twice()) != 0 {
+		t.Fatalf("%d records handled, %d twice; want %d once each", seen.distinct(), len(seen.twice()), total)
+	}
 }
