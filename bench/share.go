@@ -82,6 +82,69 @@ func memberChild() int {
 	return 0
 }
 
+// tally sums the members' progress lines: when the first record was
+// handled, and when the n-th was.
+type tally struct {
+	mu      sync.Mutex
+	counts  []int64
+	first   time.Time
+	n       int64
+	reached chan time.Time
+}
+
+// note records that member i has handled c records.
+func (t *tally) note(i int, c int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.counts[i] = c
+	var sum int64
+	for _, x := range t.counts {
+		sum += x
+	}
+	now := time.Now()
+	if sum > 0 && t.first.IsZero() {
+		t.first = now
+	}
+	if sum >= t.n {
+		select {
+		case t.reached <- now:
+		default:
+		}
+	}
+}
+
+// startMember starts member process i with env, feeding its progress
+// lines to t until it exits; a failure while ctx is live goes to errs.
+func startMember(ctx context.Context, self string, i int, env []string, t *tally, wg *sync.WaitGroup, errs chan<- error) error {
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	cmd.Env = env
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), countPrefix); ok {
+				c, _ := strconv.ParseInt(v, 10, 64)
+				t.note(i, c)
+			}
+		}
+		if err := cmd.Wait(); err != nil && ctx.Err() == nil {
+			errs <- fmt.Errorf("member %d: %w", i, err)
+		}
+	}()
+	return nil
+}
+
 // members returns the contender of share_vs_group: shareMembers member
 // processes of one new group (a share group when share is set) on topic,
 // timed from the first record handled to the n-th.
@@ -91,71 +154,23 @@ func (b *bench) members(topic string, share bool) func(ctx context.Context, n in
 		if err != nil {
 			return result{}, err
 		}
-		group := b.name("members")
 		mctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		var (
-			mu      sync.Mutex
-			counts  = make([]int64, shareMembers)
-			first   time.Time
-			reached = make(chan time.Time, 1)
-			wg      sync.WaitGroup
-			errs    = make(chan error, shareMembers)
-		)
-		shareEnv := "0"
-		if share {
-			shareEnv = "1"
-		}
+		t := &tally{counts: make([]int64, shareMembers), n: int64(n), reached: make(chan time.Time, 1)}
+		var wg sync.WaitGroup
+		errs := make(chan error, shareMembers)
+		env := append(os.Environ(), roleEnv+"="+roleMember, "KAFKA_BROKERS="+strings.Join(b.k.Brokers, ","),
+			groupEnv+"="+b.name("members"), topicEnv+"="+topic, shareShards+"="+strconv.Itoa(shareMemberSh), memberShare+"="+map[bool]string{true: "1", false: "0"}[share])
 		for i := range shareMembers {
-			cmd := exec.CommandContext(mctx, self)
-			cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-			cmd.WaitDelay = 10 * time.Second
-			cmd.Env = append(os.Environ(), roleEnv+"="+roleMember, "KAFKA_BROKERS="+strings.Join(b.k.Brokers, ","),
-				groupEnv+"="+group, topicEnv+"="+topic, memberShare+"="+shareEnv, shareShards+"="+strconv.Itoa(shareMemberSh))
-			cmd.Stderr = os.Stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
+			if err := startMember(mctx, self, i, env, t, &wg, errs); err != nil {
+				cancel()
+				wg.Wait()
 				return result{}, err
 			}
-			if err := cmd.Start(); err != nil {
-				return result{}, err
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sc := bufio.NewScanner(out)
-				for sc.Scan() {
-					v, ok := strings.CutPrefix(sc.Text(), countPrefix)
-					if !ok {
-						continue
-					}
-					c, _ := strconv.ParseInt(v, 10, 64)
-					mu.Lock()
-					counts[i] = c
-					var sum int64
-					for _, x := range counts {
-						sum += x
-					}
-					now := time.Now()
-					if sum > 0 && first.IsZero() {
-						first = now
-					}
-					if sum >= int64(n) {
-						select {
-						case reached <- now:
-						default:
-						}
-					}
-					mu.Unlock()
-				}
-				if err := cmd.Wait(); err != nil && mctx.Err() == nil {
-					errs <- fmt.Errorf("member %d: %w", i, err)
-				}
-			}()
 		}
 		var end time.Time
 		select {
-		case end = <-reached:
+		case end = <-t.reached:
 		case err = <-errs:
 		case <-ctx.Done():
 			err = ctx.Err()
@@ -167,9 +182,9 @@ func (b *bench) members(topic string, share bool) func(ctx context.Context, n in
 		if err != nil {
 			return result{}, err
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return result{records: n, elapsed: end.Sub(first), handler: ioDelay}, nil
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return result{records: n, elapsed: end.Sub(t.first), handler: ioDelay}, nil
 	}
 }
 
