@@ -51,7 +51,8 @@ import (
 //
 // The Kafka scope (package txn) has no share-group mode: a share group's
 // acknowledgements are not part of Kafka transactions. Not available either
-// with Config.TopicPatterns, Config.KeyBreaker or Config.Periodic. See
+// with Config.TopicPatterns, Config.KeyBreaker, Config.Idle, Config.Periodic
+// or Failures.Unordered. See
 // docs/share-groups.md.
 type ShareConfig struct {
 	// KeyOrder routes each record by its key, as a consumer group does: the
@@ -214,6 +215,9 @@ func checkShare(cfg Config, s workScope) error {
 	}
 	if cfg.KeyBreaker != nil {
 		errs = append(errs, bad("KeyBreaker", "is set with Share: a held key's records would stay unacknowledged and stop the member's polling (a share group acknowledges a poll's records before the next); leave KeyBreaker nil, or use a consumer group"))
+	}
+	if cfg.Idle.After > 0 {
+		errs = append(errs, bad("Idle", "is set with Share: idle calls follow the partitions assigned to the member, and a share group assigns none; leave Idle empty"))
 	}
 	if cfg.Periodic.Interval > 0 {
 		errs = append(errs, bad("Periodic", "is set with Share: a share group assigns no partitions to a member, so there is no partition to run it on; leave Periodic empty"))

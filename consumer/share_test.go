@@ -319,6 +319,9 @@ func TestShareGroupRefusals(t *testing.T) {
 	for name, mod := range map[string]func(*consumer.Config){
 		"KeyBreaker":         func(c *consumer.Config) { c.KeyBreaker = &consumer.KeyBreakerConfig{} },
 		"Failures.Unordered": func(c *consumer.Config) { c.Failures.Unordered = true },
+		"Idle": func(c *consumer.Config) {
+			c.Idle = consumer.IdleConfig{After: time.Second, Member: func(context.Context, time.Time) {}}
+		},
 		"Periodic": func(c *consumer.Config) {
 			c.Periodic = consumer.PeriodicConfig{Interval: time.Second, Func: func(context.Context, string, int32) error { return nil }}
 		},
