@@ -267,6 +267,7 @@ Examples:
   kscope dlt show --group payments --partition 0 --offset 42
   kscope dlt redrive --group payments --to source --class retryable --dry-run
   kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z
+  kscope share describe --group thumbnails
   kscope outbox dead list --database-url "$DATABASE_URL"
   kscope outbox dead requeue default/3/1042 --yes
   kscope policy check kscope-policy.yaml
