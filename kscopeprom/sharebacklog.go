@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -23,17 +24,22 @@ const DefaultShareGroupInterval = 30 * time.Second
 //
 //	kscope_share_backlog_records{consumer_group,topic,partition}
 //
-// the partition's end offset minus the group's share-partition start
-// offset: the records the group has not acknowledged yet (those in
-// flight included), as 'kscope share describe' prints it. It reads it
+// the records the group has not acknowledged yet (those in flight
+// included), as 'kscope share describe' prints it: the broker's lag of
+// the partition where it reports one (Kafka 4.1 and later), else the
+// partition's end offset minus the group's share-partition start offset
+// (which Apache Kafka moves past acknowledged records only now and then). It reads it
 // every interval (0: DefaultShareGroupInterval), with a client of its own
-// (cfg.Brokers and cfg.ClientOptions) and two requests to the brokers. It
+// (cfg.Brokers and cfg.ClientOptions) and two requests to the brokers
+// (again while the group's coordinator moves, up to 30 seconds a read). It
 // is off unless a service calls it: run it next to a member of the group,
 // in one or in each (every member then reports the same backlog;
 // aggregate with max, not sum). A read that fails is logged as a WARN on
 // cfg.Logger and drops the group's series until the next one succeeds,
-// so that a stale value is never shown; a partition the group no longer
-// consumes loses its series. It returns nil when ctx is done, and an
+// so that a stale value is never shown. A partition has a series once
+// the broker reports the group's state of it (Apache Kafka: after the
+// group's first acknowledgement there), and loses it when the group no
+// longer consumes it. It returns nil when ctx is done, and an
 // error at once for a cfg without Brokers, Group or Share, or a negative
 // interval.
 func (m *Metrics) WatchShareGroup(ctx context.Context, cfg consumer.Config, interval time.Duration) error {
@@ -62,9 +68,7 @@ func (m *Metrics) WatchShareGroup(ctx context.Context, cfg consumer.Config, inte
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		cctx, cancel := context.WithTimeout(ctx, min(interval, deadLetterTimeout))
-		backlog, err := shareGroupBacklog(cctx, adm, cfg.Group)
-		cancel()
+		backlog, err := readBacklog(ctx, adm, cfg.Group)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -80,6 +84,28 @@ func (m *Metrics) WatchShareGroup(ctx context.Context, cfg consumer.Config, inte
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		}
+	}
+}
+
+// shareReadTimeout bounds one read of a share group's backlog.
+const shareReadTimeout = 30 * time.Second
+
+// readBacklog reads group's backlog within shareReadTimeout, again every
+// 100ms while it fails with an error Kafka says is retriable (a group
+// coordinator that moves or loads: kadm does not retry a group's errors).
+func readBacklog(ctx context.Context, adm *kadm.Client, group string) (map[string]map[int32]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, shareReadTimeout)
+	defer cancel()
+	for {
+		backlog, err := shareGroupBacklog(ctx, adm, group)
+		if err == nil || !kerr.IsRetriable(err) {
+			return backlog, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
@@ -104,9 +130,10 @@ func showBacklog(gauge *prometheus.GaugeVec, group string, backlog map[string]ma
 }
 
 // shareGroupBacklog returns the backlog of share group group per topic
-// and partition it consumes: the partition's end offset minus the
-// group's share-partition start offset (a partition the group has not
-// started is left out). It is what kscope_share_backlog_records shows.
+// and partition it consumes: the broker's lag, else the partition's end
+// offset minus the group's share-partition start offset (a partition the
+// group has not started is left out). It is what
+// kscope_share_backlog_records shows.
 func shareGroupBacklog(ctx context.Context, adm *kadm.Client, group string) (map[string]map[int32]int64, error) {
 	offs, err := adm.DescribeShareGroupOffsets(ctx, group)
 	if err == nil {
@@ -139,7 +166,11 @@ func shareGroupBacklog(ctx context.Context, adm *kadm.Client, group string) (map
 		if out[so.Topic] == nil {
 			out[so.Topic] = map[int32]int64{}
 		}
-		out[so.Topic][so.Partition] = max(end.Offset-so.StartOffset, 0)
+		if so.Lag >= 0 {
+			out[so.Topic][so.Partition] = so.Lag
+		} else {
+			out[so.Topic][so.Partition] = max(end.Offset-so.StartOffset, 0)
+		}
 	})
 	return out, nil
 }
@@ -151,7 +182,7 @@ func (m *Metrics) shareBacklog() (*prometheus.GaugeVec, error) {
 	defer m.shareMu.Unlock()
 	if m.backlog == nil {
 		g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kscope_share_backlog_records",
-			Help: "A share group's records not yet acknowledged on a partition: its end offset minus the share-partition start offset."},
+			Help: "A share group's records not yet acknowledged on a partition: the broker's lag, else its end offset minus the share-partition start offset."},
 			[]string{"consumer_group", "topic", "partition"})
 		if err := m.reg.Register(g); err != nil {
 			return nil, fmt.Errorf("kscopeprom: registering kscope_share_backlog_records: %w", err)

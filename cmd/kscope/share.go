@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -26,9 +27,13 @@ of its members): its members (member id, client id, host and the
 partitions assigned to each: in a share group several members share a
 partition), and per partition the group consumes the share-partition
 start offset (below it every record is acknowledged, or archived by
-'kscope share reset'), the end offset of the log, and the backlog between
-them: the records not yet acknowledged by the group, which include those
-in flight. When the broker reports it, LAG is its own count of them.
+'kscope share reset'), the end offset of the log, the broker's lag (its
+count of the records not yet acknowledged, which Kafka 4.1 and later
+report) and the backlog: the records not yet acknowledged by the group,
+those in flight included. The backlog is the lag where the broker
+reports it, else the end offset minus the start offset (Apache Kafka
+moves the start offset it reports lazily, past acknowledged records
+only now and then: the lag is exact).
 
 The broker does not report which records are in flight nor their
 delivery counts: no admin request of Kafka returns them (a member's
@@ -108,7 +113,8 @@ type sharePartition struct {
 	// not started the partition.
 	Start int64 `json:"start_offset"`
 	End   int64 `json:"end_offset"`
-	// Backlog is End minus Start: the records not yet acknowledged.
+	// Backlog is the records not yet acknowledged: Lag when the broker
+	// reports it, else End minus Start.
 	Backlog int64 `json:"backlog"`
 	// Lag is the broker's count of the records not yet acknowledged;
 	// -1 when it does not report it.
@@ -120,17 +126,17 @@ type sharePartition struct {
 // and the end offsets of their partitions.
 func describeShare(ctx context.Context, kc *kafkaConn, adm *kadm.Client, group string) (*shareDescription, error) {
 	d := &shareDescription{Group: group, Members: []shareMember{}, Partitions: []sharePartition{}, Note: notReported}
-	if err := kc.do(ctx, func(ctx context.Context) error { return d.readGroup(ctx, adm) }); err != nil {
+	if err := kc.do(ctx, retrying(func(ctx context.Context) error { return d.readGroup(ctx, adm) })); err != nil {
 		return nil, err
 	}
 	var offs kadm.DescribedShareGroupsOffsets
-	err := kc.do(ctx, func(ctx context.Context) (err error) {
+	err := kc.do(ctx, retrying(func(ctx context.Context) (err error) {
 		offs, err = adm.DescribeShareGroupOffsets(ctx, group)
+		if err == nil {
+			err = offs[group].Err
+		}
 		return err
-	})
-	if err == nil {
-		err = offs[group].Err
-	}
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("describing the start offsets of share group %q: %w", group, err)
 	}
@@ -152,10 +158,8 @@ func describeShare(ctx context.Context, kc *kafkaConn, adm *kadm.Client, group s
 		} else if ok && p.Error == "" {
 			p.Error = "end offset: " + end.Err.Error()
 		}
-		if p.Start >= 0 && p.End >= p.Start {
-			p.Backlog = p.End - p.Start
-			d.Backlog += p.Backlog
-		}
+		p.Backlog = shareBacklog(so, p.End)
+		d.Backlog += p.Backlog
 		d.Partitions = append(d.Partitions, p)
 	}
 	return d, nil
@@ -220,7 +224,7 @@ func (d *shareDescription) print(w io.Writer) {
 		for _, p := range d.Partitions {
 			start, backlog, lag := fmt.Sprint(p.Start), fmt.Sprint(p.Backlog), "not reported"
 			if p.Start < 0 {
-				start, backlog = "none", "-"
+				start = "none"
 			}
 			if p.Lag >= 0 {
 				lag = fmt.Sprint(p.Lag)
@@ -231,7 +235,40 @@ func (d *shareDescription) print(w io.Writer) {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", p.Topic, p.Partition, start, p.End, backlog, lag)
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "backlog: %s not yet acknowledged (end offset minus start offset, in flight included)\n", plural64(d.Backlog, "record"))
+		fmt.Fprintf(w, "backlog: %s not yet acknowledged, in flight included (the broker's lag where it reports one, else end offset minus start offset)\n", plural64(d.Backlog, "record"))
 	}
 	fmt.Fprintln(w, notReported)
+}
+
+// shareBacklog returns the records of a partition a share group has not
+// acknowledged yet: the broker's lag when it reports one, else the end
+// offset minus the share-partition start offset (0 for a partition the
+// group has not started, or whose end is unknown).
+func shareBacklog(so kadm.ShareOffset, end int64) int64 {
+	switch {
+	case so.Lag >= 0:
+		return so.Lag
+	case so.StartOffset >= 0 && end >= so.StartOffset:
+		return end - so.StartOffset
+	}
+	return 0
+}
+
+// retrying calls fn again, every 100ms, while it fails with an error
+// Kafka says is retriable (a group coordinator that moves or loads) and
+// ctx is not done: kadm returns a group's errors without retrying them.
+func retrying(fn func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		for {
+			err := fn(ctx)
+			if err == nil || !kerr.IsRetriable(err) {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
 }

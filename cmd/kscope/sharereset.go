@@ -25,7 +25,9 @@ of them, acknowledged before or not, with a delivery count from 1);
 moving it forward archives the records below it: no member is given
 them.
 
-It first prints the blast radius: per partition the start offset, the
+It first prints the blast radius: per partition the group's position
+(its start offset or, where the broker reports how many records are not
+yet acknowledged and the end offset minus those is ahead, that), the
 target offset and how many records will be given again or skipped, and
 the total, and for records given again, what replay prints of them (the
 records read, their keys, their time range and, for a DB-scope consumer
@@ -154,10 +156,10 @@ func planShareReset(ctx context.Context, kc *kafkaConn, adm *kadm.Client, o *sha
 		return nil, err
 	}
 	var plan map[int32]*replayPlan
-	err = kc.do(ctx, func(ctx context.Context) (err error) {
+	err = kc.do(ctx, retrying(func(ctx context.Context) (err error) {
 		plan, err = logTargets(ctx, adm, &o.replayOpts, at, func(ctx context.Context) (map[int32]int64, error) { return shareStarts(ctx, adm, o.group, o.topic) })
 		return err
-	})
+	}))
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +173,7 @@ func planShareReset(ctx context.Context, kc *kafkaConn, adm *kadm.Client, o *sha
 // no members.
 func shareGroupStopped(ctx context.Context, kc *kafkaConn, adm *kadm.Client, group string) error {
 	d := &shareDescription{Group: group}
-	if err := kc.do(ctx, func(ctx context.Context) error { return d.readGroup(ctx, adm) }); err != nil {
+	if err := kc.do(ctx, retrying(func(ctx context.Context) error { return d.readGroup(ctx, adm) })); err != nil {
 		return refusef("%v; nothing was changed", err)
 	}
 	if len(d.Members) > 0 {
@@ -185,8 +187,12 @@ func shareGroupStopped(ctx context.Context, kc *kafkaConn, adm *kadm.Client, gro
 	return nil
 }
 
-// shareStarts returns the share-partition start offsets of group on
-// topic; a partition the group has not started is left out.
+// shareStarts returns where group is on each partition of topic it has
+// started: its share-partition start offset or, where the broker reports
+// its lag and the end offset minus the lag is ahead of it, that (Apache
+// Kafka reports a start offset that moves past acknowledged records only
+// now and then; with the group stopped, the lag is the records left to
+// deliver).
 func shareStarts(ctx context.Context, adm *kadm.Client, group, topic string) (map[int32]int64, error) {
 	offs, err := adm.DescribeShareGroupOffsets(ctx, group)
 	if err == nil {
@@ -195,10 +201,21 @@ func shareStarts(ctx context.Context, adm *kadm.Client, group, topic string) (ma
 	if err != nil {
 		return nil, fmt.Errorf("describing the start offsets of share group %q: %w", group, err)
 	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the end offsets of %q: %w", topic, err)
+	}
 	starts := map[int32]int64{}
 	for p, so := range offs[group].Offsets[topic] {
-		if so.Err == nil && so.StartOffset >= 0 {
-			starts[p] = so.StartOffset
+		if so.Err != nil || so.StartOffset < 0 {
+			continue
+		}
+		starts[p] = so.StartOffset
+		if end, ok := ends.Lookup(topic, p); ok && so.Lag >= 0 && end.Offset-so.Lag > so.StartOffset {
+			starts[p] = end.Offset - so.Lag
 		}
 	}
 	return starts, nil
@@ -212,7 +229,7 @@ func printShareReset(w io.Writer, o *shareResetOpts, desc string, plan map[int32
 		fmt.Fprintln(w, rep.Policy)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tSTART OFFSET\tTARGET\tEFFECT")
+	fmt.Fprintln(tw, "PARTITION\tPOSITION\tTARGET\tEFFECT")
 	for _, p := range sortedPartitions(plan) {
 		pl := plan[p]
 		target := fmt.Sprint(pl.target)
@@ -232,6 +249,7 @@ func printShareReset(w io.Writer, o *shareResetOpts, desc string, plan map[int32
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "total: %s given again, %s skipped\n", plural64(rep.Again, "record"), plural64(rep.Skipped, "record"))
+	fmt.Fprintln(w, "(position: the share-partition start offset, or the end offset minus the records not yet acknowledged where the broker reports them and that is ahead)")
 	if rep.Blast != nil {
 		rep.Blast.print(w)
 	}
