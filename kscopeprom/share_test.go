@@ -45,9 +45,6 @@ func TestShareGroupMetrics(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("stuck")}); err != nil {
-		t.Fatal(err)
-	}
 	m, err := kscopeprom.New(kscopeprom.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +76,12 @@ func TestShareGroupMetrics(t *testing.T) {
 	g, byGroup := m.Gatherer(), map[string]string{"consumer_group": group}
 	backlog := map[string]string{"consumer_group": group, "topic": topic, "partition": "0"}
 	stopA := runShare(t, a)
+	// Written once the member is ready: the runner sets the group's start
+	// (share.auto.offset.reset) once its client runs.
+	testenv.WaitFor(t, 30*time.Second, "the member ready", func() bool { return a.Health().Ready })
+	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("stuck")}); err != nil {
+		t.Fatal(err)
+	}
 	<-started
 	testenv.WaitFor(t, time.Minute, "the record in flight", func() bool { return value(t, g, "kscope_share_in_flight_records", byGroup) == 1 })
 	if err := stopA(); err != nil {

@@ -173,11 +173,12 @@ func (d *shareDescription) readGroup(ctx context.Context, adm *kadm.Client) erro
 		return fmt.Errorf("describing share group %q: %w", d.Group, err)
 	}
 	g, ok := gs[d.Group]
-	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) || g.GroupState == "Dead" {
+	if !ok || errors.Is(g.Err, kerr.GroupIDNotFound) || errors.Is(g.Err, kerr.InconsistentGroupProtocol) || g.GroupState == "Dead" {
+		// Kafka answers so for a consumer group too: say which it is.
+		if state, _, err := describeGroup(ctx, adm, d.Group); err == nil && state != "" {
+			return fmt.Errorf("group %q is a consumer group (state %s), not a share group: 'kscope replay' moves its offsets", d.Group, state)
+		}
 		return fmt.Errorf("share group %q does not exist (no member ever joined it): check --group", d.Group)
-	}
-	if errors.Is(g.Err, kerr.InconsistentGroupProtocol) {
-		return fmt.Errorf("group %q is not a share group: 'kscope replay' and kafka-consumer-groups handle consumer groups", d.Group)
 	}
 	if g.Err != nil {
 		return fmt.Errorf("describing share group %q: %w", d.Group, g.Err)

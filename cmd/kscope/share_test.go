@@ -98,11 +98,17 @@ func (d shareDescription) starts() string {
 	return s
 }
 
-// setupShare writes 10 records to partition 0 and 6 to partition 1 of
-// shareTopic, and has a member of shareGroup handle and accept them all.
+// setupShare has a member of shareGroup run, writes 10 records to
+// partition 0 and 6 to partition 1 of shareTopic, and waits until the
+// member handled and accepted them all. The records are written once the
+// member is ready: the runner sets the group's start
+// (share.auto.offset.reset) once its client runs, and a partition the
+// group started before is started at its end.
 func setupShare(t *testing.T, k *testenv.Kafka) *shareRunner {
 	t.Helper()
 	createTopic(t, k, shareTopic, 2)
+	m := startShareMember(t, k)
+	testenv.WaitFor(t, 30*time.Second, "the member ready", func() bool { return m.r.Health().Ready })
 	var recs []*kgo.Record
 	for p, n := range []int{10, 6} {
 		for i := range n {
@@ -110,7 +116,6 @@ func setupShare(t *testing.T, k *testenv.Kafka) *shareRunner {
 		}
 	}
 	produceTo(t, k, recs...)
-	m := startShareMember(t, k)
 	testenv.WaitFor(t, time.Minute, "the member to accept every record", func() bool {
 		return m.handled() >= 16 && m.r.Stats().Share.Accepted >= 16
 	})
@@ -145,6 +150,8 @@ func TestShareDescribe(t *testing.T) {
 		"TOPIC", "START OFFSET", "END OFFSET", "BACKLOG", "backlog: 0 records not yet acknowledged", "in flight and delivery counts: not reported by the broker")
 
 	kscope(t, "share", "describe", brokers(k), "--group", "nobody").want(t, exitFailure, `share group "nobody" does not exist`)
+	commitOn(t, k, "classic", shareTopic, map[int32]int64{0: 1})
+	kscope(t, "share", "describe", brokers(k), "--group", "classic").want(t, exitFailure, `group "classic" is a consumer group (state Empty), not a share group: 'kscope replay' moves its offsets`)
 	kscope(t, "share", "describe", brokers(k)).want(t, exitUsage, "give the share group with --group")
 }
 
@@ -192,6 +199,8 @@ func TestShareReset(t *testing.T) {
 		want(t, exitRefused, "says replay: false for consumer group frozen")
 	kscopeBin(t, bin, nil, args("--to-offset", "2", "--partition", "5")...).want(t, exitUsage, "topic work has no partition 5: it has 2 partitions")
 	kscopeBin(t, bin, nil, args()...).want(t, exitUsage, "give exactly one target")
+	kscopeBin(t, bin, nil, "share", "reset", brokers(k), "--group", "nobody", "--topic", shareTopic, "--to-start").
+		want(t, exitRefused, `share group "nobody" does not exist`, "nothing was changed")
 	if d := describeShareJSON(t, k); d.Backlog != 0 {
 		t.Fatalf("a refused or unconfirmed reset moved the start offsets: %+v", d)
 	}
