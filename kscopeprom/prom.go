@@ -103,6 +103,10 @@
 // [Metrics.WatchDeadLetters] adds kscope_dead_letters_waiting{consumer_group,topic},
 // the dead letters of a group waiting for triage (past what kscope dlt
 // redrive committed).
+// [Metrics.WatchShare] adds a share-group runner's counters
+// (kscope_share_*_total, kscope_share_in_flight_records, read from its
+// Stats), and [Metrics.WatchShareGroup] a share group's backlog per
+// partition, kscope_share_backlog_records{consumer_group,topic,partition}.
 //
 // A delivery that did not finish (outcome aborted: a revoked partition, an
 // aborted transaction) is not counted in records_processed: the record is
@@ -184,6 +188,10 @@ type Metrics struct {
 
 	waitingMu sync.Mutex
 	waiting   *prometheus.GaugeVec // kscope_dead_letters_waiting, registered at the first WatchDeadLetters
+
+	shareMu sync.Mutex
+	shares  *shareCollector      // registered at the first WatchShare
+	backlog *prometheus.GaugeVec // kscope_share_backlog_records, registered at the first WatchShareGroup
 }
 
 // The hooks Metrics implements.

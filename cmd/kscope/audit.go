@@ -24,7 +24,7 @@ const defaultAuditTopic = "kscope-audit"
 // its id, in the compacted audit topic.
 type auditRecord struct {
 	ID     string    `json:"id"`
-	Action string    `json:"action"` // replay, dlt-redrive-edited, dlt-skip, dlt-delete
+	Action string    `json:"action"` // replay, share-reset, dlt-redrive-edited, dlt-skip, dlt-delete
 	At     time.Time `json:"at"`
 	// ApprovedBy is --approve: who approved the action.
 	ApprovedBy string `json:"approved_by,omitempty"`
@@ -123,7 +123,8 @@ Usage:
   kscope audit [--group G] [--audit-topic T] [--json]
 
 Lists the audit log: one entry per replay that kscope replay committed,
-and per triage action of a dead-letter topic (dlt redrive --payload-file,
+per move of a share group's start offsets (kscope share reset), and per
+triage action of a dead-letter topic (dlt redrive --payload-file,
 dlt skip, dlt delete), oldest first, with who approved it (--approve), who ran it, when, the
 group, the topic, the target, the reason, whether --force overrode a
 refusal, and the offsets each partition moved from and to (for a triage

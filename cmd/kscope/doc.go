@@ -2,7 +2,8 @@
 // and what an outbox relay leaves in PostgreSQL: it lists, shows and
 // redrives, skips and deletes the records of a consumer group's
 // dead-letter topic, moves a
-// stopped group's committed offsets to replay (or skip) records, shows
+// stopped group's committed offsets to replay (or skip) records, shows a
+// share group's members and backlog and moves its start offsets, shows
 // how far an outbox's relay is, lists, shows, requeues and discards the
 // outbox rows Kafka refused, checks a service's policy file, and runs a
 // local broker and a throwaway PostgreSQL for development.
@@ -23,6 +24,9 @@
 //	kscope replay      --group G --topic T (--to-offset N | --to-time RFC3339 | --to-start | --to-end) [--dry-run] [--yes]
 //	                   [--approve NAME] [--force --reason R] [--max-scan N] [--database-url URL] [--audit-topic T]
 //	kscope audit       [--group G] [--audit-topic T] [--json]
+//	kscope share describe --group G [--json]
+//	kscope share reset    --group G --topic T (--to-start | --to-end | --to-offset N [--partition P] | --to-time RFC3339) [--dry-run] [--yes]
+//	                      [--approve NAME] [--force --reason R] [--max-scan N] [--database-url URL] [--audit-topic T]
 //	kscope outbox status         [--outbox NAME] [--partitions N] [--database-url URL] [--json]
 //	kscope outbox dead list      [--outbox NAME] [--database-url URL] [--json]
 //	kscope outbox dead show      ID [--max-value N] [--json]
@@ -152,6 +156,27 @@
 // (unless --force --reason) and a critical consumer without --approve.
 // Every commit is first appended to the audit log, the compacted topic
 // kscope-audit, which audit lists.
+//
+// # Share groups
+//
+// share describe shows a share group (consumer.Config.Share): its state,
+// its members (member id, client id, host, assigned partitions) and, per
+// partition, the share-partition start offset, the end offset and the
+// backlog between them (records not yet acknowledged, those in flight
+// included), with the broker's lag when it reports it. The broker reports
+// neither the records in flight nor their delivery counts, and the
+// command says so; a member's runner counts them (consumer.Stats().Share,
+// kscopeprom.Metrics.WatchShare).
+//
+// share reset moves a share group's start offsets on one topic (all its
+// partitions, or --partition P): back, its members are given the records
+// from there again; forward, the records below are archived. It follows
+// replay's rules: the blast radius first, --yes to move, the policy
+// file's replay: false, at_least_once without a lasting dedupe store and
+// critical: true refusals, and an audit log entry (action share-reset)
+// before the move. Kafka moves the start offsets of a share group only
+// while it has no members: share reset refuses one that has (exit status
+// 2), and one that does not exist.
 //
 // # The outbox's dead rows
 //

@@ -65,7 +65,7 @@ type env struct {
 func commands() []*command {
 	return []*command{dltListCmd(), dltShowCmd(), dltRedriveCmd(), dltSkipCmd(), dltDeleteCmd(), replayCmd(), outboxStatusCmd(),
 		outboxDeadListCmd(), outboxDeadShowCmd(), outboxDeadRequeueCmd(), outboxDeadDiscardCmd(), devCmd(),
-		policyCheckCmd(), policyRulesCmd(), policySchemaCmd(), auditCmd()}
+		policyCheckCmd(), policyRulesCmd(), policySchemaCmd(), auditCmd(), shareDescribeCmd(), shareResetCmd()}
 }
 
 // groups are the first words of several commands, longest first, and
@@ -74,6 +74,7 @@ var groups = []struct{ name, summary string }{
 	{"outbox dead", "list, show, requeue and discard the rows an outbox relay moved to its dead-letter table"},
 	{"outbox", "see how far an outbox's relay is, and the rows Kafka refused"},
 	{"dlt", "read, redrive, skip and delete the records of a consumer group's dead-letter topic"},
+	{"share", "see a share group's members and backlog, and move its start offsets"},
 	{"policy", "check a service's policy file, print the alert rules' series it declares, and its JSON Schema"},
 }
 
@@ -266,6 +267,7 @@ Examples:
   kscope dlt show --group payments --partition 0 --offset 42
   kscope dlt redrive --group payments --to source --class retryable --dry-run
   kscope replay --group payments --topic orders --to-time 2024-05-01T00:00:00Z
+  kscope share describe --group thumbnails
   kscope outbox dead list --database-url "$DATABASE_URL"
   kscope outbox dead requeue default/3/1042 --yes
   kscope policy check kscope-policy.yaml

@@ -468,72 +468,25 @@ func describeGroup(ctx context.Context, adm *kadm.Client, group string) (string,
 	return cg.State, ms, nil
 }
 
-// replayTargets returns the move of each partition of the topic.
+// replayTargets returns the move of each partition of the topic, from
+// the group's committed offsets.
 func replayTargets(ctx context.Context, adm *kadm.Client, o *replayOpts, at time.Time) (map[int32]*replayPlan, error) {
-	listed := func(what string, l kadm.ListedOffsets, err error) (kadm.ListedOffsets, error) {
+	return logTargets(ctx, adm, o, at, func(ctx context.Context) (map[int32]int64, error) {
+		committed, err := adm.FetchOffsetsForTopics(ctx, o.group, o.topic)
 		if err == nil {
-			err = l.Error()
+			err = committed.Error()
 		}
 		if err != nil {
-			return nil, fmt.Errorf("listing the %s offsets of %q: %w", what, o.topic, err)
+			return nil, fmt.Errorf("fetching the committed offsets of group %q: %w", o.group, err)
 		}
-		return l, nil
-	}
-	l, err := adm.ListStartOffsets(ctx, o.topic)
-	starts, err := listed("start", l, err)
-	if err != nil {
-		return nil, err
-	}
-	l, err = adm.ListEndOffsets(ctx, o.topic)
-	ends, err := listed("end", l, err)
-	if err != nil {
-		return nil, err
-	}
-	var byTime kadm.ListedOffsets
-	if o.toTime != "" {
-		l, err = adm.ListOffsetsAfterMilli(ctx, at.UnixMilli(), o.topic)
-		if byTime, err = listed("time", l, err); err != nil {
-			return nil, err
-		}
-	}
-	committed, err := adm.FetchOffsetsForTopics(ctx, o.group, o.topic)
-	if err == nil {
-		err = committed.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("fetching the committed offsets of group %q: %w", o.group, err)
-	}
-	plan := make(map[int32]*replayPlan)
-	for p, s := range starts[o.topic] {
-		end, _ := ends.Lookup(o.topic, p)
-		pl := &replayPlan{committed: -1, epoch: -1}
-		if c, ok := committed.Lookup(o.topic, p); ok && c.At >= 0 {
-			pl.committed = c.At
-		}
-		switch {
-		case o.toStart:
-			pl.target, pl.epoch = s.Offset, s.LeaderEpoch
-		case o.toEnd:
-			pl.target, pl.epoch = end.Offset, end.LeaderEpoch
-		case o.toTime != "":
-			t, ok := byTime.Lookup(o.topic, p)
-			if !ok || t.Offset < 0 {
-				pl.target, pl.epoch = end.Offset, end.LeaderEpoch
-			} else {
-				pl.target, pl.epoch = t.Offset, t.LeaderEpoch
-			}
-		default:
-			pl.target = o.toOffset
-			if pl.target < s.Offset {
-				pl.target, pl.clamped = s.Offset, true
-			}
-			if pl.target > end.Offset {
-				pl.target, pl.clamped = end.Offset, true
+		at := map[int32]int64{}
+		for p, c := range committed[o.topic] {
+			if c.At >= 0 {
+				at[p] = c.At
 			}
 		}
-		plan[p] = pl
-	}
-	return plan, nil
+		return at, nil
+	})
 }
 
 // printPlan writes the blast radius and returns how many partitions move.

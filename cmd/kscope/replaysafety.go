@@ -118,8 +118,14 @@ func (o *replayOpts) blast(ctx context.Context, e *env, kc *kafkaConn, adm *kadm
 // audit appends the replay to the audit log, before its offsets are
 // committed: a replay that could not be audited is not made.
 func (o *replayOpts) audit(ctx context.Context, e *env, kc *kafkaConn, adm *kadm.Client, rep *replayReport) error {
+	return auditAction(ctx, e, kc, adm, o, rep, "replay")
+}
+
+// auditAction appends a move of offsets (replay, share-reset) to the
+// audit log, and records its id in rep.
+func auditAction(ctx context.Context, e *env, kc *kafkaConn, adm *kadm.Client, o *replayOpts, rep *replayReport, action string) error {
 	at := time.Now().UTC()
-	rec := &auditRecord{ID: newAuditID(at), Action: "replay", At: at, ApprovedBy: strings.TrimSpace(o.approve), Operator: e.getenv("USER"),
+	rec := &auditRecord{ID: newAuditID(at), Action: action, At: at, ApprovedBy: strings.TrimSpace(o.approve), Operator: e.getenv("USER"),
 		Group: o.group, Topic: o.topic, What: rep.Target, Reason: strings.TrimSpace(o.reason), Forced: rep.Forced, Policy: rep.Policy,
 		Ranges: []auditRange{}, Again: rep.Again, Skipped: rep.Skipped, Blast: rep.Blast}
 	for _, p := range rep.Partitions {
@@ -128,7 +134,7 @@ func (o *replayOpts) audit(ctx context.Context, e *env, kc *kafkaConn, adm *kadm
 		}
 	}
 	if err := writeAudit(ctx, kc, adm, o.auditTopic, rec); err != nil {
-		return fmt.Errorf("%w; the replay is not made unaudited, so nothing was changed", err)
+		return fmt.Errorf("%w; the %s is not made unaudited, so nothing was changed", err, action)
 	}
 	rep.Audit = rec.ID
 	return nil
