@@ -69,12 +69,11 @@ func (r *Runner) consumedAtStart() []string {
 // transaction committed are unstable, and the consumer, which fetches them
 // with RequireStable, would wait for the broker to time it out).
 func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
+	if r.share != nil {
+		return r.newShareClient(ctx)
+	}
 	if r.txs == nil {
-		opts := r.clientOptions()
-		if r.share != nil {
-			opts = r.shareClientOptions()
-		}
-		cl, err := kgo.NewClient(opts...)
+		cl, err := kgo.NewClient(r.clientOptions()...)
 		if err != nil {
 			return nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
 		}

@@ -139,16 +139,31 @@ func (r *Runner) configureShareGroup(ctx context.Context, cl *kgo.Client) error 
 	return nil
 }
 
+// newShareClient configures the share group (configureShareGroup), then
+// creates the member's client: the group's start is set before the member
+// joins, since the broker initialises a partition's start when it first
+// assigns it.
+func (r *Runner) newShareClient(ctx context.Context) (*kgo.Client, error) {
+	admin, err := kgo.NewClient(append(append([]kgo.Opt(nil), r.cfg.ClientOptions...), kgo.SeedBrokers(r.cfg.Brokers...))...)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: creating the Kafka client that configures the share group: %w", err)
+	}
+	err = r.configureShareGroup(ctx, admin)
+	admin.Close()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(r.shareClientOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("kscope: creating the Kafka client: %w", err)
+	}
+	return cl, nil
+}
+
 // sharePollLoop polls the share group until ctx ends: once every record
 // of a poll is acknowledged, the next.
 func (r *Runner) sharePollLoop(ctx context.Context) {
 	r.shardBuf = make([][]*Record, r.cfg.Shards)
-	if err := r.configureShareGroup(ctx, r.cl); err != nil {
-		if ctx.Err() == nil {
-			r.setFatal(err)
-		}
-		return
-	}
 	r.shareApplyPauses()
 	// The member is in the group once its client runs: a share group
 	// assigns it no partitions to wait for (Health's readiness).
