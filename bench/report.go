@@ -289,8 +289,10 @@ func (r *report) writeScenario(b *strings.Builder, s scenario) {
 	if note := notes[s.key]; note != "" {
 		b.WriteString("\n" + note + "\n")
 	}
-	if !s.met() {
-		b.WriteString("\n### Why\n\n" + analysis(s, r.otherCores) + "\n")
+	if !s.met() || s.noTarget {
+		if why := analysis(s, r.otherCores); why != "" {
+			b.WriteString("\n### Why\n\n" + why + "\n")
+		}
 	}
 	if s.profileText != "" {
 		b.WriteString("\n### Where the time goes\n\n" + s.profileText)

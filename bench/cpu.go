@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"fmt"
+)
+
+// cpuPerRecordTarget is cpu_per_record's target: kscope's AtLeastOnce
+// no-op pipeline spends at most 1.3 times the CPU per record of the raw
+// franz-go poll loop (the moonshot is 1.1).
+const cpuPerRecordTarget = 1.3
+
+// cpuPairOf pairs a's CPU per record with b's, round by round: the bench
+// process's CPU (user and system, getrusage) over each run, divided by the
+// run's records. On Apache Kafka the broker is another process, so it is
+// the consumer's alone.
+func cpuPairOf(a, b figure) *pairing {
+	per := func(r result) float64 { return float64(r.benchCPU) / float64(max(r.records, 1)) }
+	p := &pairing{}
+	if len(a.runs) != len(b.runs) || len(a.runs) == 0 {
+		return p
+	}
+	var as, bs []float64
+	for i := range a.runs {
+		p.rounds = append(p.rounds, per(a.runs[i])/per(b.runs[i]))
+		as, bs = append(as, per(a.runs[i])), append(bs, per(b.runs[i]))
+	}
+	p.ratio = median(p.rounds)
+	p.byMedians = median(as) / median(bs)
+	return p
+}
+
+// cpuPerRecord reports cpu_per_record from r1's rounds on Apache Kafka
+// (figs: kscope's no-op pipeline, then the raw loop), and profiles
+// kscope's side, c, while the broker still runs when the target is missed.
+func (ab *bench) cpuPerRecord(ctx context.Context, rep *report, figs []figure, c contender) error {
+	s := scenario{key: "cpu_per_record", title: "CPU per record: kscope AtLeastOnce (no-op) against the raw franz-go poll loop (Apache Kafka)",
+		figs: figs, pair: cpuPairOf(figs[0], figs[1]), target: cpuPerRecordTarget, cpu: true}
+	s.ratio = s.pair.ratio
+	if !s.met() {
+		ab.logf("cpu_per_record missed its target: profiling one more run")
+		prof, err := ab.profileRun(ctx, c)
+		if err != nil {
+			return fmt.Errorf("profiling cpu_per_record: %w", err)
+		}
+		s.profileText = prof
+	}
+	rep.add(s)
+	return nil
+}
