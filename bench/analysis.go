@@ -52,6 +52,18 @@ var notes = map[string]string{
 		"each a cache miss) most of the rest, the segment writes under a tenth; against the in-process broker the scope without the guard " +
 		"spends about 2.5 µs per input in all, so the ratio is bounded near 0.75 here. Against a broker across a network, where an input " +
 		"costs the scope more, the same microsecond weighs less.",
+	"peer_kstreams_eos_noop": "Both read the same 8-partition input from its start (200-byte values, 10,000 keys) and write one uncompressed " +
+		"output per input to a fresh 8-partition topic, committing every 100 ms in Kafka transactions. Kafka Streams (bench/kstreams, " +
+		"`org.apache.kafka:kafka-streams` 4.3.1, the broker's version) runs `processing.guarantee=exactly_once_v2` with as many stream threads " +
+		"as cores; it is timed from its first input to the moment a read_committed reader of the output has seen every output. kscope's " +
+		"Kafka scope (16 key-shards) is r5's contender, timed to its last committed transaction.",
+	"peer_kstreams_eos_io": "The same pipeline with a 2 ms blocking call (a sleep) per record. Kafka Streams parallelises by partition: " +
+		"8 stream threads, one per partition, the most it can use, so at most 8 calls run at once (ideal about 3,800 records/s with 2.1 ms sleeps). " +
+		"kscope parallelises by key within the partitions: 64 key-shards, 64 calls at once (ideal about 30,000 records/s); the ideal ratio is 8.",
+	"peer_pc_eos": "Confluent Parallel Consumer 0.5.3.3 (bench/pc, PcEosBench) with `commitMode=PERIODIC_TRANSACTIONAL_PRODUCER`, " +
+		"`ordering=KEY`, concurrency 64, producing one output per input with `pollAndProduce` after a 2 ms sleep, against kscope's Kafka scope " +
+		"with 64 key-shards and the same call. Both read the same input from its start; Parallel Consumer is timed from its first input to the " +
+		"moment a read_committed reader has seen every output.",
 	"share_vs_group": "Each contender is four member processes (AtLeastOnce runners, 8 key-shards each, a handler that sleeps 5 ms) of one new " +
 		"group on a topic of 2 partitions, timed from the first record handled to the last. The consumer group can give the 2 partitions to 2 " +
 		"of its 4 members only: the other two idle, so its ceiling is 2 × 8 handlers busy all the time (about 3,100 records/s with 5.1 ms sleeps). " +

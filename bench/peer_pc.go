@@ -117,6 +117,12 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	if err := ab.shareVsGroup(ctx, rep, p.share); err != nil {
 		return err
 	}
+	if err := ab.kstreamsPeers(ctx, p, rep); err != nil {
+		return err
+	}
+	if err := ab.pcEOSPeer(ctx, p, rep); err != nil {
+		return err
+	}
 	if ab == b {
 		return nil // the run's own figures are Apache Kafka's
 	}

@@ -211,11 +211,12 @@ func (ab *bench) shareVsGroup(ctx context.Context, rep *report, n int) error {
 	return nil
 }
 
-// shareOnly runs share_vs_group alone (-only share), on the run's Apache
-// Kafka or on one started here.
-func (b *bench) shareOnly(ctx context.Context, p plan, rep *report) error {
+// apacheOnly runs share_vs_group (-only share) or the Kafka Streams peers
+// (-only kstreams) without the rest of the Apache Kafka scenarios, on the
+// run's Apache Kafka or on one started here.
+func (b *bench) apacheOnly(ctx context.Context, p plan, rep *report) error {
 	if b.k.Kind != "kfake" {
-		return b.shareVsGroup(ctx, rep, p.share)
+		return b.apacheSome(ctx, p, rep)
 	}
 	b.logf("Apache Kafka: starting %s", testenv.ApacheKafkaVersion)
 	k, err := testenv.StartApacheKafka(ctx, testenv.ApacheOptions{})
@@ -224,5 +225,28 @@ func (b *bench) shareOnly(ctx context.Context, p plan, rep *report) error {
 	}
 	defer k.Close()
 	ab := &bench{k: k, pg: b.pg, pool: b.pool, runs: b.runs, log: b.log, out: b.out, topic: "bench.records.apache"}
-	return ab.shareVsGroup(ctx, rep, p.share)
+	if p.has("kstreams") {
+		b.logf("Apache Kafka: producing %d records", max(p.ksNoop, p.ksIO))
+		if err := ab.produceBacklog(ctx, ab.topic, max(p.ksNoop, p.ksIO)); err != nil {
+			return err
+		}
+	}
+	return ab.apacheSome(ctx, p, rep)
+}
+
+// apacheSome runs the Apache Kafka scenarios -only names: share_vs_group,
+// the Kafka Streams peers.
+func (ab *bench) apacheSome(ctx context.Context, p plan, rep *report) error {
+	if p.has("share") {
+		if err := ab.shareVsGroup(ctx, rep, p.share); err != nil {
+			return err
+		}
+	}
+	if p.has("kstreams") {
+		if err := ab.kstreamsPeers(ctx, p, rep); err != nil {
+			return err
+		}
+		return ab.pcEOSPeer(ctx, p, rep)
+	}
+	return nil
 }
