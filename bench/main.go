@@ -91,7 +91,7 @@ func main() {
 	runs := flag.Int("runs", 3, "measured runs per figure (the median is reported)")
 	summaryPath := flag.String("summary", "", "also write the last line (the JSON summary) to this file")
 	quickPath := flag.String("quick", "", "a quick run's summary file (-summary) to show beside this run's ratios")
-	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r3batch, r4, apache (Parallel Consumer and the Apache Kafka figures, share_vs_group included), share (share_vs_group alone), kstreams (the Kafka Streams peers alone), r5, rss, sweeps")
+	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r3batch, r4, apache (Parallel Consumer and the Apache Kafka figures, share_vs_group included), share (share_vs_group alone), kstreams (the exactly-once peers alone), cpu (r1 on Apache Kafka and cpu_per_record alone), r5, rss, sweeps")
 	flag.Parse()
 	if *only != "" {
 		p := plans[*mode]
@@ -225,7 +225,7 @@ func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
 		if err := b.apache(ctx, p, rep, int(ideal(64)*p.pcSeconds)); err != nil {
 			return err
 		}
-	} else if p.has("share") || p.has("kstreams") {
+	} else if p.has("share") || p.has("kstreams") || p.has("cpu") {
 		if err := b.apacheOnly(ctx, p, rep); err != nil {
 			return err
 		}

@@ -126,14 +126,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	if ab == b {
 		return nil // the run's own figures are Apache Kafka's
 	}
-	if figs, err = ab.measureWarm(ctx, "r1 no-op (Apache Kafka)", 1, ab.runs+r1ApacheExtraRuns,
-		contender{"kscope AtLeastOnce, no-op handler (Apache Kafka)", p.apacheNoop, ab.kscopeNoop, nil},
-		contender{"raw franz-go PollFetches loop (Apache Kafka)", p.apacheNoop, ab.rawLoop, nil}); err != nil {
-		return err
-	}
-	rep.add(scenario{key: "r1_noop_apache", title: "r1 on Apache Kafka", figs: figs,
-		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true, cpu: true})
-	if err := ab.cpuPerRecord(ctx, rep, figs, contender{figs[0].name, p.apacheNoop, ab.kscopeNoop, nil}); err != nil {
+	if err := ab.r1Apache(ctx, p, rep); err != nil {
 		return err
 	}
 	if figs, err = ab.measure(ctx, "r3 DB scope (Apache Kafka)",
@@ -151,4 +144,18 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	rep.add(scenario{key: "r5_txn_vs_alo_apache", title: "r5 on Apache Kafka", figs: figs,
 		pair: pairOf(figs[0], figs[1]), target: 0.7, atLeast: true})
 	return nil
+}
+
+// r1Apache measures r1 on Apache Kafka (r1_noop_apache) and, from the same
+// rounds, cpu_per_record.
+func (ab *bench) r1Apache(ctx context.Context, p plan, rep *report) error {
+	figs, err := ab.measureWarm(ctx, "r1 no-op (Apache Kafka)", 1, ab.runs+r1ApacheExtraRuns,
+		contender{"kscope AtLeastOnce, no-op handler (Apache Kafka)", p.apacheNoop, ab.kscopeNoop, nil},
+		contender{"raw franz-go PollFetches loop (Apache Kafka)", p.apacheNoop, ab.rawLoop, nil})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r1_noop_apache", title: "r1 on Apache Kafka", figs: figs,
+		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true, cpu: true})
+	return ab.cpuPerRecord(ctx, rep, figs, contender{figs[0].name, p.apacheNoop, ab.kscopeNoop, nil})
 }

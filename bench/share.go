@@ -225,18 +225,37 @@ func (b *bench) apacheOnly(ctx context.Context, p plan, rep *report) error {
 	}
 	defer k.Close()
 	ab := &bench{k: k, pg: b.pg, pool: b.pool, runs: b.runs, log: b.log, out: b.out, topic: "bench.records.apache"}
-	if p.has("kstreams") {
-		b.logf("Apache Kafka: producing %d records", max(p.ksNoop, p.ksIO))
-		if err := ab.produceBacklog(ctx, ab.topic, max(p.ksNoop, p.ksIO)); err != nil {
+	if n := ab.apacheBacklog(p); n > 0 {
+		b.logf("Apache Kafka: producing %d records", n)
+		if err := ab.produceBacklog(ctx, ab.topic, n); err != nil {
 			return err
 		}
 	}
 	return ab.apacheSome(ctx, p, rep)
 }
 
+// apacheBacklog is how many records the backlog topic needs for the
+// Apache Kafka scenarios -only names.
+func (ab *bench) apacheBacklog(p plan) int {
+	n := 0
+	if p.has("kstreams") {
+		n = max(p.ksNoop, p.ksIO, p.pcEOS)
+	}
+	if p.has("cpu") {
+		n = max(n, p.apacheNoop)
+	}
+	return n
+}
+
 // apacheSome runs the Apache Kafka scenarios -only names: share_vs_group,
-// the Kafka Streams peers.
+// the Kafka Streams and Parallel Consumer transactional peers, r1 on Apache
+// Kafka with cpu_per_record.
 func (ab *bench) apacheSome(ctx context.Context, p plan, rep *report) error {
+	if p.has("cpu") {
+		if err := ab.r1Apache(ctx, p, rep); err != nil {
+			return err
+		}
+	}
 	if p.has("share") {
 		if err := ab.shareVsGroup(ctx, rep, p.share); err != nil {
 			return err
