@@ -111,7 +111,7 @@ func (ab *bench) kstreamsPeers(ctx context.Context, p plan, rep *report) error {
 		return err
 	}
 	rep.add(scenario{key: "peer_kstreams_eos_noop", title: "Peer: kscope's Kafka scope against Kafka Streams' exactly-once, no-op (Apache Kafka)", figs: figs,
-		pair: pairOf(figs[0], figs[1]), target: 1.0, atLeast: true, cpu: true})
+		pair: pairOf(figs[0], figs[1]), target: 1.0, atLeast: true})
 	figs, err = ab.measureWarm(ctx, "peer Kafka Streams exactly_once_v2, 2 ms call (Apache Kafka)", 4, ab.runs,
 		contender{"kscope Kafka scope, 64 key-shards, 2 ms call, one output per input (Apache Kafka)", p.ksIO, ab.txnSleep(64, ksIODelay), nil},
 		contender{"Kafka Streams 4.3.1, exactly_once_v2, 8 stream threads (one per partition), 2 ms call (Apache Kafka)", p.ksIO, ab.kafkaStreams(cp, partitions, ksIODelay), nil})
