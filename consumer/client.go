@@ -72,6 +72,9 @@ func (r *Runner) newClient(ctx context.Context) (*kgo.Client, error) {
 	if r.txs == nil {
 		opts := r.clientOptions()
 		if r.share != nil {
+			if err := r.configureShareGroupFirst(ctx); err != nil {
+				return nil, err
+			}
 			opts = r.shareClientOptions()
 		}
 		cl, err := kgo.NewClient(opts...)

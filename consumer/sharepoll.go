@@ -131,12 +131,6 @@ func (r *Runner) configureShareGroup(ctx context.Context, cl *kgo.Client) error 
 // of a poll is acknowledged, the next.
 func (r *Runner) sharePollLoop(ctx context.Context) {
 	r.shardBuf = make([][]*Record, r.cfg.Shards)
-	if err := r.configureShareGroup(ctx, r.cl); err != nil {
-		if ctx.Err() == nil {
-			r.setFatal(err)
-		}
-		return
-	}
 	// The member is in the group once its client runs: a share group
 	// assigns it no partitions to wait for (Health's readiness).
 	r.joined.Store(true)
