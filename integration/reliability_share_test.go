@@ -47,8 +47,8 @@ func shareRelSize() (keys, perKey, kills int) {
 // inbox absorbs every redelivery) and in the AtLeastOnce scope (nothing
 // lost; the handler calls beyond one per record are counted and reported,
 // as the scope allows them). Share groups keep no per-key order across
-// members, so order is not checked. On Apache Kafka (KSCOPE_KAFKA=apache)
-// the DB row also runs on a 3-node cluster.
+// members, so order is not checked. With KSCOPE_KAFKA=apache, and in the
+// long form, the DB row also runs on a 3-node Apache Kafka cluster.
 func TestReliabilityShareGroup(t *testing.T) {
 	kind, err := testenv.KafkaKind()
 	if err != nil {
@@ -57,8 +57,10 @@ func TestReliabilityShareGroup(t *testing.T) {
 	for _, scope := range []string{"DB", "AtLeastOnce"} {
 		t.Run(scope, func(t *testing.T) { runShareReliability(t, scope, nil, 0) })
 	}
-	if kind == "apache" {
-		t.Run("DB/3 nodes", func(t *testing.T) {
+	// Where the reliability matrix runs its 3-node cluster
+	// (TestReliabilityApacheKafka): make test-kafka and make reliability.
+	if kind == "apache" || kind == "kfake" && reliabilityLong() {
+		t.Run("DB on 3 nodes", func(t *testing.T) {
 			runShareReliability(t, "DB", testenv.ApacheKafkaT(t, testenv.ApacheOptions{Nodes: 3}), 3)
 		})
 	}
