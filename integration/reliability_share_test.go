@@ -32,9 +32,10 @@ const (
 )
 
 // shareRelSize is a share-group row's stream (keys × perKey records) and
-// how many members it SIGKILLs.
-func shareRelSize() (keys, perKey, kills int) {
-	if reliabilityLong() {
+// how many members it SIGKILLs: the long form's with long, else the short
+// form's.
+func shareRelSize(long bool) (keys, perKey, kills int) {
+	if long {
 		return 40, 500, 5
 	}
 	return 30, 100, 3
@@ -48,20 +49,21 @@ func shareRelSize() (keys, perKey, kills int) {
 // lost; the handler calls beyond one per record are counted and reported,
 // as the scope allows them). Share groups keep no per-key order across
 // members, so order is not checked. With KSCOPE_KAFKA=apache, and in the
-// long form, the DB row also runs on a 3-node Apache Kafka cluster.
+// long form, the DB row also runs on a 3-node Apache Kafka cluster, with
+// the short form's stream.
 func TestReliabilityShareGroup(t *testing.T) {
 	kind, err := testenv.KafkaKind()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, scope := range []string{"DB", "AtLeastOnce"} {
-		t.Run(scope, func(t *testing.T) { runShareReliability(t, scope, nil, 0) })
+		t.Run(scope, func(t *testing.T) { runShareReliability(t, scope, nil, 0, reliabilityLong()) })
 	}
 	// Where the reliability matrix runs its 3-node cluster
 	// (TestReliabilityApacheKafka): make test-kafka and make reliability.
 	if kind == "apache" || kind == "kfake" && reliabilityLong() {
 		t.Run("DB on 3 nodes", func(t *testing.T) {
-			runShareReliability(t, "DB", testenv.ApacheKafkaT(t, testenv.ApacheOptions{Nodes: 3}), 3)
+			runShareReliability(t, "DB", testenv.ApacheKafkaT(t, testenv.ApacheOptions{Nodes: 3}), 3, false)
 		})
 	}
 }
@@ -84,10 +86,10 @@ type shareRelRun struct {
 
 // runShareReliability runs the share-group row of scope on k (a fresh
 // backend when nil; nodes is its size for the report, 0 for the suite's
-// backend) and records it.
-func runShareReliability(t *testing.T, scope string, k *testenv.Kafka, nodes int) {
+// backend), with the long form's stream when long, and records it.
+func runShareReliability(t *testing.T, scope string, k *testenv.Kafka, nodes int, long bool) {
 	start := time.Now()
-	keys, perKey, kills := shareRelSize()
+	keys, perKey, kills := shareRelSize(long)
 	if k == nil {
 		k = testenv.KafkaT(t, kfake.BrokerConfigs(map[string]string{
 			"group.share.heartbeat.interval.ms":   "100",
@@ -125,7 +127,7 @@ func runShareReliability(t *testing.T, scope string, k *testenv.Kafka, nodes int
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 50))
 	for i := range kills {
 		target := (i + 1) * e.total / (kills + 2)
-		testenv.WaitFor(t, 3*time.Minute, fmt.Sprintf("%d records done", target), func() bool { return e.progress() >= target })
+		e.waitProgress(target, members)
 		time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond) // a random moment, not a synchronisation
 		m := i % len(members)
 		members[m].kill()
@@ -186,6 +188,55 @@ func (e *shareRelRun) progress() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.calls)
+}
+
+// waitProgress waits until target records are done, or fails t after 3
+// minutes with what the share group and its members looked like.
+func (e *shareRelRun) waitProgress(target int, members []*child) {
+	deadline := time.Now().Add(3 * time.Minute)
+	for e.progress() < target {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after 3m0s waiting for %d records done (%d done); %s", target, e.progress(), e.describe(members))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// describe says what a stalled row saw: the members still running, the
+// share group's members as the broker sees them, its start offsets and
+// the topic's end offsets.
+func (e *shareRelRun) describe(members []*child) string {
+	running := 0
+	for _, m := range members {
+		select {
+		case <-m.exited:
+		default:
+			running++
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	adm := e.k.Admin()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d of %d member processes running", running, len(members))
+	if gs, err := adm.DescribeShareGroups(ctx, e.group); err != nil {
+		fmt.Fprintf(&b, "; describing the share group: %v", err)
+	} else {
+		g := gs[e.group]
+		fmt.Fprintf(&b, "; the share group: state %s, %d members, err %v", g.GroupState, len(g.Members), g.Err)
+	}
+	if offs, err := adm.DescribeShareGroupOffsets(ctx, e.group); err != nil {
+		fmt.Fprintf(&b, "; its start offsets: %v", err)
+	} else {
+		for _, ps := range offs[e.group].Offsets {
+			for p, o := range ps {
+				fmt.Fprintf(&b, "; partition %d starts at %d (lag %d)", p, o.StartOffset, o.Lag)
+			}
+		}
+	}
+	ends, _ := e.k.EndOffsets(ctx, e.topic)
+	fmt.Fprintf(&b, "; the topic's end offsets: %v", ends)
+	return b.String()
 }
 
 // waitDone waits until every record is done, or d passed (the report then
