@@ -101,6 +101,8 @@ func runChild(role string) int {
 		return runIntentChild(ctx, cfg, maxDelay, emit)
 	case "txn", "txn-versions", "txn-dedupe":
 		return runTxnChild(ctx, cfg, maxDelay, role)
+	case "db-share", "alo-share":
+		return runShareChild(ctx, cfg, role == "db-share", maxDelay, emit)
 	case "alo-dedupe":
 		return runDedupeChild(ctx, cfg, maxDelay, emit, say)
 	case "db-breaker", "txn-breaker":

@@ -116,3 +116,27 @@ func TestKitAtLeastOnceScope(t *testing.T) {
 		t.Fatalf("%+v", rep)
 	}
 }
+
+// The kit's share-group table against the same DB-scope pipeline as a
+// member of a share group: on Apache Kafka too with KSCOPE_KAFKA=apache.
+func TestKitDBScopeShare(t *testing.T) {
+	rep := kscopetest.DBShare(t, kscopetest.DBPipeline{
+		Handler: dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
+			o, err := decodeOrder(r)
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, o.ID)
+			return err
+		}),
+		Schema: `CREATE TABLE orders (id text)`,
+		Valid:  validOrder,
+		Effects: func(ctx context.Context, db *pgxpool.Pool) (n int, err error) {
+			err = db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n)
+			return n, err
+		},
+	})
+	if !rep.Held() {
+		t.Fatalf("%+v", rep)
+	}
+}

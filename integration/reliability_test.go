@@ -84,6 +84,10 @@ type relRow struct {
 	// RetryPerFailed is, for ordered retries, the retry-topic records
 	// written per record that failed into the retry topics.
 	RetryPerFailed float64 `json:"retry_records_per_failed,omitempty"`
+	// DupsAllowed says that the row's scope allows its duplicates (the
+	// AtLeastOnce scope without an idempotency guard): they are reported,
+	// not a failure, and not counted as duplicate effects.
+	DupsAllowed bool `json:"duplicates_allowed,omitempty"`
 }
 
 // tableHandler names the report table of handler and operator faults.
@@ -122,6 +126,9 @@ type relSummary struct {
 	// RetryPerFailed is the most retry-topic records a failed record
 	// caused in the ordered-retries scenario (bound: the ladder plus one).
 	RetryPerFailed float64 `json:"retry_records_per_failed"`
+	// DupAllowed counts the duplicates of rows whose scope allows them
+	// (the AtLeastOnce scope's share-group row).
+	DupAllowed int `json:"duplicates_allowed,omitempty"`
 }
 
 // finishReliability prints the JSON line and writes the Markdown report,
@@ -141,9 +148,12 @@ func finishReliability() error {
 		s.Records += r.Records
 		s.Lost += r.Lost
 		s.OrderBroken += r.Order
-		if r.Scope == "Kafka" {
+		switch {
+		case r.DupsAllowed:
+			s.DupAllowed += r.Dups
+		case r.Scope == "Kafka":
 			s.DupOutputs += r.Dups
-		} else {
+		default:
 			s.DupEffects += r.Dups
 		}
 		if !r.Passed {

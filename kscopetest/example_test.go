@@ -70,3 +70,19 @@ func TestKitOnAMinimalPipeline(t *testing.T) {
 		t.Fatalf("scenarios not applied: %v (only the version one should be, for an unversioned pipeline)", skipped)
 	}
 }
+
+// The same pipeline, run as a member of a share group: the kit's
+// share-group table (duplicates, a lock that expired, poison, a crash
+// mid-transaction, a replay).
+func ExampleDBShare() {
+	_ = func(t *testing.T, p kscopetest.DBPipeline) { // p: the service's pipeline, as in ExampleDB
+		p.Config = func(c consumer.Config) consumer.Config {
+			c.Share = &consumer.ShareConfig{MaxDeliveries: 3}
+			return c
+		}
+		report := kscopetest.DBShare(t, p)
+		if !report.Held() {
+			t.Fatalf("%+v", report)
+		}
+	}
+}

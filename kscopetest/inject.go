@@ -33,6 +33,9 @@ func (f *Faults) Call(r *consumer.Record, handle func() error) error {
 	if err == nil {
 		err = handle()
 	}
+	if err == nil {
+		err = f.in.crash(r, f.idHeader)
+	}
 	f.in.after(r, f.idHeader, err)
 	return err
 }
@@ -43,28 +46,34 @@ type injector struct {
 	// prefix starts every message id the scenario writes (see
 	// kitIDPrefix); the counts and the scenario's failures are by the id
 	// without it.
-	prefix  string
-	mu      sync.Mutex
-	calls   map[string]int
-	failed  map[string]bool // a call of the id returned an error (not a skip)
-	fail    map[string]func(n int) error
-	lastErr error // the handler's last error (not a skip), for a failing scenario's report
+	prefix string
+	mu     sync.Mutex
+	calls  map[string]int
+	failed map[string]bool // a call of the id returned an error (not a skip)
+	ended  map[string]int  // calls of the id that returned
+	fail   map[string]func(n int) error
+	// crashAfter fails a call of the id after the handler returned nil,
+	// before the scope commits (a share group's crash mid-transaction).
+	crashAfter map[string]func(n int) error
+	lastErr    error // the handler's last error (not a skip), for a failing scenario's report
 }
 
 func newInjector(prefix string) *injector {
-	return &injector{prefix: prefix, calls: map[string]int{}, failed: map[string]bool{}, fail: map[string]func(int) error{}}
+	return &injector{prefix: prefix, calls: map[string]int{}, failed: map[string]bool{}, ended: map[string]int{}, fail: map[string]func(int) error{},
+		crashAfter: map[string]func(int) error{}}
 }
 
 // after notes the outcome of a call of r.
 func (in *injector) after(r *consumer.Record, idHeader string, err error) {
+	id := in.idOf(r, idHeader)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.ended[id]++
 	if err == nil || consumer.ClassOf(err) == consumer.ClassSkip {
 		return
 	}
-	id := in.idOf(r, idHeader)
-	in.mu.Lock()
 	in.failed[id] = true
 	in.lastErr = err
-	in.mu.Unlock()
 }
 
 // lastWords is the handler's last error for a report ("none" if none).

@@ -13,7 +13,10 @@
 // built on package scope and run by consumer.NewScoped): given how to open
 // a fresh store, how to build the runner on it and how to count its
 // effects ([ScopePipeline]), it runs every scenario below but the per-key
-// versions, which are the DB scope's.
+// versions, which are the DB scope's. [DBShare] runs a table of share-group
+// scenarios against a DB-scope pipeline run as a member of a share group
+// (consumer.Config.Share): duplicates, a lock that expired, poison, a
+// crash mid-transaction and a replay, each with one effect per record.
 //
 // The scenarios:
 //
@@ -151,7 +154,12 @@ func (r Report) Held() bool {
 // report.
 func table(t *testing.T, scenarios []scenario, open func(t *testing.T) pipeline) Report {
 	t.Helper()
-	k := testenv.KafkaT(t)
+	return tableOn(t, testenv.KafkaT(t), scenarios, open)
+}
+
+// tableOn is table on the Kafka k.
+func tableOn(t *testing.T, k *testenv.Kafka, scenarios []scenario, open func(t *testing.T) pipeline) Report {
+	t.Helper()
 	var (
 		mu  sync.Mutex
 		rep Report
