@@ -158,16 +158,21 @@ type ShareStats struct {
 	// Config.Dedupe).
 	AcksRefused int64
 	Exhausted   int64 // records dead-lettered past MaxDeliveries
+	// LocksLost counts records finished after their acquisition lock had
+	// expired. The member accepts them at its next poll, apart from the
+	// others (an acknowledgement the broker refuses fails those sent with
+	// it); the broker may have given them to another member already.
+	LocksLost int64
 }
 
 // shareCounters are the runner's ShareStats.
 type shareCounters struct {
-	polls, accepted, released, redelivered, renewals, refused, exhausted atomic.Int64
+	polls, accepted, released, redelivered, renewals, refused, exhausted, lateAcks atomic.Int64
 }
 
 func (c *shareCounters) stats() ShareStats {
 	return ShareStats{Polls: c.polls.Load(), Accepted: c.accepted.Load(), Released: c.released.Load(), Redelivered: c.redelivered.Load(),
-		Renewals: c.renewals.Load(), AcksRefused: c.refused.Load(), Exhausted: c.exhausted.Load()}
+		Renewals: c.renewals.Load(), AcksRefused: c.refused.Load(), Exhausted: c.exhausted.Load(), LocksLost: c.lateAcks.Load()}
 }
 
 // withDefaults fills in s's zero fields.

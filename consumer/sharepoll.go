@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -32,6 +33,12 @@ type shareRun struct {
 	polled  []*kgo.Record
 	polling time.Time
 	renewAt time.Time
+	// renewedUntil is, in Unix nanoseconds, when the locks of the last
+	// poll's records end after their last renewal (0: not renewed).
+	renewedUntil atomic.Int64
+	// late says a record of the last poll finished after its lock had
+	// expired, and was left for the next poll to accept.
+	late atomic.Bool
 }
 
 // shareMaxDeliveries is cfg's ShareConfig.MaxDeliveries, 0 for a
@@ -181,6 +188,7 @@ func (r *Runner) sharePollLoop(ctx context.Context) {
 // sharePollOnce polls once and dispatches what it fetched. It reports
 // whether the client was closed.
 func (r *Runner) sharePollOnce(ctx context.Context) (closed bool) {
+	r.flushBeforeLate(ctx)
 	r.loopBeat.wait()
 	fetches := r.cl.PollRecords(ctx, r.sharePollRecords())
 	r.loopBeat.back()
@@ -196,6 +204,7 @@ func (r *Runner) sharePollOnce(ctx context.Context) (closed bool) {
 	sh.polled = sh.polled[:0]
 	sh.polling = time.Now()
 	sh.renewAt = time.Time{}
+	sh.renewedUntil.Store(0)
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) == 0 {
 			return
@@ -275,6 +284,7 @@ func (r *Runner) renewLocks(ctx context.Context) {
 		rec.Ack(kgo.AckRenew)
 	}
 	sh.renewals.Add(int64(len(sh.polled)))
+	sh.renewedUntil.Store(now.Add(lock).UnixNano())
 	sh.renewAt = now.Add(max(lock-sh.cfg.RenewBefore, lock/3))
 	// The client sends acknowledgements within a second; a renewal
 	// cannot wait that long for a lock that ends within RenewBefore.
@@ -323,10 +333,44 @@ func (r *Runner) shareAck(rec *Record, finished bool) {
 		return
 	}
 	if finished {
+		if r.shareLockLost(rec) {
+			// Its lock expired: the broker may refuse an acceptance now,
+			// and an acknowledgement it refuses fails those sent with it.
+			// The next poll accepts it, alone (flushBeforeLate).
+			r.share.lateAcks.Add(1)
+			r.share.late.Store(true)
+			return
+		}
 		rec.Ack(kgo.AckAccept)
 		r.share.accepted.Add(1)
 		return
 	}
 	rec.Ack(kgo.AckRelease)
 	r.share.released.Add(1)
+}
+
+// shareLockLost reports whether rec's acquisition lock has expired: past
+// its deadline, and past the last renewal's.
+func (r *Runner) shareLockLost(rec *Record) bool {
+	d := rec.AcquisitionDeadline()
+	if d.IsZero() {
+		return false
+	}
+	now := time.Now().UnixNano()
+	return now > d.UnixNano() && now > r.share.renewedUntil.Load()
+}
+
+// flushBeforeLate sends the last poll's acknowledgements before the next
+// poll when some of its records finished after their locks expired: the
+// client accepts those at the poll, and a refusal of theirs then fails no
+// acknowledgement of a record whose lock held.
+func (r *Runner) flushBeforeLate(ctx context.Context) {
+	if !r.share.late.Swap(false) {
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.cl.FlushAcks(fctx); err != nil && ctx.Err() == nil {
+		r.log.Warn("kscope: sending a share group's acknowledgements took over 5s", "err", err)
+	}
 }

@@ -24,6 +24,8 @@ var (
 		"Acknowledgement requests the broker refused for a partition, mostly of records whose locks had expired (consumer.ShareStats.AcksRefused).", []string{"consumer_group"}, nil)
 	shareExhaustedDesc = prometheus.NewDesc("kscope_share_deliveries_exhausted_total",
 		"Records dead-lettered past consumer.ShareConfig.MaxDeliveries (consumer.ShareStats.Exhausted).", []string{"consumer_group"}, nil)
+	shareLocksLostDesc = prometheus.NewDesc("kscope_share_locks_lost_total",
+		"Records a share-group member finished after their acquisition lock had expired (consumer.ShareStats.LocksLost): the broker may have given them to another member.", []string{"consumer_group"}, nil)
 	shareInFlightDesc = prometheus.NewDesc("kscope_share_in_flight_records",
 		"Records a share-group member acquired and has not finished (consumer.Stats.InFlight).", []string{"consumer_group"}, nil)
 )
@@ -44,6 +46,7 @@ type shareCollector struct {
 //	kscope_share_lock_renewals_total{consumer_group}         acquisition locks renewed
 //	kscope_share_acks_refused_total{consumer_group}          acknowledgements the broker refused
 //	kscope_share_deliveries_exhausted_total{consumer_group}  records dead-lettered past MaxDeliveries
+//	kscope_share_locks_lost_total{consumer_group}            records finished after their lock expired
 //	kscope_share_in_flight_records{consumer_group}           records acquired and not finished
 //
 // One Metrics watches any number of runners: the members of one share
@@ -77,7 +80,7 @@ func (m *Metrics) WatchShare(r *consumer.Runner) error {
 
 // Describe implements prometheus.Collector.
 func (c *shareCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{shareAcceptedDesc, shareReleasedDesc, shareRedeliveredDesc, shareRenewalsDesc, shareRefusedDesc, shareExhaustedDesc, shareInFlightDesc} {
+	for _, d := range []*prometheus.Desc{shareAcceptedDesc, shareReleasedDesc, shareRedeliveredDesc, shareRenewalsDesc, shareRefusedDesc, shareExhaustedDesc, shareLocksLostDesc, shareInFlightDesc} {
 		ch <- d
 	}
 }
@@ -110,13 +113,14 @@ func (c *shareCollector) Collect(ch chan<- prometheus.Metric) {
 		s.share.Renewals += st.Share.Renewals
 		s.share.AcksRefused += st.Share.AcksRefused
 		s.share.Exhausted += st.Share.Exhausted
+		s.share.LocksLost += st.Share.LocksLost
 		s.inFlight += st.InFlight
 	}
 	for _, g := range groups {
 		s := sums[g]
 		for d, v := range map[*prometheus.Desc]int64{shareAcceptedDesc: s.share.Accepted, shareReleasedDesc: s.share.Released,
 			shareRedeliveredDesc: s.share.Redelivered, shareRenewalsDesc: s.share.Renewals, shareRefusedDesc: s.share.AcksRefused,
-			shareExhaustedDesc: s.share.Exhausted} {
+			shareExhaustedDesc: s.share.Exhausted, shareLocksLostDesc: s.share.LocksLost} {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), g)
 		}
 		ch <- prometheus.MustNewConstMetric(shareInFlightDesc, prometheus.GaugeValue, float64(s.inFlight), g)
