@@ -55,6 +55,7 @@ func config(k *testenv.Kafka, group string) consumer.Config {
 		Brokers: k.Brokers, Group: group, Topics: []string{"in"}, Shards: 4, Logger: logger(),
 		Failures:      retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond},
 		ClientOptions: clientOpts(),
+		GroupProtocol: consumer.GroupProtocol(testenv.GroupProtocol()),
 	}
 }
 
