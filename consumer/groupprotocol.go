@@ -111,7 +111,7 @@ func (p *protocolSeen) get() GroupProtocol {
 // fell back to the classic protocol.
 func (r *Runner) logJoin() {
 	used := r.proto.get()
-	args := []any{"group", r.cfg.Group, "protocol", string(used), "asked", string(r.cfg.GroupProtocol)}
+	args := []any{"protocol", string(used), "asked", string(r.cfg.GroupProtocol)}
 	if r.cfg.InstanceID != "" {
 		args = append(args, "instance_id", r.cfg.InstanceID)
 	}
