@@ -58,6 +58,12 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 		// consumer quickly (the broker default minimum is 6 s).
 		{"group.initial.rebalance.delay.ms", "0"},
 		{"group.min.session.timeout.ms", "100"},
+		// Consumer-protocol (KIP-848) members reconcile an assignment
+		// change at their next heartbeat: every 500 ms rather than the
+		// default 5 s, as the classic members the suites configure.
+		{"group.consumer.min.heartbeat.interval.ms", "100"},
+		{"group.consumer.heartbeat.interval.ms", "500"},
+		{"group.consumer.min.session.timeout.ms", "1000"},
 		// A killed broker is fenced, and its partitions led elsewhere,
 		// after 3 s without a heartbeat (the default is 9 s).
 		{"broker.heartbeat.interval.ms", "500"},
