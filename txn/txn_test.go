@@ -626,7 +626,7 @@ func TestLostPartitionsWhileTheAbortFailsKeepRunning(t *testing.T) {
 	<-blocked
 	testenv.WaitFor(t, time.Minute, "outputs produced in the open transaction", produced.Load)
 	failAborts.Store(true)
-	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{testenv.HeartbeatKey()}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
 		t.Fatal(err)
 	}
 	waitRunning(t, errc, "the partitions were lost and the abort failed", func() bool { return k.CommittedAll(t, group, "in") },

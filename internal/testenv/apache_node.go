@@ -63,7 +63,10 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 		// default 5 s, as the classic members the suites configure.
 		{"group.consumer.min.heartbeat.interval.ms", "100"},
 		{"group.consumer.heartbeat.interval.ms", "500"},
+		// A fenced or killed consumer-protocol member's partitions move
+		// after 6 s (the default session is 45 s).
 		{"group.consumer.min.session.timeout.ms", "1000"},
+		{"group.consumer.session.timeout.ms", "6000"},
 		// A killed broker is fenced, and its partitions led elsewhere,
 		// after 3 s without a heartbeat (the default is 9 s).
 		{"broker.heartbeat.interval.ms", "500"},
