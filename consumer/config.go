@@ -164,8 +164,10 @@ type Config struct {
 
 	// InstanceID makes the member static (KIP-345; Java:
 	// group.instance.id): a member that restarts with the same id within
-	// the group's session timeout (franz-go's default 45s, or
-	// kgo.SessionTimeout in ClientOptions) gets its partitions back
+	// the group's session timeout (45s by default: kgo.SessionTimeout in
+	// ClientOptions under the classic protocol, the broker's
+	// group.consumer.session.timeout.ms under the consumer protocol) gets
+	// its partitions back
 	// without a rebalance of the other members, and a member that stops
 	// does not leave the group: its partitions wait for it, unassigned,
 	// for up to the session timeout. The drain and commit rules are
