@@ -133,7 +133,8 @@ func (w *rollWatch) sampleProgress(ctx context.Context, e *relRun, last map[int3
 }
 
 // groupMembers is the sorted list of the group's member ids, as the
-// coordinator describes it; empty when it does not answer.
+// coordinator describes it under either protocol; empty when it does not
+// answer.
 func groupMembers(ctx context.Context, e *relRun) string {
 	described, err := e.k.Admin().DescribeGroups(ctx, e.group)
 	if err != nil {
@@ -143,6 +144,19 @@ func groupMembers(ctx context.Context, e *relRun) string {
 	for _, g := range described {
 		for _, m := range g.Members {
 			ids = append(ids, m.MemberID)
+		}
+	}
+	if len(ids) == 0 {
+		// A consumer-protocol (KIP-848) group is described by its own
+		// request.
+		next, err := e.k.Admin().DescribeConsumerGroups(ctx, e.group)
+		if err != nil {
+			return ""
+		}
+		for _, g := range next {
+			for _, m := range g.Members {
+				ids = append(ids, m.MemberID)
+			}
 		}
 	}
 	slices.Sort(ids)
