@@ -325,7 +325,10 @@ func TestRebalanceAbortsAndRewinds(t *testing.T) {
 	testenv.WaitFor(t, time.Minute, "a to commit", func() bool { return a.Stats().Kafka.Records > 300 })
 	b := newMember("member-b")
 	stopB := runFor(t, b)
-	testenv.WaitFor(t, time.Minute, "b to commit", func() bool { return b.Stats().Kafka.Records > 300 })
+	// Under the consumer protocol the broker moves one of the three
+	// partitions to b, a heartbeat or two after it joins: a third of the
+	// stream, of which a has often done two thirds by then.
+	testenv.WaitFor(t, time.Minute, "b to commit", func() bool { return b.Stats().Kafka.Records > 100 })
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
