@@ -20,7 +20,7 @@ build:
 	$(GO) build -o $(BIN)/kscope ./cmd/kscope
 
 ## test: vet, staticcheck, then every unit and integration test with -race
-test: vet staticcheck test-unit test-integration
+test: vet staticcheck test-unit test-consumer-protocol test-integration
 
 vet:
 	@for m in $(MODULES); do echo "go vet ($$m)"; (cd $$m && $(GO) vet ./...) || exit 1; done
@@ -33,6 +33,14 @@ staticcheck:
 
 test-unit:
 	$(GO) test $(TESTFLAGS) ./...
+
+# What reacts to assignment (drain on revoke, lost partitions, the Kafka
+# scope's fencing and rewinds, the DB scope's stored offsets and parking,
+# changelog restore), again under the consumer group protocol (KIP-848).
+CONSUMER_PROTOCOL_TESTS = TestLostPartitionCommitsNothing|TestRevokeEndsRetryBackoff|TestRetryRungFilledDuringRollingDeployIsDrained|TestStopLogsTheDrain|TestFencing$$|TestRebalanceAbortsAndRewinds|TestIdleMemberSeesEveryRevocation|TestRestartFencesThePredecessorsOpenTransaction|TestVersionsRestoredOnceTheChangelogIsStable|TestLostPartitionsWhileTheAbortFailsKeepRunning|TestZombieAfterRebalanceHasOneEffect|TestStoredOffsetsResumeAheadOfKafka|TestDBReleasedHeadCutByLostPartitionIsRoutedAgain|TestDBParkedRedeliveryKeepsOrder|TestVersionGapAcrossRebalance
+
+test-consumer-protocol:
+	KSCOPE_GROUP_PROTOCOL=consumer $(GO) test $(TESTFLAGS) -run '$(CONSUMER_PROTOCOL_TESTS)' ./consumer ./txn ./dbscope
 
 test-integration:
 	cd integration && $(GO) test $(TESTFLAGS) ./...

@@ -51,7 +51,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 	}
 	slices.Sort(got)
 	want := []string{
-		"Class", "ClassOf", "Config", "Config.WithDefaults", "ConfigError", "ConfigError.Error", "DBStats", "DedupeConfig", "DedupeStats", "DedupeUnavailable", "DedupeUnavailable.String", "DecodeError",
+		"Class", "ClassOf", "Config", "GroupProtocol", "Config.WithDefaults", "ConfigError", "ConfigError.Error", "DBStats", "DedupeConfig", "DedupeStats", "DedupeUnavailable", "DedupeUnavailable.String", "DecodeError",
 		"FailureStats", "Handler", "HandlerFunc", "HandlerFunc.Handle", "Health", "HoldStats",
 		"Identity", "Identity.Of", "KafkaStats", "KeyBreakerConfig", "KeyBreakerStats", "Lateness", "New", "NewScoped", "NullKeyPolicy", "Record",
 		"Record.Header", "Record.Revoked", "Retryable", "Runner", "Runner.Client",

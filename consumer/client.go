@@ -30,7 +30,7 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsAssigned(r.onAssigned),
 		kgo.OnPartitionsRevoked(r.onRevoked),
 		kgo.OnPartitionsLost(r.onLost),
-		kgo.WithHooks(&r.brokers),
+		kgo.WithHooks(&r.brokers, &r.proto),
 		// Transaction markers reach dispatchAll, which counts them done
 		// at once (a transactional runner, once the records it holds
 		// back before them are dispatched; see markersPolledLocked):
@@ -40,6 +40,7 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		// transactional producer writes).
 		kgo.KeepControlRecords(),
 	)
+	opts = append(opts, r.cfg.groupProtocolOptions()...)
 	// A transactional runner consumes once its producer ID is
 	// initialised (newClient), so that it joins the group only then.
 	opts = append(opts, r.consumeOptions()...)

@@ -144,6 +144,46 @@ type Config struct {
 	// in a rebalance).
 	RebalanceTimeout time.Duration
 
+	// GroupProtocol is the consumer group protocol the member joins with:
+	// [GroupProtocolClassic] (the default) or [GroupProtocolConsumer]
+	// (KIP-848: the broker assigns partitions and members reconcile one
+	// by one, with no group-wide barrier). Classic is the default because
+	// it runs on every broker kscope supports, while the consumer
+	// protocol needs Kafka 4.0+ and franz-go recommends it only from
+	// Kafka 4.3 (before that an offset commit can fail with
+	// STALE_MEMBER_EPOCH during a reconciliation). Under the consumer
+	// protocol the runner's balancer is the broker's: ClientOptions'
+	// kgo.Balancers must put kgo.RangeBalancer or a sticky balancer
+	// first (the runner's default, cooperative-sticky, asks for the
+	// broker's uniform assignor), or the client joins with the classic
+	// protocol; a broker without the consumer protocol gets the classic
+	// one too. [Stats].GroupProtocol and the runner's log line at join
+	// report the protocol actually in use. Java: group.protocol. Not
+	// used by a share group (Config.Share).
+	GroupProtocol GroupProtocol
+
+	// InstanceID makes the member static (KIP-345; Java:
+	// group.instance.id): a member that restarts with the same id within
+	// the group's session timeout (45s by default: kgo.SessionTimeout in
+	// ClientOptions under the classic protocol, the broker's
+	// group.consumer.session.timeout.ms under the consumer protocol) gets
+	// its partitions back
+	// without a rebalance of the other members, and a member that stops
+	// does not leave the group: its partitions wait for it, unassigned,
+	// for up to the session timeout. The drain and commit rules are
+	// unchanged: a stop drains the running records and commits what
+	// finished before the client closes. Each member needs its own id, stable
+	// across its restarts: a Kubernetes StatefulSet's pod name (the
+	// POD_NAME from the downward API, such as orders-2) is one; a
+	// Deployment's pod names are random per pod, so a restarted pod comes
+	// back as a new member and the old id's partitions wait out the
+	// session timeout unconsumed (see docs/operations.md). Two running
+	// members with one id fence each other: the broker refuses the
+	// second. Both protocols. At most 249 characters of
+	// letters, digits, '.', '_' and '-'. Empty by default: a dynamic
+	// member. Not used by a share group (Config.Share).
+	InstanceID string
+
 	// CommitInterval is how often durable offsets are committed. Offsets are
 	// also committed on revoke and on shutdown. Default 1s.
 	// Java: auto.commit.interval.ms (for a manual-commit consumer).
@@ -296,6 +336,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxInFlightBytes == 0 {
 		c.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
+	if c.GroupProtocol == "" {
+		c.GroupProtocol = GroupProtocolClassic
+	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
@@ -360,6 +403,7 @@ func (c Config) validate() error {
 	c.validateDedupe(bad)
 	c.validateIdleWork(bad)
 	c.validateOwner(bad)
+	c.validateGroupMembership(bad)
 	for _, pr := range c.Failures.Problems() {
 		bad("Failures."+pr.Field, "%s", pr.Reason)
 	}

@@ -39,6 +39,17 @@ func TestBadConfigFailsAtConstruction(t *testing.T) {
 			c.RebalanceTimeout = 60 * time.Second
 		}, "DrainTimeout", "must be shorter than RebalanceTimeout"},
 		{"negative rebalance", func(c *consumer.Config) { c.RebalanceTimeout = -1 }, "RebalanceTimeout", "positive duration"},
+		{"unknown group protocol", func(c *consumer.Config) { c.GroupProtocol = "eager" }, "GroupProtocol", "GroupProtocolClassic"},
+		{"bad instance id", func(c *consumer.Config) { c.InstanceID = "orders 0" }, "InstanceID", "letters, digits"},
+		{"long instance id", func(c *consumer.Config) { c.InstanceID = strings.Repeat("a", 250) }, "InstanceID", "at most 249"},
+		{"share with the consumer protocol", func(c *consumer.Config) {
+			c.Share = &consumer.ShareConfig{}
+			c.GroupProtocol = consumer.GroupProtocolConsumer
+		}, "GroupProtocol", "share group has its own protocol"},
+		{"share with an instance id", func(c *consumer.Config) {
+			c.Share = &consumer.ShareConfig{}
+			c.InstanceID = "orders-0"
+		}, "InstanceID", "share group has no static members"},
 		{"negative commit interval", func(c *consumer.Config) { c.CommitInterval = -1 }, "CommitInterval", "positive duration"},
 		{"unknown null-key policy", func(c *consumer.Config) { c.NullKeys = 9 }, "NullKeys", "NullKeyOrdered or NullKeySpread"},
 		{"negative backoff", func(c *consumer.Config) { c.Failures.Backoff = -time.Second }, "Failures.Backoff", "set a positive duration"},

@@ -52,5 +52,6 @@ func baseConfig(t testing.TB, k *testenv.Kafka, group string, topics ...string) 
 		CommitInterval: 50 * time.Millisecond,
 		DrainTimeout:   5 * time.Second,
 		Logger:         testLogger(t),
+		GroupProtocol:  consumer.GroupProtocol(testenv.GroupProtocol()),
 	}
 }

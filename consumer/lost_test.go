@@ -60,7 +60,7 @@ func TestLostPartitionCommitsNothing(t *testing.T) {
 	<-entered
 	// The coordinator answers one heartbeat with UNKNOWN_MEMBER_ID: the
 	// member was fenced, so its partitions are lost.
-	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{testenv.HeartbeatKey()}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
 		t.Skip(err) // broker faults need the in-process kfake cluster
 	}
 	testenv.WaitFor(t, time.Minute, "the partition to be lost", func() bool { return r.Stats().LostPartitions > 0 })

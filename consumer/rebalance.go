@@ -50,7 +50,9 @@ func (r *Runner) onCommit(res commit.Result) {
 
 func (r *Runner) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	r.rebalances.Add(1)
-	r.joined.Store(true)
+	if !r.joined.Swap(true) {
+		r.logJoin()
+	}
 	r.endUnreported(assigned)
 	if r.txs != nil {
 		// Before the offsets are fetched: the scope's committed state of

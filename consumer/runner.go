@@ -128,6 +128,7 @@ type Runner struct {
 	runHealth runHealth
 	loopBeat  loopBeat
 	brokers   brokerHealth
+	proto     protocolSeen // the group protocol the client uses
 	joined    atomic.Bool
 	idle      idleWork  // the periodic work's counters (Config.Periodic; idlework.go)
 	share     *shareRun // a share group's (Config.Share); nil for a consumer group
@@ -240,6 +241,7 @@ func (r *Runner) Stats() Stats {
 		PausedPartitions: int(r.paused.Load()),
 		Pauses:           r.pauses.Load(),
 		Assigned:         assigned,
+		GroupProtocol:    r.proto.get(),
 		Rebalances:       r.rebalances.Load(),
 		LostPartitions:   r.lost.Load(),
 		Held:             r.held.Load(),

@@ -14,12 +14,18 @@ type Stats struct {
 	RetryLateness    Lateness // how late held records were released
 	Pauses           int64    // times a partition was paused for backpressure
 	Assigned         int      // partitions assigned now
-	Rebalances       int64    // assignments, revocations and losses seen
-	LostPartitions   int64    // partitions lost (taken without a revoke)
-	Commits          int64    // offset commit requests that succeeded
-	CommitErrors     int64    // offset commit requests that failed
-	StalledShards    int      // key-shards that have finished none of their records for Config.StallWarning, now
-	Failures         FailureStats
+	// GroupProtocol is the consumer group protocol the member's client
+	// uses, as its requests to the group coordinator show (a JoinGroup:
+	// classic; a ConsumerGroupHeartbeat: consumer): Config.GroupProtocol,
+	// unless the client fell back to classic. Empty until the client
+	// first joins, and for a share group.
+	GroupProtocol  GroupProtocol
+	Rebalances     int64 // assignments, revocations and losses seen
+	LostPartitions int64 // partitions lost (taken without a revoke)
+	Commits        int64 // offset commit requests that succeeded
+	CommitErrors   int64 // offset commit requests that failed
+	StalledShards  int   // key-shards that have finished none of their records for Config.StallWarning, now
+	Failures       FailureStats
 	// Hold says whether key-shards hold their records because the
 	// deployment is wrong (a missing table, a refused privilege): see
 	// HoldStats. [Runner.Health] reports the runner not ready while

@@ -82,6 +82,7 @@ func baseConfig(k *testenv.Kafka, group, topic string) consumer.Config {
 		CommitInterval: 50 * time.Millisecond,
 		DrainTimeout:   5 * time.Second,
 		Logger:         testLogger(),
+		GroupProtocol:  consumer.GroupProtocol(testenv.GroupProtocol()),
 		// Short in-place backoff, and a budget no test exhausts unless it
 		// means to.
 		Failures: retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, RetryableAttempts: 1000},

@@ -226,7 +226,7 @@ func cutRouteByLoss(t *testing.T, k *testenv.Kafka, r interface{ Stats() consume
 	if err := pf.Wait(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{testenv.HeartbeatKey()}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Minute, "the partitions lost", func() bool { return r.Stats().LostPartitions > 0 })

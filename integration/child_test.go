@@ -77,6 +77,7 @@ func runChild(role string) int {
 		// scenario that kills children.
 		RebalanceTimeout: 10 * time.Second,
 		ClientOptions:    childClientOptions(),
+		GroupProtocol:    consumer.GroupProtocol(testenv.GroupProtocol()),
 		Logger:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	var h consumer.Handler

@@ -26,7 +26,9 @@ import (
 // headers are checked against the changelog.
 func runTxnChild(ctx context.Context, cfg consumer.Config, maxDelay time.Duration, role string) int {
 	out := cfg.Topics[0] + ".out"
-	o := txn.Options{TransactionalID: cfg.Group + "-child", CommitInterval: 50 * time.Millisecond, MaxRecords: 300}
+	// A child named in its environment (several at once) has a
+	// transactional id of its own, which its restarts under the name keep.
+	o := txn.Options{TransactionalID: cfg.Group + "-child" + os.Getenv(childNameEnv), CommitInterval: 50 * time.Millisecond, MaxRecords: 300}
 	switch role {
 	case "txn-versions":
 		o.Versions = &sequence.Config{}

@@ -55,6 +55,7 @@ func config(k *testenv.Kafka, group string) consumer.Config {
 		Brokers: k.Brokers, Group: group, Topics: []string{"in"}, Shards: 4, Logger: logger(),
 		Failures:      retrytopic.Policy{Backoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond},
 		ClientOptions: clientOpts(),
+		GroupProtocol: consumer.GroupProtocol(testenv.GroupProtocol()),
 	}
 }
 
@@ -324,7 +325,10 @@ func TestRebalanceAbortsAndRewinds(t *testing.T) {
 	testenv.WaitFor(t, time.Minute, "a to commit", func() bool { return a.Stats().Kafka.Records > 300 })
 	b := newMember("member-b")
 	stopB := runFor(t, b)
-	testenv.WaitFor(t, time.Minute, "b to commit", func() bool { return b.Stats().Kafka.Records > 300 })
+	// Under the consumer protocol the broker moves one of the three
+	// partitions to b, a heartbeat or two after it joins: a third of the
+	// stream, of which a has often done two thirds by then.
+	testenv.WaitFor(t, time.Minute, "b to commit", func() bool { return b.Stats().Kafka.Records > 100 })
 	if err := stopA(); err != nil {
 		t.Fatal(err)
 	}
@@ -625,7 +629,7 @@ func TestLostPartitionsWhileTheAbortFailsKeepRunning(t *testing.T) {
 	<-blocked
 	testenv.WaitFor(t, time.Minute, "outputs produced in the open transaction", produced.Load)
 	failAborts.Store(true)
-	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
+	if _, err := k.Fault(kfake.Fault{Keys: []kmsg.Key{testenv.HeartbeatKey()}, Group: group, Err: kerr.UnknownMemberID}); err != nil {
 		t.Fatal(err)
 	}
 	waitRunning(t, errc, "the partitions were lost and the abort failed", func() bool { return k.CommittedAll(t, group, "in") },

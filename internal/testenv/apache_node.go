@@ -63,7 +63,7 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 		{"broker.heartbeat.interval.ms", "500"},
 		{"broker.session.timeout.ms", "3000"},
 	}
-	props = append(append(props, smallMachineProps...), shareGroupProps...)
+	props = append(append(append(props, smallMachineProps...), shareGroupProps...), consumerGroupProps...)
 	keys := make([]string, 0, len(settings))
 	for k := range settings {
 		keys = append(keys, k)
@@ -201,4 +201,16 @@ var smallMachineProps = [][2]string{
 	{"background.threads", "4"},
 	{"log.cleaner.threads", "1"},
 	{"log.cleaner.dedupe.buffer.size", strconv.Itoa(4 << 20)},
+}
+
+// consumerGroupProps are the settings of the consumer group protocol
+// (KIP-848) on a test broker. Its members reconcile an assignment change at
+// their next heartbeat: every 500 ms rather than the default 5 s, as the
+// classic members the suites configure; a fenced or killed member's
+// partitions move after 6 s (the default session is 45 s).
+var consumerGroupProps = [][2]string{
+	{"group.consumer.min.heartbeat.interval.ms", "100"},
+	{"group.consumer.heartbeat.interval.ms", "500"},
+	{"group.consumer.min.session.timeout.ms", "1000"},
+	{"group.consumer.session.timeout.ms", "6000"},
 }

@@ -122,7 +122,15 @@ func StartKafka(ctx context.Context, opts ...kfake.Opt) (*Kafka, error) {
 		}
 		return newKafka(brokers, nil, "container", stop)
 	}
-	base := []kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(1)}
+	base := []kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(1),
+		// Consumer-protocol (KIP-848) members reconcile an assignment
+		// change at their next heartbeat: every 500 ms rather than the
+		// default 5 s, and a fenced member's partitions move after 6 s
+		// rather than 45 (as on the Apache Kafka test brokers).
+		kfake.BrokerConfigs(map[string]string{
+			"group.consumer.heartbeat.interval.ms": "500",
+			"group.consumer.session.timeout.ms":    "6000",
+		})}
 	cl, err := kfake.NewCluster(append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("testenv: starting an in-process kfake cluster: %w", err)
