@@ -168,7 +168,9 @@ type Config struct {
 	// ClientOptions under the classic protocol, the broker's
 	// group.consumer.session.timeout.ms under the consumer protocol) gets
 	// its partitions back
-	// without a rebalance of the other members, and a member that stops
+	// without a rebalance of the other members (under the classic
+	// protocol; under the consumer protocol Apache Kafka 4.3.1 was seen
+	// to hand them to the others and back), and a member that stops
 	// does not leave the group: its partitions wait for it, unassigned,
 	// for up to the session timeout. The drain and commit rules are
 	// unchanged: a stop drains the running records and commits what
