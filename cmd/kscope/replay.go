@@ -213,52 +213,17 @@ type replayPlan struct {
 // radius, and with --yes audits the replay and commits the group's new
 // offsets.
 func replay(ctx context.Context, e *env, o *replayOpts) error {
-	if o.group == "" || o.topic == "" {
-		return usagef("give the consumer group with --group and the topic with --topic")
-	}
-	if err := o.checkSafetyFlags(); err != nil {
-		return err
-	}
-	desc, at, err := o.target()
-	if err != nil {
-		return err
-	}
-	pol, err := e.replayPolicy(o.group)
-	if err != nil {
-		return err
-	}
-	kc, err := e.kafka(o.brokers, o.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, adm, err := kc.admin()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-
-	plan, err := planReplay(ctx, kc, adm, o, at)
-	if err != nil {
-		return err
-	}
-	rep := newReplayReport(o, desc, plan)
-	rep.Policy = pol.note
-	if rep.Again > 0 {
-		rep.HandledAgain = replayAgainNote(o.group, o.topic)
-		if rep.Blast, err = o.blast(ctx, e, kc, adm, plan, pol.entry); err != nil {
-			return err
-		}
-	}
-	if !o.asJSON {
-		printReplay(e, o, desc, plan, rep)
-	}
-	if err := pol.gate(o, rep); err != nil {
-		if o.asJSON {
-			rep.say(e, o, err.Error())
-		}
-		return err
-	}
-	return finishReplay(ctx, e, kc, adm, o, plan, rep)
+	return runMove(ctx, e, o, offsetMove{
+		usage: "give the consumer group with --group and the topic with --topic",
+		plan: func(ctx context.Context, kc *kafkaConn, adm *kadm.Client, at time.Time) (map[int32]*replayPlan, error) {
+			return planReplay(ctx, kc, adm, o, at)
+		},
+		again: func(rep *replayReport) { rep.HandledAgain = replayAgainNote(o.group, o.topic) },
+		print: func(desc string, plan map[int32]*replayPlan, rep *replayReport) { printReplay(e, o, desc, plan, rep) },
+		finish: func(ctx context.Context, kc *kafkaConn, adm *kadm.Client, plan map[int32]*replayPlan, rep *replayReport) error {
+			return finishReplay(ctx, e, kc, adm, o, plan, rep)
+		},
+	})
 }
 
 // printReplay writes the plan, the blast radius and what the policy and

@@ -96,50 +96,18 @@ type shareResetOpts struct {
 // shareReset runs share reset: it checks the flags, prints the plan and
 // its blast radius, and with --yes audits the move and makes it.
 func shareReset(ctx context.Context, e *env, o *shareResetOpts) error {
-	if o.group == "" || o.topic == "" {
-		return usagef("give the share group with --group and the topic with --topic")
-	}
-	if err := o.checkSafetyFlags(); err != nil {
-		return err
-	}
-	desc, at, err := o.target()
-	if err != nil {
-		return err
-	}
-	pol, err := e.replayPolicy(o.group)
-	if err != nil {
-		return err
-	}
-	kc, err := e.kafka(o.brokers, o.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, adm, err := kc.admin()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	plan, err := planShareReset(ctx, kc, adm, o, at)
-	if err != nil {
-		return err
-	}
-	rep := newReplayReport(&o.replayOpts, desc, plan)
-	rep.Policy = pol.note
-	if rep.Again > 0 {
-		if rep.Blast, err = o.blast(ctx, e, kc, adm, plan, pol.entry); err != nil {
-			return err
-		}
-	}
-	if !o.asJSON {
-		printShareReset(e.stdout, o, desc, plan, rep)
-	}
-	if err := pol.gate(&o.replayOpts, rep); err != nil {
-		if o.asJSON {
-			rep.say(e, &o.replayOpts, err.Error())
-		}
-		return err
-	}
-	return finishShareReset(ctx, e, kc, adm, o, plan, rep)
+	return runMove(ctx, e, &o.replayOpts, offsetMove{
+		usage: "give the share group with --group and the topic with --topic",
+		plan: func(ctx context.Context, kc *kafkaConn, adm *kadm.Client, at time.Time) (map[int32]*replayPlan, error) {
+			return planShareReset(ctx, kc, adm, o, at)
+		},
+		print: func(desc string, plan map[int32]*replayPlan, rep *replayReport) {
+			printShareReset(e.stdout, o, desc, plan, rep)
+		},
+		finish: func(ctx context.Context, kc *kafkaConn, adm *kadm.Client, plan map[int32]*replayPlan, rep *replayReport) error {
+			return finishShareReset(ctx, e, kc, adm, o, plan, rep)
+		},
+	})
 }
 
 // planShareReset checks that the topic and its partition exist and the
