@@ -108,6 +108,12 @@ func runShareReliability(t *testing.T, scope string, k *testenv.Kafka, nodes int
 		e.openDB()
 	}
 	e.env = append(e.env, shareChildLockEnv+"="+shareRelLock.String())
+	if k.Kind != "kfake" {
+		// Apache Kafka 4.3.1 can stop a share partition after a run of
+		// late acknowledgements (docs/share-groups.md): there the members
+		// renew their locks, and the slow handlers keep their records.
+		e.env = append(e.env, shareChildRenewEnv+"=1")
+	}
 	recs := testenv.KeyedRecords(e.topic, keys, perKey)
 	slow := 0
 	for _, r := range recs {
@@ -306,8 +312,15 @@ func (e *shareRelRun) report(start time.Time, kills, slow, nodes int) {
 	if nodes > 0 {
 		where = fmt.Sprintf(" (Apache Kafka, %d nodes)", nodes)
 	}
-	fault := fmt.Sprintf("share group%s: %d members on %d partitions, %d SIGKILLed and restarted, %d records' handlers outliving their %s lock (renewals off): %d redeliveries, %d dead-lettered",
-		where, shareRelMembers, shareRelPartitions, kills, slow, shareRelLock, e.redeliveries.Load(), dead)
+	slowly := fmt.Sprintf("%d records' handlers outliving their %s lock (renewals off)", slow, shareRelLock)
+	if e.k.Kind != "kfake" {
+		if nodes == 0 {
+			where = " (Apache Kafka)"
+		}
+		slowly = fmt.Sprintf("%d records' handlers running past their %s lock, which the members renew (Apache Kafka 4.3.1 stalls after late acknowledgements)", slow, shareRelLock)
+	}
+	fault := fmt.Sprintf("share group%s: %d members on %d partitions, %d SIGKILLed and restarted, %s: %d redeliveries, %d dead-lettered",
+		where, shareRelMembers, shareRelPartitions, kills, slowly, e.redeliveries.Load(), dead)
 	if alo {
 		fault += fmt.Sprintf(" (at least once: %d handler calls again, allowed)", dups)
 	}

@@ -22,6 +22,11 @@ import (
 // it.
 const shareChildLockEnv = "KSCOPE_CHILD_SHARE_LOCK"
 
+// shareChildRenewEnv, when "1", makes the member renew its locks
+// (ShareConfig.RenewBefore at a third of the lock) instead of letting the
+// slow handlers outlive them.
+const shareChildRenewEnv = "KSCOPE_CHILD_SHARE_RENEW"
+
 // shareSlowEvery makes one record in that many (by value) slow on its
 // first delivery in a share-group child.
 const shareSlowEvery = 300
@@ -46,6 +51,9 @@ func runShareChild(ctx context.Context, cfg consumer.Config, db bool, maxDelay t
 		return 2
 	}
 	cfg.Share = &consumer.ShareConfig{RenewBefore: -1, LockDuration: lock}
+	if os.Getenv(shareChildRenewEnv) == "1" {
+		cfg.Share.RenewBefore = lock * 2 / 3
+	}
 	cfg.MaxInFlightRecords = 100
 	work := func(ctx context.Context, r *consumer.Record) error {
 		if maxDelay > 0 {
