@@ -54,6 +54,8 @@ func (in *injector) afterBatch(recs []*consumer.Record, idHeader string, rolledB
 			in.after(r, idHeader, ierr)
 		case j < at && rolledBack:
 			in.after(r, idHeader, errRolledBack)
+		case j > at:
+			in.unreached(r, idHeader) // the call stopped before it: the scope calls it again
 		}
 	}
 }
