@@ -109,7 +109,7 @@ type batchScope struct {
 
 var (
 	_ scope.Batcher             = (*batchScope)(nil)
-	_ scope.EngineUser[*Record] = (*batchScope)(nil)
+	_ ownScope                  = (*batchScope)(nil)
 	_ scope.RetryTopicUser      = (*batchScope)(nil)
 )
 

@@ -27,7 +27,7 @@ func BenchmarkDispatchToDone(b *testing.B) {
 	r.shardBuf = make([][]*Record, r.cfg.Shards)
 	r.newPool()
 	f := &failures{policy: r.cfg.Failures, group: r.cfg.Group, identity: r.cfg.Identity, log: r.log, obs: r.obs}
-	r.unit.(*atLeastOnce).UseEngine(engineOf{f})
+	r.unit.(*atLeastOnce).bind(f)
 	r.failures = f
 	r.pool.Start()
 	defer r.pool.Stop()

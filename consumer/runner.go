@@ -298,7 +298,7 @@ func (r *Runner) start(runCtx context.Context) (*kgo.Client, error) {
 		}
 	}
 	r.newPool()
-	if _, ok := r.unit.(scope.EngineUser[*Record]); ok {
+	if usesEngine(r.unit) {
 		if err := r.ensureFailureTopics(runCtx); err != nil {
 			return nil, err
 		}
@@ -406,10 +406,24 @@ func (r *Runner) useClient(cl *kgo.Client) *failures {
 	}
 	f.cl = cl
 	r.stopMu.Unlock()
-	if u, ok := r.unit.(scope.EngineUser[*Record]); ok {
+	switch u := r.unit.(type) {
+	case ownScope:
+		u.bind(f)
+	case scope.EngineUser[*Record]:
 		u.UseEngine(engineOf{f})
 	}
 	return f
+}
+
+// usesEngine reports whether the scope runs its records through the
+// runner's failure policy: the package's own scopes, and those that
+// implement scope.EngineUser.
+func usesEngine(s workScope) bool {
+	switch s.(type) {
+	case ownScope, scope.EngineUser[*Record]:
+		return true
+	}
+	return false
 }
 
 // startBackground starts the session's background work: the offset

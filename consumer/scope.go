@@ -30,7 +30,7 @@ type workScope = scope.Scope[*Record]
 // compile error here, where the runner looks for them.
 var (
 	_ scope.Batcher             = (*atLeastOnce)(nil)
-	_ scope.EngineUser[*Record] = (*atLeastOnce)(nil)
+	_ ownScope                  = (*atLeastOnce)(nil)
 	_ scope.RetryTopicUser      = (*atLeastOnce)(nil)
 	_ scope.KeyHolder           = (*atLeastOnce)(nil)
 	_ scope.Engine[*Record]     = engineOf{}
@@ -43,19 +43,29 @@ var (
 // dead-letter topic. A failing record is retried in place by the failure
 // policy, blocking only its key-shard; its offset is never committed past.
 type atLeastOnce struct {
-	h         Handler
-	e         scope.Engine[*Record]
-	f         scope.Failures[*Record]
-	obs       scope.Observer[*Record]
+	h Handler
+	// e, f and obs are the runner's engine, failure policy and hooks, by
+	// their concrete types: through an interface, the closures of a
+	// record's call would escape to the heap, two allocations a record.
+	e         engineOf
+	f         *failures
+	obs       *observer
 	unordered bool
 	g         *dedupeGuard // Config.Dedupe; nil without a store
 }
 
-// UseEngine implements scope.EngineUser.
-func (s *atLeastOnce) UseEngine(e scope.Engine[*Record]) {
-	s.e, s.f, s.obs = e, e.Failures(), e.Observer()
+// ownScope is what the runner gives the scopes of this package where
+// other scopes get scope.EngineUser's engine: its failure policy, by its
+// concrete type.
+type ownScope interface {
+	bind(f *failures)
+}
+
+// bind implements ownScope.
+func (s *atLeastOnce) bind(f *failures) {
+	s.e, s.f, s.obs = engineOf{f}, f, f.obs
 	if s.g != nil {
-		s.g.f, s.g.obs = s.f, s.obs
+		s.g.f, s.g.obs = f, f.obs
 	}
 }
 
