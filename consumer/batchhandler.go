@@ -108,9 +108,9 @@ type batchScope struct {
 }
 
 var (
-	_ scope.Batcher             = (*batchScope)(nil)
-	_ ownScope                  = (*batchScope)(nil)
-	_ scope.RetryTopicUser      = (*batchScope)(nil)
+	_ scope.Batcher        = (*batchScope)(nil)
+	_ ownScope             = (*batchScope)(nil)
+	_ scope.RetryTopicUser = (*batchScope)(nil)
 )
 
 // BatchLimits implements scope.Batcher: batches form from what is already

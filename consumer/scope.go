@@ -29,13 +29,13 @@ type workScope = scope.Scope[*Record]
 // the contract's interfaces; these assertions make a changed signature a
 // compile error here, where the runner looks for them.
 var (
-	_ scope.Batcher             = (*atLeastOnce)(nil)
-	_ ownScope                  = (*atLeastOnce)(nil)
-	_ scope.RetryTopicUser      = (*atLeastOnce)(nil)
-	_ scope.KeyHolder           = (*atLeastOnce)(nil)
-	_ scope.Engine[*Record]     = engineOf{}
-	_ scope.Failures[*Record]   = (*failures)(nil)
-	_ scope.Observer[*Record]   = (*observer)(nil)
+	_ scope.Batcher           = (*atLeastOnce)(nil)
+	_ ownScope                = (*atLeastOnce)(nil)
+	_ scope.RetryTopicUser    = (*atLeastOnce)(nil)
+	_ scope.KeyHolder         = (*atLeastOnce)(nil)
+	_ scope.Engine[*Record]   = engineOf{}
+	_ scope.Failures[*Record] = (*failures)(nil)
+	_ scope.Observer[*Record] = (*observer)(nil)
 )
 
 // atLeastOnce is the AtLeastOnce scope: a record is done once its handler
