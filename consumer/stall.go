@@ -79,7 +79,7 @@ func (r *Runner) watchStalls(ctx context.Context) {
 func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 	d.mu.Lock()
 	busy := d.batch != nil && !d.waiting
-	batches, finished, handled := d.batches, d.finished, d.handled
+	batches, finished, handled := d.batches, d.finished, d.handled.Load()
 	var rec stallRec
 	if busy && !w.stalled && batches == w.batches && finished == w.finished && handled == w.handled && now.Sub(w.since) >= r.cfg.StallWarning {
 		rec = d.heldLocked(r.cfg.Identity)
@@ -113,15 +113,16 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 // order as they handle them). d.mu is held and d.batch is not nil.
 func (d *doneBuf) heldLocked(ident Identity) stallRec {
 	held := d.batch[min(d.finished, len(d.batch)-1)]
-	if d.handling != nil {
-		held = d.handling
+	handling := d.handling.Load()
+	if handling != nil {
+		held = handling
 	}
 	key := held.Key
 	if len(key) > maxLoggedKey {
 		key = key[:maxLoggedKey]
 	}
 	return stallRec{topic: held.Topic, partition: held.Partition, offset: held.offset,
-		key: append([]byte(nil), key...), id: ident.Of(held), inHandler: d.handling != nil, batch: len(d.batch)}
+		key: append([]byte(nil), key...), id: ident.Of(held), inHandler: handling != nil, batch: len(d.batch)}
 }
 
 // running describes the records the key-shards' workers hold now, those
