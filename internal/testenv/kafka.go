@@ -101,7 +101,9 @@ func KafkaKind() (string, error) {
 
 // StartKafka returns a Kafka backend chosen as the package doc says. opts
 // apply to a kfake cluster only; Apache Kafka starts as one node (see
-// [StartApacheKafka] for a cluster of several).
+// [StartApacheKafka] for a cluster of several), of the caller's own: the
+// node the next call returns starts while the caller runs, and StopShared
+// stops the one left over.
 func StartKafka(ctx context.Context, opts ...kfake.Opt) (*Kafka, error) {
 	kind, err := KafkaKind()
 	if err != nil {
@@ -111,7 +113,7 @@ func StartKafka(ctx context.Context, opts ...kfake.Opt) (*Kafka, error) {
 	case "external":
 		return newKafka(strings.Split(strings.TrimSpace(os.Getenv("KAFKA_BROKERS")), ","), nil, "external", func() {})
 	case "apache":
-		return StartApacheKafka(ctx, ApacheOptions{})
+		return startApacheOne(ctx)
 	}
 	if c, err := wantContainers(); err != nil {
 		return nil, err

@@ -334,8 +334,11 @@ func SharedPostgres(t testing.TB) *Postgres {
 }
 
 // StopShared stops the servers shared by the tests of one binary
-// (PostgreSQL's and Redis's). Call it from TestMain after m.Run.
+// (PostgreSQL's and Redis's) and the spare Apache Kafka broker started
+// ahead for the next test (see StartKafka). Call it from TestMain after
+// m.Run.
 func StopShared() {
+	stopSpare()
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if sharedPG != nil {

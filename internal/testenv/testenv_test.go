@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,34 @@ func TestKafkaBackend(t *testing.T) {
 	if k.Kind == "kfake" {
 		if _, err := k.Fault(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// Each test gets a broker no other test used, on every backend this
+// process starts, although on Apache Kafka the next test's broker starts
+// ahead: a topic one test made is not on the next test's broker.
+func TestEachTestHasABrokerOfItsOwn(t *testing.T) {
+	if kind, _ := KafkaKind(); kind == "external" || kind == "container" {
+		t.Skipf("the %s backend is one cluster for every test", kind)
+	}
+	ctx := context.Background()
+	var seen []string
+	for i := range 3 {
+		k := KafkaT(t)
+		seen = append(seen, strings.Join(k.Brokers, ","))
+		topics, err := k.Admin().ListTopics(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if topics.Has("mine") {
+			t.Fatalf("broker %d (%s) has the topic an earlier test's broker made", i, seen[i])
+		}
+		if err := k.CreateTopic(ctx, "mine", 1); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && slices.Contains(seen[:i], seen[i]) {
+			t.Fatalf("broker %d is at %s, as an earlier one", i, seen[i])
 		}
 	}
 }
