@@ -15,7 +15,7 @@ import (
 // has a broker no other test used. StopShared stops the spare left at the
 // end of the run.
 var spare struct {
-	mu      sync.Mutex
+	mu   sync.Mutex
 	next chan spareStart // nil: no spare started
 	wg   sync.WaitGroup
 }
