@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,13 +14,23 @@ import (
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
-// A rolling deploy, as Kubernetes does one: three member processes consume
-// while records flow, and each in turn gets SIGTERM and a new process
-// starts in its place. In the DB scope and the Kafka scope, under each
-// group protocol: nothing lost, nothing applied twice, every key in order.
-// Beside the row, the test logs the group's membership changes and the
-// longest time a partition with records to consume made no progress.
+// A rolling deploy, as Kubernetes does one: member processes consume while
+// records flow, and each in turn gets SIGTERM and a new process starts in
+// its place. In the DB scope and the Kafka scope, under each group
+// protocol: nothing lost, nothing applied twice, every key in order. Each
+// row also reports the group's membership changes and the longest time a
+// partition with records to consume made no progress.
+//
+// The short form (make test, make test-kafka) rolls 3 members over 4
+// partitions once. The long form (make reliability) runs on a 3-node Apache
+// Kafka cluster: 6 members over 48 partitions, two full rolls, then two
+// members SIGKILLed while the group rebalances.
 func TestReliabilityRollingDeploy(t *testing.T) {
+	plan := rollPlanFor()
+	var cluster *testenv.Kafka
+	if plan.nodes > 0 {
+		cluster = testenv.ApacheKafkaT(t, testenv.ApacheOptions{Nodes: plan.nodes})
+	}
 	for _, proto := range []consumer.GroupProtocol{consumer.GroupProtocolClassic, consumer.GroupProtocolConsumer} {
 		for _, scope := range []string{"DB", "Kafka"} {
 			t.Run(scope+"/"+string(proto), func(t *testing.T) {
@@ -28,9 +39,14 @@ func TestReliabilityRollingDeploy(t *testing.T) {
 				t.Setenv(testenv.GroupProtocolEnv, string(proto))
 				w := &rollWatch{}
 				runScenario(t, relScenario{
-					scope: scope, fault: "rolling deploy of 3 members, " + string(proto) + " protocol",
+					scope: scope, fault: plan.String() + ", " + string(proto) + " protocol",
 					children: true, name: "roll-" + strings.ToLower(scope) + "-" + string(proto),
-					inject: func(e *relRun) { rollingDeploy(e, w) },
+					cluster: cluster, apache: plan.nodes, partitions: plan.partitions, keys: plan.keys, perKey: plan.perKey,
+					table:  tableRoll,
+					inject: func(e *relRun) { rollingDeploy(e, w, plan) },
+					row: func(r *relRow) {
+						r.Members, r.Rebalances, r.Stall = plan.members, w.changes, w.longest
+					},
 				})
 				t.Logf("%s / %s protocol: %d membership changes, longest a partition went without progress: %s",
 					scope, proto, w.changes, w.longest.Round(time.Millisecond))
@@ -39,20 +55,160 @@ func TestReliabilityRollingDeploy(t *testing.T) {
 	}
 }
 
-// rollingDeploy starts three members, then replaces each in turn: SIGTERM
-// (a graceful stop: drain and commit) and a new member process.
-func rollingDeploy(e *relRun, w *rollWatch) {
-	members := []*relMember{startPod(e, 0), startPod(e, 1), startPod(e, 2)}
+// tableRoll names the report table of rolling deploys.
+const tableRoll = "rolling deploys"
+
+// rollPlan is a rolling deploy: how many members, over how many
+// partitions, rolled how many times, then how many SIGKILLed during a
+// rebalance; on an Apache Kafka cluster of nodes started for it (0: the
+// suite's backend).
+type rollPlan struct {
+	members, rolls, kills int
+	partitions            int32
+	keys, perKey          int
+	nodes                 int
+}
+
+func rollPlanFor() rollPlan {
+	if reliabilityLong() {
+		return rollPlan{members: 6, rolls: 2, kills: 2, partitions: 48, keys: 96, perKey: 60, nodes: 3}
+	}
+	keys, perKey := relSize()
+	return rollPlan{members: 3, rolls: 1, partitions: 4, keys: keys, perKey: perKey}
+}
+
+func (p rollPlan) String() string {
+	s := fmt.Sprintf("rolling deploy of %d members (%d roll", p.members, p.rolls)
+	if p.rolls > 1 {
+		s += "s"
+	}
+	s += ")"
+	if p.kills > 0 {
+		s += fmt.Sprintf(", %d SIGKILLed during a rebalance", p.kills)
+	}
+	return s
+}
+
+// rollingDeploy starts the plan's members, then replaces each in turn,
+// roll after roll: SIGTERM (a graceful stop: drain and commit) and a new
+// member process. Then, when the plan says so, it SIGKILLs members while
+// the group rebalances.
+func rollingDeploy(e *relRun, w *rollWatch, p rollPlan) {
+	members := make([]*relMember, p.members)
+	for i := range members {
+		members[i] = startPod(e, i)
+	}
 	stop := w.watch(e)
 	defer stop()
-	e.waitProgress(int64(e.total() / 10))
-	for i := range 3 {
-		if err := members[i].child.terminate(e.t); err != nil {
-			e.t.Errorf("SIGTERM: member %d exited with %v, want a clean exit", i, err)
+	// Each step waits for a share of the stream, leaving records for the
+	// steps after it.
+	step := int64(e.total() / (p.members*p.rolls + 4))
+	e.waitProgress(step)
+	for range p.rolls {
+		for i := range members {
+			if err := members[i].child.terminate(e.t); err != nil {
+				e.t.Errorf("SIGTERM: member %d exited with %v, want a clean exit", i, err)
+			}
+			e.faults.Add(1)
+			members[i] = startPod(e, i)
+			e.waitProgress(step)
 		}
-		e.faults.Add(1)
-		startPod(e, i)
-		e.waitProgress(int64(e.total() / 10))
+	}
+	if p.kills > 0 {
+		killDuringRebalance(e, members, p.kills)
+		e.waitProgress(step)
+	}
+}
+
+// killDuringRebalance starts one more member, which makes the group
+// rebalance, and SIGKILLs n members while it does; a new process takes
+// each killed member's place (in the Kafka scope, with its transactional
+// id, so it fences what the killed one left open).
+func killDuringRebalance(e *relRun, members []*relMember, n int) {
+	startPod(e, len(members))
+	state := waitRebalancing(e, 20*time.Second)
+	for i := 1; i <= n; i++ {
+		members[i].child.kill()
+		e.kills.Add(1)
+	}
+	e.t.Logf("SIGKILLed %d members, the group's state then: %s", n, state)
+	for i := 1; i <= n; i++ {
+		members[i] = startPod(e, i)
+	}
+}
+
+// waitRebalancing polls the group's state until it is no longer stable (a
+// rebalance began) or d passed, and returns the last state seen.
+func waitRebalancing(e *relRun, d time.Duration) string {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	state := "unknown"
+	for {
+		if s := groupState(ctx, e); s != "" {
+			state = s
+			if s != "Stable" && s != "Empty" {
+				return state
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return state + " (no rebalance seen within " + d.String() + ")"
+		case <-tick.C:
+		}
+	}
+}
+
+// groupState is the group's state as its coordinator describes it, under
+// either protocol; empty when it does not answer.
+func groupState(ctx context.Context, e *relRun) string {
+	if testenv.GroupProtocol() == string(consumer.GroupProtocolConsumer) {
+		described, err := e.k.Admin().DescribeConsumerGroups(ctx, e.group)
+		if err != nil {
+			return ""
+		}
+		for _, g := range described {
+			return g.State
+		}
+		return ""
+	}
+	described, err := e.k.Admin().DescribeGroups(ctx, e.group)
+	if err != nil {
+		return ""
+	}
+	for _, g := range described {
+		return g.State
+	}
+	return ""
+}
+
+// writeRollTable writes the rolling-deploy rows of the report.
+func writeRollTable(b *strings.Builder, rows []relRow) {
+	b.WriteString("\n## Rolling deploys\n\n")
+	b.WriteString("Member processes consume while records flow; each in turn gets SIGTERM and a\n")
+	b.WriteString("new process takes its place, as a Kubernetes rolling update does; in the long\n")
+	b.WriteString("form two members are then SIGKILLed while the group rebalances\n")
+	b.WriteString("(`TestReliabilityRollingDeploy`). Rebalances are the changes of the group's\n")
+	b.WriteString("membership seen from outside; the stall is the longest time a partition\n")
+	b.WriteString("with records to consume kept the same committed offset.\n\n")
+	b.WriteString("| scope | deploy | members | partitions | Kafka | records | rebalances | longest stall | kills | lost | duplicates | order violations | time | result |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, r := range rows {
+		if r.Table != tableRoll {
+			continue
+		}
+		res := "pass"
+		if !r.Passed {
+			res = "FAIL"
+		}
+		kafka := "the suite's"
+		if r.Nodes > 0 {
+			kafka = fmt.Sprintf("%d-node Apache Kafka", r.Nodes)
+		}
+		fmt.Fprintf(b, "| %s | %s | %d | %d | %s | %d | %d | %.1fs | %d | %d | %d | %d | %.1fs | %s |\n",
+			r.Scope, r.Fault, r.Members, r.Partitions, kafka, r.Records, r.Rebalances, r.Stall.Seconds(),
+			r.Kills, r.Lost, r.Dups, r.Order, r.Duration.Seconds(), res)
 	}
 }
 

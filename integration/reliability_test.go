@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,6 +89,14 @@ type relRow struct {
 	// AtLeastOnce scope without an idempotency guard): they are reported,
 	// not a failure, and not counted as duplicate effects.
 	DupsAllowed bool `json:"duplicates_allowed,omitempty"`
+	// Members, Partitions, Rebalances and Stall are the rolling-deploy
+	// table's (tableRoll): the member processes, the input's partitions,
+	// the changes of the group's membership seen, and the longest time a
+	// partition with records to consume made no progress.
+	Members    int           `json:"members,omitempty"`
+	Partitions int32         `json:"partitions,omitempty"`
+	Rebalances int           `json:"rebalances,omitempty"`
+	Stall      time.Duration `json:"-"`
 }
 
 // tableHandler names the report table of handler and operator faults.
@@ -257,6 +266,7 @@ func reliabilityMarkdown(rows []relRow, line string) string {
 		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %.1fs | %s |\n",
 			r.Scope, r.Fault, r.Records, r.Kills, r.Lost, r.Dups, r.Order, r.Duration.Seconds(), res)
 	}
+	writeRollTable(&b, rows)
 	b.WriteString("\nThe same run also checks, each as a test that fails it when broken:\n")
 	b.WriteString("TLS with SASL PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 to Kafka, and a wrong\n")
 	b.WriteString("password ending Run with an error (TestReliabilityTLSAndSASL); PostgreSQL\n")
@@ -283,6 +293,10 @@ type relScenario struct {
 	apache  int
 	cluster *testenv.Kafka
 	name    string
+	// partitions of the input topic (default 4); keys and perKey, when
+	// set, size the stream instead of relSize.
+	partitions   int32
+	keys, perKey int
 	// broker marks a fault injected into the in-process kfake cluster: it
 	// is skipped on external brokers and containers.
 	broker bool
@@ -305,6 +319,8 @@ type relScenario struct {
 	// creating the input topic and producing the first half of the stream
 	// to it (e.createInput).
 	manual, noTopic bool
+	// row, when set, adds the scenario's own columns to its row.
+	row func(*relRow)
 	// setup runs once the topics exist, before the stream is produced.
 	setup func(e *relRun)
 	// noMigrate leaves the DB scope's schema to inject.
@@ -598,6 +614,10 @@ func runScenario(t *testing.T, sc relScenario) {
 		// long stream keeps records flowing through every kill.
 		keys, perKey = relSizeLong()
 	}
+	if sc.keys > 0 {
+		keys, perKey = sc.keys, sc.perKey
+	}
+	partitions := cmp.Or(sc.partitions, 4)
 	brokers := sc.brokers
 	if brokers == 0 {
 		brokers = 3
@@ -628,7 +648,7 @@ func runScenario(t *testing.T, sc relScenario) {
 		topics = append(topics, e.topic+".out")
 	}
 	for _, tp := range topics {
-		if err := e.k.CreateTopic(ctx, tp, 4); err != nil {
+		if err := e.k.CreateTopic(ctx, tp, partitions); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -723,7 +743,10 @@ func runScenario(t *testing.T, sc relScenario) {
 	}
 
 	row := relRow{Scope: sc.scope, Fault: sc.fault, Records: e.total() + sc.poison + sc.skips,
-		Faults: e.faults.Load() + int64(sc.skips), Kills: e.kills.Load(), Table: sc.table, Bound: sc.bound, Nodes: sc.apache}
+		Faults: e.faults.Load() + int64(sc.skips), Kills: e.kills.Load(), Table: sc.table, Bound: sc.bound, Nodes: sc.apache, Partitions: partitions}
+	if sc.row != nil {
+		sc.row(&row)
+	}
 	if sc.scope == "DB" {
 		row.Lost, row.Dups, row.Order = e.checkDB()
 	} else {
