@@ -191,7 +191,11 @@ func writeRollTable(b *strings.Builder, rows []relRow) {
 	b.WriteString("form two members are then SIGKILLed while the group rebalances\n")
 	b.WriteString("(`TestReliabilityRollingDeploy`). Rebalances are the changes of the group's\n")
 	b.WriteString("membership seen from outside; the stall is the longest time a partition\n")
-	b.WriteString("with records to consume kept the same committed offset.\n\n")
+	b.WriteString("with records to consume kept the same committed offset. In the Kafka scope a\n")
+	b.WriteString("SIGKILLed member leaves its transaction open, and the offsets of its\n")
+	b.WriteString("partitions wait until that transaction ends: its successor, started with\n")
+	b.WriteString("the same transactional id, fences it (without a successor, the\n")
+	b.WriteString("transaction timeout ends it).\n\n")
 	b.WriteString("| scope | deploy | members | partitions | Kafka | records | rebalances | longest stall | kills | lost | duplicates | order violations | time | result |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
