@@ -46,8 +46,11 @@ type plan struct {
 	// Kafka scope's, then AtLeastOnce's).
 	apacheNoop, apacheTxn, apacheAlo int
 	share                            int // share_vs_group's records
-	ksNoop, ksIO, pcEOS              int // the Kafka Streams peers' and peer_pc_eos's records
-	rssFor                           time.Duration
+	// scale is scale_members' records (the quick run measures it only
+	// when -only names it).
+	scale               int
+	ksNoop, ksIO, pcEOS int // the Kafka Streams peers' and peer_pc_eos's records
+	rssFor              time.Duration
 	// Measured runs of the two scenarios whose rounds agree within a few
 	// percent and last longest, Parallel Consumer's (about 20 seconds a
 	// round) and the peak RSS (15 seconds a run); 0 means -runs. The quick
@@ -73,9 +76,9 @@ func (p plan) has(name string) bool { return p.only == nil || p.only[name] }
 // rate moved by a third from run to run.
 var plans = map[string]plan{
 	"quick": {mode: "quick", backlog: 2_000_000, noop: 1_000_000, db: 100_000, naive: 2_000, ceiling: 100_000,
-		watermill: 5_000, ioSeconds: 3, pcSeconds: 8, txn: 500_000, alo: 150_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, share: 8_000, ksNoop: 200_000, ksIO: 16_000, pcEOS: 16_000, rssFor: 15 * time.Second, pcRuns: 2, rssRuns: 2},
+		watermill: 5_000, ioSeconds: 3, pcSeconds: 8, txn: 500_000, alo: 150_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, share: 8_000, scale: 4_000_000, ksNoop: 200_000, ksIO: 16_000, pcEOS: 16_000, rssFor: 15 * time.Second, pcRuns: 2, rssRuns: 2},
 	"full": {mode: "full", backlog: 2_000_000, noop: 2_000_000, db: 300_000, naive: 5_000, ceiling: 300_000,
-		watermill: 10_000, ioSeconds: 8, pcSeconds: 8, txn: 500_000, alo: 500_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, share: 20_000, ksNoop: 500_000, ksIO: 40_000, pcEOS: 40_000, rssFor: 15 * time.Second, sweeps: true},
+		watermill: 10_000, ioSeconds: 8, pcSeconds: 8, txn: 500_000, alo: 500_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, share: 20_000, scale: 8_000_000, ksNoop: 500_000, ksIO: 40_000, pcEOS: 40_000, rssFor: 15 * time.Second, sweeps: true},
 }
 
 func main() {
@@ -91,7 +94,7 @@ func main() {
 	runs := flag.Int("runs", 3, "measured runs per figure (the median is reported)")
 	summaryPath := flag.String("summary", "", "also write the last line (the JSON summary) to this file")
 	quickPath := flag.String("quick", "", "a quick run's summary file (-summary) to show beside this run's ratios")
-	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r3batch, r4, apache (Parallel Consumer and the Apache Kafka figures, share_vs_group included), share (share_vs_group alone), kstreams (the exactly-once peers alone), cpu (r1 on Apache Kafka and cpu_per_record alone), r5, rss, sweeps")
+	only := flag.String("only", "", "run only these scenarios, comma-separated: r1, r3, r3batch, r4, apache (Parallel Consumer and the Apache Kafka figures, share_vs_group included), share (share_vs_group alone), kstreams (the exactly-once peers alone), cpu (r1 on Apache Kafka and cpu_per_record alone), scale (scale_members: 1 to 6 members on a 3-node Apache Kafka cluster; in the full run, or in a quick one when named here), r5, rss, sweeps")
 	flag.Parse()
 	if *only != "" {
 		p := plans[*mode]
@@ -227,6 +230,11 @@ func (b *bench) scenarios(ctx context.Context, p plan, rep *report) error {
 		}
 	} else if p.has("share") || p.has("kstreams") || p.has("cpu") {
 		if err := b.apacheOnly(ctx, p, rep); err != nil {
+			return err
+		}
+	}
+	if p.scale > 0 && p.has("scale") && (p.mode == "full" || p.only["scale"]) {
+		if err := b.scale(ctx, rep, p.scale, b.runs); err != nil {
 			return err
 		}
 	}

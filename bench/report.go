@@ -67,6 +67,7 @@ type report struct {
 	batchSweep       []sweepPoint // the Exec handler
 	batchSweepQueued []sweepPoint
 	boundSweep       []sweepPoint // r1 against MaxInFlightRecords; ideal holds the raw loop's rate
+	scale            []scalePoint // scale_members, by group size
 	svgName          string
 	quick            map[string]any // a quick run's summary, shown beside the full run's ratios
 }
@@ -277,8 +278,12 @@ func (r *report) writeMachine(b *strings.Builder) {
 // where the time goes.
 func (r *report) writeScenario(b *strings.Builder, s scenario) {
 	fmt.Fprintf(b, "\n## %s\n\n", s.title)
-	if s.key == "peak_rss_mib" {
+	switch s.key {
+	case "peak_rss_mib":
 		r.writeRSS(b, s)
+		return
+	case scaleKey:
+		r.writeScale(b, s)
 		return
 	}
 	writeFigs(b, s.figs, s.cpu)

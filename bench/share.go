@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +28,8 @@ const (
 	roleMember  = "member"                // a share_vs_group member process
 	memberShare = "KSCOPE_BENCH_SHARE"    // "1": the member joins a share group
 	shareShards = "KSCOPE_BENCH_SHARDS"   // the member's Config.Shards
-	countPrefix = "kscope-bench-handled " // a member's progress line: records handled so far
+	countPrefix = "kscope-bench-handled " // a member's progress line: records handled so far, and its CPU in ns
+	memberNoop  = "KSCOPE_BENCH_NOOP"     // "1": the member's handler does nothing (scale_members)
 
 	// The share_vs_group workload: 2 partitions, 4 member processes, a
 	// 5 ms handler, 8 key-shards a member.
@@ -36,9 +38,10 @@ const (
 	shareMemberSh   = 8
 )
 
-// memberChild is a share_vs_group member: an AtLeastOnce runner with a 5 ms
-// handler in a share group or a consumer group, printing how many records
-// it handled every 20 ms until SIGTERM.
+// memberChild is a share_vs_group or scale_members member: an AtLeastOnce
+// runner with a 5 ms handler (a no-op one for scale_members) in a share
+// group or a consumer group, printing how many records it handled, and the
+// CPU it used, every 20 ms until SIGTERM.
 func memberChild() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -54,8 +57,11 @@ func memberChild() int {
 		cfg.Share = &consumer.ShareConfig{}
 	}
 	var handled atomic.Int64
+	noop := os.Getenv(memberNoop) == "1"
 	r, err := consumer.New(cfg, consumer.HandlerFunc(func(context.Context, *consumer.Record) error {
-		time.Sleep(ioDelay)
+		if !noop {
+			time.Sleep(ioDelay)
+		}
 		handled.Add(1)
 		return nil
 	}))
@@ -71,7 +77,7 @@ func memberChild() int {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				fmt.Printf("%s%d\n", countPrefix, handled.Load())
+				fmt.Printf("%s%d %d\n", countPrefix, handled.Load(), selfCPU().Nanoseconds())
 			}
 		}
 	}()
@@ -83,20 +89,36 @@ func memberChild() int {
 }
 
 // tally sums the members' progress lines: when the first record was
-// handled, and when the n-th was.
+// handled, and when the n-th was; and, for a window that opens once from
+// records are handled (0: never), the records and the members' CPU in it.
 type tally struct {
 	mu      sync.Mutex
 	counts  []int64
+	cpus    []time.Duration
 	first   time.Time
 	n       int64
 	reached chan time.Time
+	// from opens the window; opened is when it did, with the members'
+	// records and CPU then.
+	from       int64
+	opened     time.Time
+	openCounts []int64
+	openCPU    []time.Duration
+	// closeCounts and closeCPU are the members' records and CPU when the
+	// n-th record was handled.
+	closeCounts []int64
+	closeCPU    []time.Duration
 }
 
-// note records that member i has handled c records.
-func (t *tally) note(i int, c int64) {
+func newTally(members int, n, from int64) *tally {
+	return &tally{counts: make([]int64, members), cpus: make([]time.Duration, members), n: n, from: from, reached: make(chan time.Time, 1)}
+}
+
+// note records that member i has handled c records, using cpu.
+func (t *tally) note(i int, c int64, cpu time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.counts[i] = c
+	t.counts[i], t.cpus[i] = c, cpu
 	var sum int64
 	for _, x := range t.counts {
 		sum += x
@@ -105,12 +127,34 @@ func (t *tally) note(i int, c int64) {
 	if sum > 0 && t.first.IsZero() {
 		t.first = now
 	}
+	if t.from > 0 && sum >= t.from && t.opened.IsZero() {
+		t.opened = now
+		t.openCounts, t.openCPU = slices.Clone(t.counts), slices.Clone(t.cpus)
+	}
+	if sum >= t.n && t.closeCounts == nil {
+		t.closeCounts, t.closeCPU = slices.Clone(t.counts), slices.Clone(t.cpus)
+	}
 	if sum >= t.n {
 		select {
 		case t.reached <- now:
 		default:
 		}
 	}
+}
+
+// window returns the records the members handled from the window's
+// opening to the n-th record, and the CPU they used for them.
+func (t *tally) window() (records int64, cpu time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.openCounts == nil || t.closeCounts == nil {
+		return 0, 0
+	}
+	for i := range t.counts {
+		records += t.closeCounts[i] - t.openCounts[i]
+		cpu += t.closeCPU[i] - t.openCPU[i]
+	}
+	return records, cpu
 }
 
 // startMember starts member process i with env, feeding its progress
@@ -134,8 +178,10 @@ func startMember(ctx context.Context, self string, i int, env []string, t *tally
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			if v, ok := strings.CutPrefix(sc.Text(), countPrefix); ok {
-				c, _ := strconv.ParseInt(v, 10, 64)
-				t.note(i, c)
+				count, cpu, _ := strings.Cut(v, " ")
+				c, _ := strconv.ParseInt(count, 10, 64)
+				ns, _ := strconv.ParseInt(cpu, 10, 64)
+				t.note(i, c, time.Duration(ns))
 			}
 		}
 		if err := cmd.Wait(); err != nil && ctx.Err() == nil {
@@ -156,7 +202,7 @@ func (b *bench) members(topic string, share bool) func(ctx context.Context, n in
 		}
 		mctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		t := &tally{counts: make([]int64, shareMembers), n: int64(n), reached: make(chan time.Time, 1)}
+		t := newTally(shareMembers, int64(n), 0)
 		var wg sync.WaitGroup
 		errs := make(chan error, shareMembers)
 		env := append(os.Environ(), roleEnv+"="+roleMember, "KAFKA_BROKERS="+strings.Join(b.k.Brokers, ","),
