@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"math/rand/v2"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,25 @@ import (
 
 // dbEnv is a fresh database, migrated, with the effects table, and the
 // environment a DB-scope child needs to reach it.
+// withAppName returns env, a DATABASE_URL=... setting, with the URL's
+// application_name set to name, so that the server's sessions of that
+// process can be told apart.
+func withAppName(t *testing.T, env, name string) string {
+	t.Helper()
+	raw := strings.TrimPrefix(env, "DATABASE_URL=")
+	if !strings.Contains(raw, "://") { // a key=value connection string
+		return env + " application_name=" + name
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return "DATABASE_URL=" + u.String()
+}
+
 func dbEnv(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx := context.Background()
@@ -94,12 +115,21 @@ func TestDBCrashBetweenDBCommitAndKafkaCommit(t *testing.T) {
 
 			first := testenv.NewObserver()
 			c := startChild(t, k, role, group, topic, 300*time.Microsecond, first.Record,
-				dbURL, childCommitEnv+"=1h") // never commits to Kafka while running
+				withAppName(t, dbURL, "kscope-killed-child"), childCommitEnv+"=1h") // never commits to Kafka while running
 			testenv.WaitFor(t, time.Minute, "the first child to apply a third of the records", func() bool {
 				n, _ := effectCount(t, pool)
 				return n >= total/3
 			})
 			c.kill()
+			// A COMMIT the child sent before it died may still be applied by
+			// its server process: count once those are gone.
+			testenv.WaitFor(t, time.Minute, "the killed child's database sessions to end", func() bool {
+				var n int
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kscope-killed-child'`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n == 0
+			})
 			applied, _ := effectCount(t, pool)
 			com, err := k.CommittedOffsets(ctx, group, topic)
 			if err != nil {
