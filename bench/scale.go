@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/kscope-dev/kscope/internal/testenv"
 )
@@ -80,35 +78,10 @@ func (b *bench) scale(ctx context.Context, rep *report, n, runs int) error {
 // handled n records, and returns the rate and the CPU per record (µs) of
 // the window.
 func (b *bench) scaleRound(ctx context.Context, members, n int) (rps, cpuPerRec float64, err error) {
-	self, err := os.Executable()
-	if err != nil {
-		return 0, 0, err
-	}
-	mctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	t := newTally(members, int64(n), int64(n/5))
-	var wg sync.WaitGroup
-	errs := make(chan error, members)
 	env := append(os.Environ(), roleEnv+"="+roleMember, "KAFKA_BROKERS="+strings.Join(b.k.Brokers, ","),
 		groupEnv+"="+b.name("scale"), topicEnv+"="+b.topic, memberNoop+"=1", memberShare+"=0")
-	for i := range members {
-		if err := startMember(mctx, self, i, env, t, &wg, errs); err != nil {
-			cancel()
-			wg.Wait()
-			return 0, 0, err
-		}
-	}
-	var end time.Time
-	select {
-	case end = <-t.reached:
-	case err = <-errs:
-	case <-ctx.Done():
-		err = ctx.Err()
-	case <-time.After(10 * time.Minute):
-		err = errors.New("the members did not handle the records within 10 minutes")
-	}
-	cancel()
-	wg.Wait()
+	end, err := runMembers(ctx, env, t)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -191,40 +191,48 @@ func startMember(ctx context.Context, self string, i int, env []string, t *tally
 	return nil
 }
 
+// runMembers starts one member process per count of t with env, waits
+// until they have handled t's n records (or one fails, ctx ends, or ten
+// minutes pass), stops them, and returns when the n-th was handled.
+func runMembers(ctx context.Context, env []string, t *tally) (time.Time, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return time.Time{}, err
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(t.counts))
+	for i := range t.counts {
+		if err := startMember(mctx, self, i, env, t, &wg, errs); err != nil {
+			cancel()
+			wg.Wait()
+			return time.Time{}, err
+		}
+	}
+	var end time.Time
+	select {
+	case end = <-t.reached:
+	case err = <-errs:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-time.After(10 * time.Minute):
+		err = errors.New("the members did not handle the records within 10 minutes")
+	}
+	cancel()
+	wg.Wait()
+	return end, err
+}
+
 // members returns the contender of share_vs_group: shareMembers member
 // processes of one new group (a share group when share is set) on topic,
 // timed from the first record handled to the n-th.
 func (b *bench) members(topic string, share bool) func(ctx context.Context, n int) (result, error) {
 	return func(ctx context.Context, n int) (result, error) {
-		self, err := os.Executable()
-		if err != nil {
-			return result{}, err
-		}
-		mctx, cancel := context.WithCancel(ctx)
-		defer cancel()
 		t := newTally(shareMembers, int64(n), 0)
-		var wg sync.WaitGroup
-		errs := make(chan error, shareMembers)
 		env := append(os.Environ(), roleEnv+"="+roleMember, "KAFKA_BROKERS="+strings.Join(b.k.Brokers, ","),
 			groupEnv+"="+b.name("members"), topicEnv+"="+topic, shareShards+"="+strconv.Itoa(shareMemberSh), memberShare+"="+map[bool]string{true: "1", false: "0"}[share])
-		for i := range shareMembers {
-			if err := startMember(mctx, self, i, env, t, &wg, errs); err != nil {
-				cancel()
-				wg.Wait()
-				return result{}, err
-			}
-		}
-		var end time.Time
-		select {
-		case end = <-t.reached:
-		case err = <-errs:
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-time.After(10 * time.Minute):
-			err = errors.New("the members did not handle the records within 10 minutes")
-		}
-		cancel()
-		wg.Wait()
+		end, err := runMembers(ctx, env, t)
 		if err != nil {
 			return result{}, err
 		}
