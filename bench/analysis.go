@@ -59,6 +59,9 @@ var notes = map[string]string{
 		"each a cache miss) most of the rest, the segment writes under a tenth; against the in-process broker the scope without the guard " +
 		"spends about 2.5 µs per input in all, so the ratio is bounded near 0.75 here. Against a broker across a network, where an input " +
 		"costs the scope more, the same microsecond weighs less.",
+	"r5_dedupe_cost_apache": "The r5_dedupe_cost pair on Apache Kafka (the JVM broker is another process on the same two cores), same " +
+		"inputs and options: what the guard costs a service whose broker is not in its own process. Reported beside the kfake row, " +
+		"with no target of its own.",
 	"peer_kstreams_eos_noop": "Both read the same 8-partition input from its start (200-byte values, 10,000 keys) and write one uncompressed " +
 		"output per input to a fresh 8-partition topic, committing every 100 ms in Kafka transactions. Kafka Streams (bench/kstreams, " +
 		"`org.apache.kafka:kafka-streams` 4.3.1, the broker's version) runs `processing.guarantee=exactly_once_v2` with as many stream threads " +

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kscope-dev/kscope/internal/testenv"
+	"github.com/kscope-dev/kscope/txn"
 )
 
 // pcDir holds the Parallel Consumer harness: a Maven project whose single
@@ -143,6 +144,15 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	}
 	rep.add(scenario{key: "r5_txn_vs_alo_apache", title: "r5 on Apache Kafka", figs: figs,
 		pair: pairOf(figs[0], figs[1]), target: 0.7, atLeast: true})
+	// The guard's cost where the broker is another process: the
+	// scope's own work per input is then the client's and kscope's alone.
+	if figs, err = ab.measureWarm(ctx, "r5 dedupe cost (Apache Kafka)", 2, ab.runs+r5ApacheExtraRuns,
+		contender{"kscope Kafka scope with the idempotency guard (Apache Kafka)", p.apacheTxn, ab.txnEmitWith(&txn.DedupeOptions{}), nil},
+		contender{"the same scope without it (Apache Kafka)", p.apacheTxn, ab.txnEmitWith(nil), nil}); err != nil {
+		return err
+	}
+	rep.add(scenario{key: "r5_dedupe_cost_apache", title: "r5: the idempotency guard's cost on Apache Kafka", figs: figs,
+		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true, cpu: true})
 	return nil
 }
 

@@ -44,37 +44,59 @@ type Identity struct {
 // earlier hop (HeaderID); the producer's header; the extractor; the original
 // coordinates carried in headers; the record's own "topic/partition/offset".
 func (i Identity) Of(r *Record) string {
+	// One allocation, the string's: the identity is appended to a buffer
+	// on the stack (this runs for every record).
+	var a [128]byte
+	return string(i.Append(a[:0], r))
+}
+
+// Append appends r's identity (the bytes of Of's result) to dst and
+// returns the extended slice: a caller that only reads the identity, to
+// hash it or compare it, gives a buffer of its own and allocates nothing
+// when the buffer is large enough.
+func (i Identity) Append(dst []byte, r *Record) []byte {
 	if v, ok := r.Header(HeaderID); ok && len(v) > 0 {
-		return bound(string(v))
+		return appendBounded(dst, v)
 	}
 	h := i.Header
 	if h == "" {
 		h = DefaultMessageIDHeader
 	}
 	if v, ok := r.Header(h); ok && len(v) > 0 {
-		return bound(string(v))
+		return appendBounded(dst, v)
 	}
 	if i.Extract != nil {
 		if v, ok := i.Extract(r); ok && v != "" {
-			return bound(v)
+			return append(dst, bound(v)...)
 		}
 	}
 	if t, ok := r.Header(HeaderOriginalTopic); ok {
 		p, pok := r.Header(HeaderOriginalPartition)
 		o, ook := r.Header(HeaderOriginalOffset)
 		if pok && ook && isDecimal(p) && isDecimal(o) {
-			return bound(string(t) + "/" + string(p) + "/" + string(o))
+			start := len(dst)
+			dst = append(append(append(append(append(dst, t...), '/'), p...), '/'), o...)
+			if id := dst[start:]; len(id) > MaxIDLength || !utf8.Valid(id) {
+				return append(dst[:start], bound(string(id))...)
+			}
+			return dst
 		}
 	}
-	// One allocation, the string's: the digits are appended to a buffer on
-	// the stack (this runs for every record that has no identity header).
-	var a [128]byte
-	b := append(a[:0], r.Topic...)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, int64(r.Partition), 10)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, r.Offset, 10)
-	return string(b)
+	dst = append(dst, r.Topic...)
+	dst = append(dst, '/')
+	dst = strconv.AppendInt(dst, int64(r.Partition), 10)
+	dst = append(dst, '/')
+	return strconv.AppendInt(dst, r.Offset, 10)
+}
+
+// appendBounded appends v to dst as bound would return it.
+func appendBounded(dst, v []byte) []byte {
+	if len(v) <= MaxIDLength && utf8.Valid(v) {
+		return append(dst, v...)
+	}
+	sum := sha256.Sum256(v)
+	dst = append(dst, "sha256:"...)
+	return hex.AppendEncode(dst, sum[:])
 }
 
 func bound(s string) string {

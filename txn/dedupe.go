@@ -94,7 +94,8 @@ func (s *kafkaScope) guardPart(rec *consumer.Record) *partVersions {
 // duplicate in the transaction w joins and reports true. Otherwise it
 // returns what w remembers once rec's handler succeeded (work.remember).
 func (s *kafkaScope) duplicate(w *work, rec *consumer.Record, pv *partVersions) (guardRef, bool) {
-	g := guardRef{pv, keyOfID(s.cfg.Identity.Of(rec))}
+	var a [128]byte // the identity, on the stack when it fits
+	g := guardRef{pv, keyOfID(s.cfg.Identity.Append(a[:0], rec))}
 	if !pv.seenID(g.id, s.o.Dedupe.Window) {
 		return g, false
 	}

@@ -16,8 +16,8 @@ import (
 // SHA-256 collision (far less likely than any hardware fault).
 type idKey [16]byte
 
-func keyOfID(id string) idKey {
-	sum := sha256.Sum256([]byte(id))
+func keyOfID(id []byte) idKey {
+	sum := sha256.Sum256(id)
 	return idKey(sum[:16])
 }
 

@@ -16,7 +16,7 @@ func BenchmarkGuardPerInput(b *testing.B) {
 	for i := range ids {
 		ids[i] = "bench.in/3/" + strconv.Itoa(i)
 	}
-	key := func(i int) idKey { return keyOfID(ids[i]) }
+	key := func(i int) idKey { return keyOfID([]byte(ids[i])) }
 	now := time.Now()
 	fill := func(from, to int) {
 		for i := from; i < to; i++ {

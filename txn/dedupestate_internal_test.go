@@ -12,7 +12,7 @@ import (
 // record; segments past the window, or beyond the maximum, are forgotten
 // oldest first, and only once the transaction that forgets them commits.
 func TestIDMemory(t *testing.T) {
-	k := keyOfID
+	k := func(id string) idKey { return keyOfID([]byte(id)) }
 	m := newIDMemory()
 	t0 := time.UnixMilli(1_000_000)
 	const window = time.Minute

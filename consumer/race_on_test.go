@@ -1,7 +1,0 @@
-//go:build race
-
-package consumer_test
-
-// raceDetector says the tests run with the race detector, whose
-// instrumentation multiplies the CPU a process spends.
-const raceDetector = true
