@@ -96,13 +96,13 @@ func says(rep health.Report, group, want string) bool {
 }
 
 // /readyz turns 200 once the member joined its group, 503 within 10 s of
-// the broker going away (every connection to it closed at its first
-// request), and 200 again once it is back; /livez stays 200 throughout.
+// the broker going away, and 200 again once it is back; /livez stays 200
+// throughout. On the in-process kfake the broker closes every connection
+// at its first request; on Apache Kafka its JVM is killed and restarted on
+// the same port and data directory.
 func TestReadyzFollowsTheBroker(t *testing.T) {
 	k := testenv.KafkaT(t)
-	if k.Cluster == nil {
-		t.Skip("taking the broker away needs the in-process kfake backend")
-	}
+	goAway, comeBack := brokerSwitch(t, k)
 	const topic, group = "health-broker", "g-health-broker"
 	if err := k.CreateTopic(context.Background(), topic, 2); err != nil {
 		t.Fatal(err)
@@ -129,15 +129,7 @@ func TestReadyzFollowsTheBroker(t *testing.T) {
 		t.Fatal("ready but Health().Joined is false")
 	}
 
-	var away atomic.Bool
-	k.Cluster.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
-		if !away.Load() {
-			return nil, nil, false
-		}
-		k.Cluster.KeepControl()
-		return nil, errors.New("the broker went away"), true // closes the connection
-	})
-	away.Store(true)
+	goAway()
 	gone := time.Now()
 	var rep health.Report
 	testenv.WaitFor(t, 10*time.Second, "/readyz 503 naming the brokers after the broker went away", func() bool {
@@ -145,7 +137,7 @@ func TestReadyzFollowsTheBroker(t *testing.T) {
 		code, rep = probe(t, srv, "/readyz")
 		return code == http.StatusServiceUnavailable && says(rep, group, "no broker answered")
 	})
-	t.Logf("unready %s after the broker went away: %+v", time.Since(gone).Round(time.Millisecond), rep)
+	t.Logf("%s: unready %s after the broker went away: %+v", k.Kind, time.Since(gone).Round(time.Millisecond), rep)
 	if rep.Status != "unready" {
 		t.Fatalf("status %q, want unready", rep.Status)
 	}
@@ -153,13 +145,54 @@ func TestReadyzFollowsTheBroker(t *testing.T) {
 		t.Fatalf("/livez %d %+v while the broker is away, want 200: a restart does not bring a broker back", code, rep)
 	}
 
-	away.Store(false)
-	back := time.Now()
+	back := comeBack()
 	testenv.WaitFor(t, time.Minute, "/readyz 200 once the broker is back", func() bool {
 		code, _ := probe(t, srv, "/readyz")
 		return code == http.StatusOK
 	})
-	t.Logf("ready %s after the broker came back", time.Since(back).Round(time.Millisecond))
+	t.Logf("%s: ready %s after the broker came back", k.Kind, time.Since(back).Round(time.Millisecond))
+	if code, rep := probe(t, srv, "/livez"); code != http.StatusOK {
+		t.Fatalf("/livez %d %+v after the broker came back, want 200", code, rep)
+	}
+}
+
+// brokerSwitch returns how the test takes k's broker away and brings it
+// back; comeBack returns when the broker answers again. It skips the test
+// on a backend it cannot take away (external brokers, a container).
+func brokerSwitch(t *testing.T, k *testenv.Kafka) (goAway func(), comeBack func() time.Time) {
+	t.Helper()
+	switch {
+	case k.Cluster != nil:
+		var away atomic.Bool
+		k.Cluster.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+			if !away.Load() {
+				return nil, nil, false
+			}
+			k.Cluster.KeepControl()
+			return nil, errors.New("the broker went away"), true // closes the connection
+		})
+		return func() { away.Store(true) }, func() time.Time { away.Store(false); return time.Now() }
+	case k.Apache != nil:
+		id := k.Apache.NodeIDs()[0]
+		goAway = func() {
+			if err := k.Apache.Kill(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		comeBack = func() time.Time {
+			// Restart returns once the broker is in the cluster's
+			// metadata again: it answers from then on.
+			start := time.Now()
+			if err := k.Apache.Restart(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("the broker restarted in %s", time.Since(start).Round(time.Millisecond))
+			return time.Now()
+		}
+		return goAway, comeBack
+	}
+	t.Skipf("taking the broker away needs the in-process kfake or Apache Kafka backend, not %s", k.Kind)
+	return nil, nil
 }
 
 // /livez turns 503 once Run returned an error (here the broker refuses the

@@ -53,6 +53,7 @@ var rootPackages = []string{
 	"./cmd/kscope/",
 	"./kscopeotel/",
 	"./kscopeprom/",
+	"./health/",
 }
 
 // goCmd is the go command the tests and the demo run with.
