@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // A service consumes a topic with one serial worker per key-shard: the
@@ -57,4 +58,23 @@ func ExampleRecord_Header() {
 		return nil
 	}
 	_ = consumer.HandlerFunc(handle)
+}
+
+// Identity.Of names a record the way the inbox and the idempotency guards
+// do: the producer's message id when the record carries one, else its
+// coordinates. Identity.Append writes the same bytes into a buffer of the
+// caller's, for a lookup that should not allocate.
+func ExampleIdentity() {
+	var idn consumer.Identity // the default header, message-id
+	withID := &consumer.Record{Record: &kgo.Record{Topic: "orders", Partition: 2, Offset: 41,
+		Headers: []kgo.RecordHeader{{Key: consumer.DefaultMessageIDHeader, Value: []byte("order-7")}}}}
+	bare := &consumer.Record{Record: &kgo.Record{Topic: "orders", Partition: 2, Offset: 42}}
+	fmt.Println(idn.Of(withID))
+	fmt.Println(idn.Of(bare))
+	var buf [64]byte
+	fmt.Println(string(idn.Append(buf[:0], bare)))
+	// Output:
+	// order-7
+	// orders/2/42
+	// orders/2/42
 }
