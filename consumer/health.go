@@ -35,14 +35,18 @@ const brokersDownAfter = 5 * time.Second
 //
 // A runner is live unless Run returned an error or its poll loop is stuck:
 // away from polling for 2 minutes, neither waiting in a poll for records
-// nor waiting for its workers to free in-flight room (a slow handler or a
-// database that is down is not a stuck loop: a restart would not help).
+// nor waiting for its workers to free in-flight room nor for its scope
+// (Waiting: a slow handler, a database that is down or a long changelog
+// restore is not a stuck loop: a restart would not help).
 // Before Run, while it starts and after a clean stop it is live.
 //
 // It is ready while Run runs, the member has joined its group (received an
-// assignment, even an empty one), its scope started (Waiting is empty),
-// the brokers answer, no key-shard holds on a deployment error
-// (Hold.Shards is 0) and no fatal error is pending. The brokers do not
+// assignment, even an empty one), its scope started (Waiting is empty: in
+// the DB scope the database answered and its schema checked out; in the
+// Kafka scope with Versions or Dedupe the assigned partitions' state was
+// restored from their changelogs, after each assignment), the brokers
+// answer, no key-shard holds on a deployment error (Hold.Shards is 0) and
+// no fatal error is pending. The brokers do not
 // answer when no request has reached one for 5 s while requests fail: a
 // group member makes one at least every heartbeat (3 s by default), so a
 // broker outage turns the runner unready within about 5 s, and one broker
@@ -79,6 +83,10 @@ type Health struct {
 // a probe every second.
 func (r *Runner) Health() Health {
 	now := time.Now()
+	// joined before Stats: a member joins once its scope knows the
+	// assigned partitions, so a scope that restores their state at
+	// assignment reports it in Waiting by then.
+	joined := r.joined.Load()
 	st := r.Stats()
 	h := Health{Group: r.cfg.Group, Waiting: st.Waiting, Hold: st.Hold}
 	r.runHealth.mu.Lock()
@@ -89,7 +97,7 @@ func (r *Runner) Health() Health {
 	if h.Running && h.Err == nil {
 		h.Err = pending
 	}
-	h.Joined = h.Running && r.joined.Load()
+	h.Joined = h.Running && joined
 	if at := r.loopBeat.at.Load(); at != 0 && h.Running {
 		h.PolledAt = time.Unix(0, at)
 		h.InPoll = r.loopBeat.waiting.Load()
@@ -107,7 +115,9 @@ func (r *Runner) Health() Health {
 	case !h.Running:
 		notReady = append(notReady, "Run has not been called")
 	}
-	if !h.PolledAt.IsZero() && !h.InPoll && now.Sub(h.PolledAt) >= stuckAfter {
+	// A loop that waits for its scope (Waiting: a changelog restore) is
+	// not stuck: the scope reports its progress and failures there.
+	if !h.PolledAt.IsZero() && !h.InPoll && h.Waiting == "" && now.Sub(h.PolledAt) >= stuckAfter {
 		notLive = append(notLive, fmt.Sprintf("the poll loop has not come back to poll for %s (since %s)",
 			now.Sub(h.PolledAt).Round(time.Second), h.PolledAt.Format(time.RFC3339)))
 	}

@@ -50,14 +50,17 @@ func (r *Runner) onCommit(res commit.Result) {
 
 func (r *Runner) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	r.rebalances.Add(1)
-	if !r.joined.Swap(true) {
-		r.logJoin()
-	}
 	r.endUnreported(assigned)
 	if r.txs != nil {
 		// Before the offsets are fetched: the scope's committed state of
 		// these partitions is unknown until then.
 		r.txs.TxnAssigning(assigned)
+	}
+	// Joined only once the scope knows the partitions: Health reads
+	// joined before the scope's Stats.Waiting, which then names what the
+	// scope still restores of them.
+	if !r.joined.Swap(true) {
+		r.logJoin()
 	}
 	r.mu.Lock()
 	for topic, ps := range assigned {

@@ -40,8 +40,11 @@ type Stats struct {
 	// Waiting says why Run has not started consuming, while it waits for
 	// what its scope needs at start: in the DB scope, a database that does
 	// not answer (with its address and the last error), for up to
-	// dbscope.Options.StartTimeout. Empty otherwise. [Runner.Health]
-	// reports the runner not ready while it is set.
+	// dbscope.Options.StartTimeout; in the Kafka scope with Versions or
+	// Dedupe, the state of newly assigned partitions, while it is
+	// restored from their changelogs (at start and after each
+	// assignment, with the last failed attempt). Empty otherwise.
+	// [Runner.Health] reports the runner not ready while it is set.
 	Waiting string
 	// Paused are the pauses in force (Runner.Pause, PauseFrom): what
 	// each holds, since when and why.

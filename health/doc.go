@@ -10,7 +10,8 @@
 // Run returned an error or its poll loop is stuck, so that a liveness probe
 // restarts a process whose consumer is gone but never one that waits for a
 // broker or a database; it is ready while Run runs, the member has joined
-// its group, its scope started, the brokers answer and nothing holds or is
-// about to stop it. A consumer.Runner, a dbscope.Runner and a txn.Runner
+// its group, its scope started (the DB scope's schema checked, the Kafka
+// scope's version changelogs restored), the brokers answer and nothing
+// holds or is about to stop it. A consumer.Runner, a dbscope.Runner and a txn.Runner
 // all have the Health method the handler reads.
 package health

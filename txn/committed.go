@@ -78,6 +78,19 @@ func (c *committedParts) assigning(ps map[string][]int32) {
 	}
 }
 
+// inputs returns the assigned partitions of the topics in topics.
+func (c *committedParts) inputs(topics []string) []tp {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []tp
+	for k := range c.parts {
+		if slices.Contains(topics, k.topic) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // gone drops the committed state of partitions whose assignment ended.
 func (c *committedParts) gone(ps map[string][]int32) {
 	c.mu.Lock()

@@ -466,8 +466,13 @@ func (s *kafkaScope) expireRemembered(now time.Time) {
 }
 
 // ReportStats fills in the Kafka scope's counters; Done counts the input
-// records committed, Commits the transactions committed.
+// records committed, Commits the transactions committed. With Versions or
+// Dedupe, Waiting says which assigned partitions wait for their state to
+// be restored from the changelog (the runner is not ready until then).
 func (s *kafkaScope) ReportStats(st *consumer.Stats) {
+	if s.vs != nil {
+		st.Waiting = s.vs.waiting(s.states.inputs(s.cfg.Topics))
+	}
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
 	k := &st.Kafka

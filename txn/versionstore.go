@@ -2,6 +2,7 @@ package txn
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -33,6 +34,8 @@ type versionStore struct {
 	kick  func()
 
 	expiringSet map[*parkedRec]bool // parked records dispatched to be expired
+
+	restoreErr error // the last restore's failure; nil once one succeeded
 }
 
 // assigned notes newly assigned partitions once the group's offsets of
@@ -192,9 +195,15 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	}
 	state, err := readState(ctx, s.kcfg, s.group, slices.Collect(maps.Keys(need)))
 	if err != nil {
+		if ctx.Err() == nil {
+			s.mu.Lock()
+			s.restoreErr = err
+			s.mu.Unlock()
+		}
 		return err
 	}
 	s.mu.Lock()
+	s.restoreErr = nil
 	for k, pv := range state {
 		if s.owned[k] == need[k] {
 			s.parts[k] = pv
@@ -203,4 +212,29 @@ func (s *versionStore) restore(ctx context.Context, need map[tp]uint64) error {
 	s.snapshot()
 	s.mu.Unlock()
 	return nil
+}
+
+// waiting says, for Stats.Waiting (and so for readiness), how many of the
+// assigned input partitions have no state restored from their changelog
+// yet, with the last restore's failure; empty when every one has it.
+// assigned are the partitions the member was assigned, from the moment it
+// was (before their offsets are fetched): a member is not ready between
+// its assignment and the end of the restore.
+func (s *versionStore) waiting(assigned []tp) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, k := range assigned {
+		if s.parts[k] == nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	why := fmt.Sprintf("the versions of %d of the %d assigned partitions are being restored from their changelogs", n, len(assigned))
+	if s.restoreErr != nil {
+		why += "; the last attempt failed (retrying): " + s.restoreErr.Error()
+	}
+	return why
 }
