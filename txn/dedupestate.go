@@ -41,17 +41,26 @@ type idMemory struct {
 	openSeq     atomic.Uint64 // the open transaction's first segment
 	forgetBelow atomic.Uint64 // segments below it are forgotten, or being forgotten by the open transaction
 	expireBelow atomic.Uint64 // segments below it are past the window (expire), not yet forgotten
-	pendN       atomic.Int64  // identities the open transaction remembered
 	stripes     [idStripes]idStripe
 }
 
-const idStripes = 16
+// idStripes is the number of stripes; each stripe takes up to
+// stripeSegIDs identities of a segment, so that a segment holds at most
+// segmentMaxIDs and a remember touches no state other stripes write.
+const (
+	idStripes    = 16
+	stripeSegIDs = segmentMaxIDs / idStripes
+)
 
 type idStripe struct {
 	mu   sync.Mutex
 	at   map[idKey]uint64 // identity → its segment's sequence number
 	pend []idKey          // remembered in the open transaction
 	prev map[idKey]uint64 // the segment of a pending identity it replaced
+	// The stripes sit side by side and the key-shards of a partition
+	// lock different ones at once: each stripe has cache lines of its
+	// own (64-byte lines; 128 covers the pair a CPU may fetch together).
+	_ [128 - 8 - 8 - 24 - 8]byte
 }
 
 // segment is the identities a transaction remembered at ms (Unix ms).
@@ -173,7 +182,7 @@ func (m *idMemory) remember(id idKey) {
 	if ok {
 		st.prev[id] = old // in a segment this transaction forgets
 	}
-	st.at[id] = open + uint64(m.pendN.Add(1)-1)/segmentMaxIDs
+	st.at[id] = open + uint64(len(st.pend)/stripeSegIDs)
 	st.pend = append(st.pend, id)
 }
 
@@ -215,7 +224,8 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 		below = seq + 1
 	}
 	m.forgetBelow.Store(below)
-	return slices.DeleteFunc(m.writing, func(s segment) bool { return len(s.ids) == 0 }), forget
+	m.writing = slices.DeleteFunc(m.writing, func(s segment) bool { return len(s.ids) == 0 })
+	return m.writing, forget
 }
 
 // end makes the open transaction's changes committed, or drops them.
@@ -223,9 +233,11 @@ func (m *idMemory) end(committed bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	below := m.forgetBelow.Load()
+	segs := 0 // the segments the open transaction's identities fill
 	for i := range m.stripes {
 		st := &m.stripes[i]
 		st.mu.Lock()
+		segs = max(segs, (len(st.pend)+stripeSegIDs-1)/stripeSegIDs)
 		if !committed {
 			for _, id := range st.pend {
 				if old, ok := st.prev[id]; ok {
@@ -261,12 +273,9 @@ func (m *idMemory) end(committed bool) {
 			m.segs[s.seq] = s
 			m.order = append(m.order, s.seq)
 		}
-		if pend := m.pendN.Load(); pend > 0 {
-			m.openSeq.Add(uint64((pend + segmentMaxIDs - 1) / segmentMaxIDs))
-		}
+		m.openSeq.Add(uint64(segs))
 	}
 	m.writing = nil
-	m.pendN.Store(0)
 }
 
 // segmentKey is the changelog key of segment seq.

@@ -2,6 +2,7 @@ package txn
 
 import (
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -41,4 +42,26 @@ func BenchmarkGuardPerInput(b *testing.B) {
 			pv.end(true)
 		}
 	}
+}
+
+// BenchmarkGuardPerInputParallel is BenchmarkGuardPerInput with the
+// lookups and rememberings of one partition made by several key-shards at
+// once, as the scope makes them: what the stripes' locks and their cache
+// lines cost when two cores share a partition.
+func BenchmarkGuardPerInputParallel(b *testing.B) {
+	pv := newPartVersions()
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		var buf [32]byte
+		for pb.Next() {
+			i := next.Add(1)
+			id := keyOfID(strconv.AppendInt(append(buf[:0], "bench.in/3/"...), i, 10))
+			if pv.seenID(id, time.Hour) {
+				b.Fatal("a new identity seen")
+			}
+			pv.rememberID(id)
+		}
+	})
 }

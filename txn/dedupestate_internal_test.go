@@ -1,6 +1,7 @@
 package txn
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -75,5 +76,53 @@ func TestIDMemory(t *testing.T) {
 	r.remember(k("g"))
 	if segs, _ := r.write(later, window, 100); segs[0].seq != 6 {
 		t.Fatalf("the next segment after a restore is %d; want 6", segs[0].seq)
+	}
+}
+
+// A transaction that remembers more identities than a segment holds writes
+// several segments, none over segmentMaxIDs and none empty, each identity
+// in exactly one; once committed, every one is seen, and the next
+// transaction's segments follow them.
+func TestIDMemorySegmentsAreBounded(t *testing.T) {
+	m := newIDMemory()
+	now := time.UnixMilli(1_000_000)
+	const n = 3*segmentMaxIDs + 17
+	for i := range n {
+		m.remember(keyOfID([]byte(fmt.Sprint("id-", i))))
+	}
+	segs, forget := m.write(now, time.Hour, 1_000_000)
+	if len(forget) != 0 {
+		t.Fatalf("forgets %v; want nothing", forget)
+	}
+	in := map[idKey]int{}
+	for i, s := range segs {
+		if len(s.ids) == 0 || len(s.ids) > segmentMaxIDs {
+			t.Errorf("segment %d holds %d identities; want 1 to %d", i, len(s.ids), segmentMaxIDs)
+		}
+		if s.seq != uint64(i) {
+			t.Errorf("segment %d has sequence number %d", i, s.seq)
+		}
+		for _, id := range s.ids {
+			in[id]++
+		}
+	}
+	if len(in) != n {
+		t.Fatalf("%d identities in the segments; want %d", len(in), n)
+	}
+	for id, c := range in {
+		if c != 1 {
+			t.Fatalf("identity %x in %d segments", id, c)
+		}
+	}
+	m.end(true)
+	for i := range n {
+		if !m.seen(keyOfID([]byte(fmt.Sprint("id-", i))), time.Hour) {
+			t.Fatalf("id-%d not seen after the commit", i)
+		}
+	}
+	m.remember(keyOfID([]byte("next")))
+	next, _ := m.write(now, time.Hour, 1_000_000)
+	if len(next) != 1 || next[0].seq != uint64(len(segs)) {
+		t.Fatalf("the next transaction writes %+v; want one segment numbered %d", next, len(segs))
 	}
 }
