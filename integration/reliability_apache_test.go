@@ -117,8 +117,15 @@ func apacheScenarios() []relScenario {
 	return out
 }
 
-// brokerKills is how many kills a scenario makes, while its stream lasts.
-const brokerKills = 3
+// brokerKills is how many kills a scenario makes, while its stream lasts:
+// three in the long form (make reliability), two in make test-kafka, where
+// each kill and restart of a JVM broker costs CI a quarter of a minute.
+func brokerKills() int {
+	if reliabilityLong() {
+		return 3
+	}
+	return 2
+}
 
 // killBrokers SIGKILLs the node pick names, several times while records
 // flow. On a cluster of three the stream must go on while the node is
@@ -128,7 +135,7 @@ func killBrokers(pick func(e *relRun) (int32, error)) func(e *relRun) {
 	return func(e *relRun) {
 		e.t.Helper()
 		c := e.k.Apache
-		for i := range brokerKills {
+		for i := range brokerKills() {
 			// The first kill waits for the stream to be well under way;
 			// the next ones come soon after the restart.
 			if i == 0 {
