@@ -163,11 +163,7 @@ func auditCmd() *command {
 
 // readAudit reads the audit topic's entries, of group when not "".
 func readAudit(ctx context.Context, e *env, brokers, topic, group string, to *timeouts) ([]auditRecord, error) {
-	kc, err := e.kafka(brokers, to)
-	if err != nil {
-		return nil, err
-	}
-	cl, adm, err := kc.admin()
+	kc, cl, adm, err := e.kafkaAdmin(brokers, to)
 	if err != nil {
 		return nil, err
 	}

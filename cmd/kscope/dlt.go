@@ -173,11 +173,7 @@ func dltList(ctx context.Context, e *env, f *dltFlags, asJSON bool) error {
 	if err != nil {
 		return err
 	}
-	kc, err := e.kafka(*f.brokers, f.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, adm, err := kc.admin()
+	kc, cl, adm, err := e.kafkaAdmin(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}

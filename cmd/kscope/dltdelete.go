@@ -95,11 +95,7 @@ func dltDelete(ctx context.Context, e *env, f *dltFlags, d *deleteOpts) error {
 	if err != nil {
 		return err
 	}
-	kc, err := e.kafka(*f.brokers, f.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, adm, err := kc.admin()
+	kc, cl, adm, err := e.kafkaAdmin(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}

@@ -87,11 +87,7 @@ func dltShow(ctx context.Context, e *env, f *dltFlags, offset int64, maxValue in
 	if err != nil {
 		return err
 	}
-	kc, err := e.kafka(*f.brokers, f.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, adm, err := kc.admin()
+	kc, cl, adm, err := e.kafkaAdmin(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}

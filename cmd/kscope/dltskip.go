@@ -125,11 +125,7 @@ func dltSkip(ctx context.Context, e *env, f *dltFlags, s *skipOpts) error {
 		return err
 	}
 	defer rsv.close()
-	kc, err := e.kafka(*f.brokers, f.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, adm, err := kc.admin()
+	kc, cl, adm, err := e.kafkaAdmin(*f.brokers, f.timeouts)
 	if err != nil {
 		return err
 	}

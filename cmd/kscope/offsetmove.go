@@ -36,11 +36,7 @@ func runMove(ctx context.Context, e *env, o *replayOpts, m offsetMove) error {
 	if err != nil {
 		return err
 	}
-	kc, err := e.kafka(o.brokers, o.timeouts)
-	if err != nil {
-		return err
-	}
-	cl, adm, err := kc.admin()
+	kc, cl, adm, err := e.kafkaAdmin(o.brokers, o.timeouts)
 	if err != nil {
 		return err
 	}

@@ -60,11 +60,7 @@ func shareDescribeCmd() *command {
 				if *group == "" {
 					return usagef("give the share group with --group")
 				}
-				kc, err := e.kafka(*brokers, to)
-				if err != nil {
-					return err
-				}
-				cl, adm, err := kc.admin()
+				kc, cl, adm, err := e.kafkaAdmin(*brokers, to)
 				if err != nil {
 					return err
 				}

@@ -77,6 +77,20 @@ func (e *env) kafka(flagValue string, to *timeouts) (*kafkaConn, error) {
 	return &kafkaConn{brokers: bs, to: to}, nil
 }
 
+// kafkaAdmin is kafka, then the connection's admin client (kafkaConn.admin);
+// the caller closes the client.
+func (e *env) kafkaAdmin(flagValue string, to *timeouts) (*kafkaConn, *kgo.Client, *kadm.Client, error) {
+	kc, err := e.kafka(flagValue, to)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cl, adm, err := kc.admin()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return kc, cl, adm, nil
+}
+
 func (k *kafkaConn) addrs() string { return strings.Join(k.brokers, ",") }
 
 // opts are the client options that bound a request by the timeouts: the
