@@ -1,5 +1,6 @@
 // Command observability runs an AtLeastOnce pipeline with kscope's
-// Prometheus and OpenTelemetry hooks, serves /metrics while it runs, and
+// Prometheus and OpenTelemetry hooks, serves /metrics and the Kubernetes
+// probes /livez and /readyz (package health) while it runs, and
 // prints what a scrape shows once the backlog is drained. Part of its input
 // comes through a transactional outbox: a traced "book order" writes
 // notifications in a PostgreSQL transaction, the relay publishes them (its
@@ -24,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -43,6 +45,7 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/devenv"
+	"github.com/kscope-dev/kscope/health"
 	"github.com/kscope-dev/kscope/hook"
 	"github.com/kscope-dev/kscope/kscopeotel"
 	"github.com/kscope-dev/kscope/kscopeprom"
@@ -81,6 +84,9 @@ type Result struct {
 	Handled  int64
 	Scrape   string // the kscope_ lines of the final /metrics scrape
 	Endpoint string
+	// Readyz is what GET /readyz answered once the backlog was drained:
+	// the status code and the JSON report.
+	Readyz string
 	// OutboxTraced counts the consumer's spans in the trace of the
 	// transaction that wrote the outbox rows.
 	OutboxTraced int
@@ -92,6 +98,7 @@ func run(ctx context.Context, listen string, hold time.Duration, out *os.File) e
 		return err
 	}
 	fmt.Fprintf(out, "served %s; %d records handled, %d spans recorded, %d of them continuing the outbox writer's trace\n", res.Endpoint, res.Handled, res.Spans, res.OutboxTraced)
+	fmt.Fprintf(out, "GET /readyz: %s\n", res.Readyz)
 	fmt.Fprint(out, res.Scrape)
 	return nil
 }
@@ -133,17 +140,16 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // in-memory
 	tracer := kscopeotel.New(kscopeotel.Options{TracerProvider: tp})
-	endpoint, stopServing, err := serveMetrics(listen, metrics)
-	if err != nil {
-		return nil, err
-	}
-	defer stopServing()
-
 	var handled atomic.Int64
 	r, err := newPipeline(kafka.Brokers, []hook.Hook{metrics, tracer}, &handled)
 	if err != nil {
 		return nil, err
 	}
+	endpoint, stopServing, err := serveMetrics(listen, metrics, r)
+	if err != nil {
+		return nil, err
+	}
+	defer stopServing()
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
@@ -155,7 +161,7 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 		return nil, err
 	}
 	waitDrained(ctx, r)
-	scrape, err := scrapeKscope(ctx, endpoint)
+	scrape, readyz, err := scrapeDrained(ctx, endpoint)
 	if err != nil {
 		cancel()
 		<-done
@@ -173,7 +179,7 @@ func Run(ctx context.Context, listen string, hold time.Duration) (*Result, error
 		return nil, err
 	}
 	return &Result{Metrics: metrics, Spans: len(spans.Ended()), Handled: handled.Load(), Scrape: scrape, Endpoint: endpoint,
-		OutboxTraced: continuing(spans, traceID)}, nil
+		Readyz: readyz, OutboxTraced: continuing(spans, traceID)}, nil
 }
 
 // produceBacklog writes the notifications to send: every 50th is poison,
@@ -193,15 +199,19 @@ func produceBacklog(ctx context.Context, cl *kgo.Client) error {
 	return cl.ProduceSync(ctx, recs...).FirstErr()
 }
 
-// serveMetrics serves the metrics' /metrics on listen, and returns its
-// URL and the function that stops serving it.
-func serveMetrics(listen string, metrics *kscopeprom.Metrics) (endpoint string, stop func(), err error) {
+// serveMetrics serves the metrics' /metrics, and r's Kubernetes probes
+// /livez and /readyz, on listen, and returns the metrics' URL and the
+// function that stops serving them.
+func serveMetrics(listen string, metrics *kscopeprom.Metrics, r *consumer.Runner) (endpoint string, stop func(), err error) {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return "", nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler())
+	probes := health.New(r)
+	mux.Handle("/livez", probes)
+	mux.Handle("/readyz", probes)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln) //nolint:errcheck // closed by stop
 	return "http://" + ln.Addr().String() + "/metrics", func() { srv.Close() }, nil
@@ -279,4 +289,32 @@ func scrapeKscope(ctx context.Context, url string) (string, error) {
 		}
 	}
 	return b.String(), sc.Err()
+}
+
+// scrapeDrained scrapes the kscope_ lines of /metrics at endpoint once
+// the backlog is drained, and GETs /readyz beside it: the runner is ready
+// then, and it answers 200.
+func scrapeDrained(ctx context.Context, endpoint string) (scrape, readyz string, err error) {
+	if scrape, err = scrapeKscope(ctx, endpoint); err != nil {
+		return "", "", err
+	}
+	readyz, err = probe(ctx, strings.TrimSuffix(endpoint, "/metrics")+"/readyz")
+	return scrape, readyz, err
+}
+
+// probe GETs a probe's url and returns its status code and body, in one
+// line.
+func probe(ctx context.Context, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	_, err = io.Copy(&b, resp.Body)
+	return fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(b.String())), err
 }

@@ -65,6 +65,9 @@ func TestExampleAlertsAndDashboard(t *testing.T) {
 			t.Errorf("scrape lacks %s:\n%s", want, res.Scrape)
 		}
 	}
+	if want := `200 {"status":"ok","checks":[{"runner":"` + group + `","ok":true}]}`; res.Readyz != want {
+		t.Errorf("GET /readyz over HTTP once drained: %s, want %s", res.Readyz, want)
+	}
 	if res.Spans != records+outboxed+1 {
 		t.Errorf("%d spans recorded, want one per delivery (%d) and the outbox writer's", res.Spans, records+outboxed)
 	}
