@@ -45,7 +45,9 @@ type RateLimit struct {
 	// calls take, a second.
 	Bytes Rate
 	// PerTopic bounds the handler calls of each topic named, records per
-	// second, on top of Records.
+	// second, on top of Records. A topic's wait holds its key-shard, so
+	// the records of other topics queued behind it on that key-shard
+	// wait too.
 	PerTopic map[string]Rate
 	// PerKey bounds the handler calls of each key (of each topic),
 	// records per second. Records without a key are not limited per
