@@ -93,7 +93,7 @@ func NewBatch(cfg Config, h BatchHandler) (*Runner, error) {
 	if h == nil {
 		return nil, &ConfigError{Struct: "consumer.NewBatch's handler", Reason: "is nil; pass the function that handles each batch of records"}
 	}
-	return newRunner(cfg.WithDefaults(), &batchScope{atLeastOnce: atLeastOnce{unordered: cfg.Failures.Unordered}, bh: h})
+	return newRunner(cfg.WithDefaults(), &batchScope{atLeastOnce: atLeastOnce{unordered: cfg.Failures.Unordered, g: newGuard(cfg.WithDefaults())}, bh: h})
 }
 
 // batchScope is the AtLeastOnce scope with a batch handler.
@@ -122,29 +122,42 @@ func (s *batchScope) BatchLimits() (int, time.Duration) { return atLeastOnceBatc
 // (see batchcall.Run).
 func (s *batchScope) Process(ctx context.Context, batch []*Record, done func(*Record)) {
 	obs := s.obs
-	for _, r := range batch {
-		obs.Start(ctx, r)
-	}
 	defer func() {
 		for _, r := range batch {
 			obs.End(r, hook.OutcomeAborted, nil) // a no-op for the records that ended
 		}
 	}()
-	batchcall.Run(batch, batchcall.Calls[*Record]{
+	if s.g != nil {
+		s.processBatchGuarded(ctx, batch, done)
+		return
+	}
+	s.run(ctx, batch, done, nil)
+}
+
+// run calls the batch handler for recs and carries out each record's
+// outcome (batchcall.Run). With won, a success is neither ended nor
+// reported done but given to won. It reports false when a record was left
+// undone.
+func (s *batchScope) run(ctx context.Context, recs []*Record, done, won func(*Record)) bool {
+	for _, r := range recs {
+		s.obs.Start(ctx, r)
+	}
+	return batchcall.Run(recs, batchcall.Calls[*Record]{
 		Admit: s.e.Admit,
 		Batch: func(rs []*Record) error {
 			return s.e.CallBatch(ctx, rs, func(ctx context.Context) error { return s.bh.HandleBatch(ctx, rs) })
 		},
 		FailedAt: FailedIndex,
 		Each: func(r *Record, first batchcall.First) bool {
-			return s.settle(ctx, r, first, done)
+			return s.settle(ctx, r, first, done, won)
 		},
 	})
 }
 
 // settle carries out r's outcome: the batch call's (first), or that of
 // calls of the handler with r alone, retried in place as the policy says.
-func (s *batchScope) settle(ctx context.Context, r *Record, first batchcall.First, done func(*Record)) bool {
+// A success goes to won when it is not nil.
+func (s *batchScope) settle(ctx context.Context, r *Record, first batchcall.First, done, won func(*Record)) bool {
 	hctx := s.obs.Context(ctx, r)
 	one := []*Record{r}
 	ran := first.Ran
@@ -159,6 +172,10 @@ func (s *batchScope) settle(ctx context.Context, r *Record, first batchcall.Firs
 		return false
 	}
 	if a.Err == nil {
+		if won != nil {
+			won(r)
+			return true
+		}
 		s.obs.End(r, hook.OutcomeSuccess, nil)
 		done(r)
 		return true

@@ -287,10 +287,11 @@ type Config struct {
 	// docs/flow-control.md#circuit-breakers). None by default.
 	Breakers []BreakerConfig
 
-	// Dedupe is the AtLeastOnce scope's idempotency guard: with a Store,
-	// a record whose identity was remembered after an earlier success is
-	// not handled again (see [DedupeConfig] and docs/dedupe.md). Off by
-	// default.
+	// Dedupe is the AtLeastOnce scope's idempotency guard, with a
+	// per-record handler (New) or a batch handler (NewBatch): with a
+	// Store, a record whose identity was remembered after an earlier
+	// success is not handled again (see [DedupeConfig] and
+	// docs/dedupe.md). Off by default.
 	Dedupe DedupeConfig
 
 	// KeyBreaker, when set, is the circuit breaker of each key: a key

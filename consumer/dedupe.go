@@ -233,8 +233,8 @@ func (g *dedupeGuard) unguarded(r *Record) {
 
 // dedupeStats returns the guard's counters, zero without one.
 func (r *Runner) dedupeStats() DedupeStats {
-	if s, ok := r.unit.(*atLeastOnce); ok {
-		return s.g.stats()
+	if s, ok := r.unit.(guardedScope); ok {
+		return s.guard().stats()
 	}
 	return DedupeStats{}
 }

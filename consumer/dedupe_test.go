@@ -219,9 +219,8 @@ func TestDedupeStoreDown(t *testing.T) {
 	}
 }
 
-// A dedupe store with a batch handler, bad Dedupe settings, or a store
-// left out while other fields are set fail New with a sentence that says
-// what to change.
+// Bad Dedupe settings, or a store left out while other fields are set,
+// fail New with a sentence that says what to change.
 func TestDedupeConfigErrors(t *testing.T) {
 	nop := consumer.HandlerFunc(func(context.Context, *consumer.Record) error { return nil })
 	base := consumer.Config{Brokers: []string{"localhost:9092"}, Group: "g", Topics: []string{"t"}}
@@ -245,13 +244,6 @@ func TestDedupeConfigErrors(t *testing.T) {
 				t.Fatalf("error %v; want field %s saying %q", err, tc.field, tc.says)
 			}
 		})
-	}
-	cfg := base
-	cfg.Dedupe = consumer.DedupeConfig{Store: dedupe.NewMemory(0)}
-	_, err := consumer.NewBatch(cfg, consumer.BatchHandlerFunc(func(context.Context, []*consumer.Record) error { return nil }))
-	var ce *consumer.ConfigError
-	if !errors.As(err, &ce) || ce.Field != "Dedupe.Store" || !strings.Contains(err.Error(), "consumer.New") {
-		t.Errorf("NewBatch with a dedupe store: %v; want a Dedupe.Store error", err)
 	}
 }
 

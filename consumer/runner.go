@@ -188,8 +188,8 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 	if err := r.useKeyBreaker(s); err != nil {
 		return nil, err
 	}
-	if _, ok := s.(*atLeastOnce); cfg.Dedupe.Store != nil && !ok {
-		return nil, &ConfigError{Field: "Dedupe.Store", Reason: fmt.Sprintf("is set for scope %T; only the AtLeastOnce scope with a per-record handler (consumer.New) uses a dedupe store: "+
+	if _, ok := s.(guardedScope); cfg.Dedupe.Store != nil && !ok {
+		return nil, &ConfigError{Field: "Dedupe.Store", Reason: fmt.Sprintf("is set for scope %T; only the AtLeastOnce scope (consumer.New, consumer.NewBatch) uses a dedupe store: "+
 			"the DB scope's inbox is its guard, the Kafka scope keeps its own in its transactions (txn.Options.Dedupe); leave Dedupe empty", s)}
 	}
 	if b, ok := s.(scope.Batcher); ok {

@@ -15,6 +15,11 @@ import (
 type AtLeastOncePipeline struct {
 	// Handler is the service's handler, unchanged.
 	Handler consumer.Handler
+	// BatchHandler, instead of Handler, is the service's batch handler
+	// (consumer.NewBatch), unchanged: the kit runs the same table. A
+	// consumer.FailedAt error makes the records before the failing one
+	// effects of the call.
+	BatchHandler consumer.BatchHandler
 	// Config, when not nil, adjusts the consumer configuration the kit
 	// builds (brokers, group and topic are the kit's). To have the kit
 	// check the duplicate, crash and replay rows, it sets the idempotency
@@ -69,11 +74,12 @@ type AtLeastOncePipeline struct {
 // message id: a record handled again although none of its calls failed
 // fails the scenario (Result.Repeats). It needs no PostgreSQL.
 //
-// AtLeastOnce fails t at once when p lacks Handler or Valid.
+// AtLeastOnce fails t at once when p lacks Valid, or has not exactly one
+// of Handler and BatchHandler.
 func AtLeastOnce(t *testing.T, p AtLeastOncePipeline) Report {
 	t.Helper()
-	if p.Handler == nil || p.Valid == nil {
-		t.Fatalf("kscopetest: AtLeastOncePipeline needs a Handler and Valid to run the scenarios")
+	if (p.Handler == nil) == (p.BatchHandler == nil) || p.Valid == nil {
+		t.Fatalf("kscopetest: AtLeastOncePipeline needs Valid and one of Handler and BatchHandler to run the scenarios")
 	}
 	guarded := p.Config != nil && p.Config(consumer.Config{}).Dedupe.Store != nil
 	return table(t, scenarios, func(t *testing.T) pipeline { return atLeastOncePipeline(t, p, guarded) })
@@ -118,12 +124,19 @@ func atLeastOncePipeline(t *testing.T, p AtLeastOncePipeline, guarded bool) pipe
 			return n - base, err
 		}
 	}
+	what := "consumer.New"
+	if p.BatchHandler != nil {
+		what = "consumer.NewBatch"
+	}
 	return pipeline{
-		valid: p.Valid, undecodable: p.Undecodable, config: p.Config, what: "consumer.New",
+		valid: p.Valid, undecodable: p.Undecodable, config: p.Config, what: what,
 		effects:    effects,
 		duplicates: func(st consumer.Stats) int64 { return st.Dedupe.Hits },
 		applies:    func(scenario string) string { return atLeastOnceNot(scenario, guarded) },
 		build: func(cfg consumer.Config, f *Faults) (kitRunner, error) {
+			if p.BatchHandler != nil {
+				return atLeastOnceBatch(cfg, p.BatchHandler, f, &succeeded)
+			}
 			r, err := consumer.New(cfg, consumer.HandlerFunc(func(ctx context.Context, r *consumer.Record) error {
 				err := f.Call(r, func() error { return p.Handler.Handle(ctx, r) })
 				if err == nil {
@@ -137,4 +150,25 @@ func atLeastOncePipeline(t *testing.T, p AtLeastOncePipeline, guarded bool) pipe
 			return r, nil
 		},
 	}
+}
+
+// atLeastOnceBatch builds an AtLeastOnce runner of the batch handler h, its
+// calls run through f; succeeded counts the records the calls succeeded
+// with (all of a call's that returned nil, those before the failing one of
+// a consumer.FailedAt).
+func atLeastOnceBatch(cfg consumer.Config, h consumer.BatchHandler, f *Faults, succeeded *atomic.Int64) (kitRunner, error) {
+	r, err := consumer.NewBatch(cfg, consumer.BatchHandlerFunc(func(ctx context.Context, recs []*consumer.Record) error {
+		err := f.in.batch(recs, f.idHeader, false, func(recs []*consumer.Record) error { return h.HandleBatch(ctx, recs) })
+		switch i, _, ok := consumer.FailedIndex(err); {
+		case err == nil:
+			succeeded.Add(int64(len(recs)))
+		case ok:
+			succeeded.Add(int64(i))
+		}
+		return err
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
 }

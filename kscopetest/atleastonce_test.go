@@ -102,6 +102,30 @@ func TestKitAtLeastOnceWithTheGuard(t *testing.T) {
 	}
 }
 
+// A batch handler (consumer.NewBatch) with the guard holds the same rows
+// as a per-record one: each record of a batch is looked up before the
+// call and remembered once it succeeded.
+func TestKitAtLeastOnceBatchWithTheGuard(t *testing.T) {
+	p := shipPipeline(dedupe.NewMemory(0))
+	h := p.Handler
+	p.Handler = nil
+	p.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, recs []*consumer.Record) error {
+		for i, r := range recs {
+			if err := h.Handle(ctx, r); err != nil {
+				return consumer.FailedAt(i, err)
+			}
+		}
+		return nil
+	})
+	rep := kscopetest.AtLeastOnce(t, p)
+	if !rep.Held() {
+		t.Fatalf("%+v", rep)
+	}
+	if got := notApplied(t, rep); !slices.Equal(got, []string{"out_of_order_versions"}) {
+		t.Fatalf("scenarios not applied: %v; want only the per-key versions", got)
+	}
+}
+
 // Without the guard, the rows that need a record handled once are not
 // applicable, each saying to set consumer.Config.Dedupe, and the rest
 // hold; the effects are the handler's calls that returned nil, as the kit
