@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -238,16 +241,25 @@ func TestLivezFailsWhenRunFailed(t *testing.T) {
 }
 
 // A DB-scope runner that waits at start for its database is live and not
-// ready, and /readyz says which database it waits for. (No PostgreSQL is
-// needed: nothing listens where the pool points.)
+// ready, and /readyz says which database it waits for; once the database
+// answers (a proxy to a migrated database starts listening where the pool
+// points) and the schema checks out, /readyz answers 200.
 func TestReadyzWhileTheDatabaseIsAwayAtStart(t *testing.T) {
 	k := testenv.KafkaT(t)
 	const topic, group = "health-db", "g-health-db"
 	if err := k.CreateTopic(context.Background(), topic, 1); err != nil {
 		t.Fatal(err)
 	}
+	real, err := pgxpool.ParseConfig(testenv.DatabaseT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrate(real); err != nil {
+		t.Fatal(err)
+	}
 	addr := closedPort(t)
-	cfg, err := pgxpool.ParseConfig((&url.URL{Scheme: "postgres", User: url.User("kscope"), Host: addr, Path: "/kscope", RawQuery: "sslmode=disable"}).String())
+	cc := real.ConnConfig
+	cfg, err := pgxpool.ParseConfig((&url.URL{Scheme: "postgres", User: url.User(cc.User), Host: addr, Path: "/" + cc.Database, RawQuery: "sslmode=disable"}).String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,6 +283,66 @@ func TestReadyzWhileTheDatabaseIsAwayAtStart(t *testing.T) {
 	if code, rep := probe(t, srv, "/livez"); code != http.StatusOK {
 		t.Fatalf("/livez %d %+v while the database is away at start, want 200", code, rep)
 	}
+	proxy(t, addr, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	up := time.Now()
+	testenv.WaitFor(t, 30*time.Second, "/readyz 200 once the database answers", func() bool {
+		code, _ := probe(t, srv, "/readyz")
+		return code == http.StatusOK
+	})
+	t.Logf("ready %s after the database answered", time.Since(up).Round(time.Millisecond))
+}
+
+// migrate creates kscope's tables in the database of cfg.
+func migrate(cfg *pgxpool.Config) error {
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return dbscope.Migrate(context.Background(), pool, "")
+}
+
+// proxy forwards the connections made to addr to target until the test
+// ends.
+func proxy(t *testing.T, addr, target string) {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			d, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, d)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(d, c); d.Close() }() //nolint:errcheck // ends with either side
+			go func() { defer wg.Done(); io.Copy(c, d); c.Close() }() //nolint:errcheck // ends with either side
+		}
+	}()
 }
 
 // The handler answers only its two paths, only to GET and HEAD, and fails
