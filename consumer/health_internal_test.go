@@ -9,7 +9,8 @@ import (
 )
 
 // A poll loop away from polling for 2 minutes makes the runner not live;
-// one that waits in a poll (or for in-flight room) that long does not.
+// one that waits in a poll (or for in-flight room, or for its scope) that
+// long does not.
 func TestHealthStuckPollLoop(t *testing.T) {
 	r, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}}, HandlerFunc(func(context.Context, *Record) error { return nil }))
 	if err != nil {
@@ -31,6 +32,14 @@ func TestHealthStuckPollLoop(t *testing.T) {
 	if h.Live || h.Ready || len(h.NotLive) != 1 || !strings.Contains(h.NotLive[0], "poll loop") {
 		t.Fatalf("a loop away from polling for 3 minutes: live %v ready %v, reasons %v", h.Live, h.Ready, h.NotLive)
 	}
+	// A loop that waits for its scope (Stats.Waiting: a changelog
+	// restore) is not stuck, and not ready.
+	unit := r.unit
+	r.unit = waitingScope{unit, "the versions of 2 of the 2 assigned partitions are being restored"}
+	if h := r.Health(); !h.Live || h.Ready || !strings.Contains(strings.Join(h.NotReady, "\n"), "the scope has not started: the versions of 2") {
+		t.Fatalf("a loop away from polling for 3 minutes while its scope restores: live %v ready %v, reasons %v %v", h.Live, h.Ready, h.NotLive, h.NotReady)
+	}
+	r.unit = unit
 	r.loopBeat.back()
 	r.failures = &failures{}
 	r.failures.hold.shards, r.failures.hold.err = 2, errors.New(`relation "inbox" does not exist`)
@@ -43,6 +52,14 @@ func TestHealthStuckPollLoop(t *testing.T) {
 		t.Fatalf("after a clean stop: live %v ready %v, want live and not ready", h.Live, h.Ready)
 	}
 }
+
+// waitingScope is a scope that waits for what it needs (Stats.Waiting).
+type waitingScope struct {
+	workScope
+	why string
+}
+
+func (w waitingScope) ReportStats(st *Stats) { st.Waiting = w.why }
 
 // The brokers are down only when no request reached one for 5 s and one
 // failed since the last that did.
