@@ -240,6 +240,46 @@ func TestLivezFailsWhenRunFailed(t *testing.T) {
 	}
 }
 
+// /livez turns 503 once Run returned an error on any backend: here a
+// DB-scope runner's schema check finds a database kscope's tables were
+// never migrated into, and /livez names what is missing.
+func TestLivezFailsWhenTheSchemaIsMissing(t *testing.T) {
+	k := testenv.KafkaT(t)
+	const topic, group = "health-schema", "g-health-schema"
+	if err := k.CreateTopic(context.Background(), topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), testenv.DatabaseT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	r, err := dbscope.New(config(k, group, topic), dbscope.Options{Pool: pool},
+		dbscope.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(health.New(r))
+	defer srv.Close()
+	errc := run(t, r)
+	select {
+	case err := <-errc:
+		var se *dbscope.SchemaError
+		if !errors.As(err, &se) {
+			t.Fatalf("Run returned %v, want a *dbscope.SchemaError", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return on a database without kscope's tables")
+	}
+	code, rep := probe(t, srv, "/livez")
+	if code != http.StatusServiceUnavailable || !says(rep, group, "Run returned an error") || !says(rep, group, "dbscope.Migrate") {
+		t.Fatalf("/livez %d %+v after the schema check failed, want 503 naming the missing tables", code, rep)
+	}
+	if code, rep := probe(t, srv, "/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz %d %+v after Run failed, want 503", code, rep)
+	}
+}
+
 // A DB-scope runner that waits at start for its database is live and not
 // ready, and /readyz says which database it waits for; once the database
 // answers (a proxy to a migrated database starts listening where the pool
