@@ -209,6 +209,14 @@ func (d *demo) crashAndRestart(ctx context.Context) error {
 		child.Process.Kill()
 		return err
 	}
+	if probesAddr != "" {
+		// The restarted consumer has joined and caught up: its
+		// probes answer 200.
+		if err := checkProbes(ctx, probesAddr); err != nil {
+			child.Process.Kill()
+			return err
+		}
+	}
 	child.Process.Signal(syscall.SIGTERM)
 	child.Wait()
 	return nil

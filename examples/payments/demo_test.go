@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"testing"
 
@@ -16,8 +17,17 @@ func TestMain(m *testing.M) {
 }
 
 // The demo's invariants hold end to end: every payment booked exactly
-// once through a crash and a replay, poison dead-lettered, gaps healed.
+// once through a crash and a replay, poison dead-lettered, gaps healed;
+// and the ledger consumer, given -probes, serves /livez and /readyz,
+// which answer 200 over HTTP once it caught up after its restart.
 func TestDemo(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probesAddr = l.Addr().String() // a free port for the consumer child
+	l.Close()
+	t.Cleanup(func() { probesAddr = "" })
 	code, err := run()
 	if err != nil {
 		t.Fatal(err)
