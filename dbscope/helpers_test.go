@@ -26,12 +26,18 @@ func TestMain(m *testing.M) {
 // double effect shows as two rows.
 func newPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
+	return newPoolConns(t, 20)
+}
+
+// newPoolConns is newPool with a pool of at most conns connections.
+func newPoolConns(t testing.TB, conns int32) *pgxpool.Pool {
+	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(testenv.DatabaseT(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MaxConns = 20
+	cfg.MaxConns = conns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -38,7 +38,9 @@ func TestPauseTopicDBScope(t *testing.T) {
 // effect is applied twice.
 func TestRateLimitDBScope(t *testing.T) {
 	k := testenv.KafkaT(t)
-	pool := newPool(t)
+	// A connection for each of the check's 32 key-shards, whose waits
+	// hold their transactions, and some for the runner's own work.
+	pool := newPoolConns(t, 40)
 	ratecheck.Run(t, k, baseConfig(k, "g-db-rate", ratecheck.Topic), ratecheck.ScopeWorkBound(t), func(cfg consumer.Config, handled func()) (*consumer.Runner, error) {
 		r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, r *consumer.Record) error {
 			handled()

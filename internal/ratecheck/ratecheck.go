@@ -146,11 +146,11 @@ type NewRunner func(cfg consumer.Config, handled func()) (*consumer.Runner, erro
 
 // Run checks the rate limit of PerSecond records a second on a backlog of
 // Topic (made here, of Partitions partitions, keyed over 97 keys), read
-// by 16 key-shards: measured over Window once the runner has fetched
+// by 32 key-shards: measured over Window once the runner has fetched
 // ahead, the handler calls are at PerSecond within Tolerance, the
 // process's CPU is under cpuBound (CPUBound, or for a scope with work of
-// its own for each record ScopeWorkBound), no key-shard counts as stalled
-// (a wait is not a stall), and Stats.RateLimit counts the waits. cfg is
+// its own for each record ScopeWorkBound), the waits are not reported as
+// stalls (at most 1% of the calls see one), and Stats.RateLimit counts the waits. cfg is
 // the scope's configuration (brokers, group, its options); Run sets the
 // topic, the limit, the shards and the stall warning, and leaves
 // CommitInterval at its default. It returns the
@@ -176,9 +176,14 @@ func Run(t *testing.T, k *testenv.Kafka, cfg consumer.Config, cpuBound float64, 
 	// The runner's default: the tests' short interval commits twenty
 	// times a second, work a service does not do.
 	cfg.CommitInterval = 0
-	cfg.Shards = 16
+	// 32 key-shards at 200 a second: each waits about 160ms for its
+	// turn, past the stall warning, so a wait taken for a stall would be
+	// reported at nearly every call.
+	cfg.Shards = 32
 	cfg.RateLimit = consumer.RateLimit{Records: consumer.Rate{PerSecond: PerSecond}}
-	cfg.StallWarning = 100 * time.Millisecond // a wait taken for a stall would show in Stats
+	cfg.StallWarning = 100 * time.Millisecond
+	stalls := &testenv.Stalls{}
+	cfg.Hooks = append(cfg.Hooks, stalls)
 	var handled atomic.Int64
 	r, err := newRunner(cfg, func() { handled.Add(1) })
 	if err != nil {
@@ -190,15 +195,24 @@ func Run(t *testing.T, k *testenv.Kafka, cfg consumer.Config, cpuBound float64, 
 		n := handled.Load()
 		return n >= 50 && r.Stats().Polled >= n+100
 	})
+	stalls0 := len(stalls.All())
+	s := Measure(t, window, handled.Load, nil)
 	stalled := 0
-	s := Measure(t, window, handled.Load, func() { stalled = max(stalled, r.Stats().StalledShards) })
+	for _, st := range stalls.All()[stalls0:] {
+		if !st.Ended {
+			stalled++
+		}
+	}
 	kind, _ := testenv.KafkaKind()
-	t.Logf("%s, race detector %v: %d handler calls in %s: %.1f a second (limit %.0f); CPU %.2f%% of one core (bound %.0f%%); Stats.RateLimit %+v",
-		kind, raceDetector, s.Count, s.Elapsed.Round(time.Millisecond), s.Rate, PerSecond, s.CPU*100, cpuBound*100, r.Stats().RateLimit)
+	t.Logf("%s, race detector %v: %d handler calls in %s: %.1f a second (limit %.0f); CPU %.2f%% of one core (bound %.0f%%); %d stalls; Stats.RateLimit %+v",
+		kind, raceDetector, s.Count, s.Elapsed.Round(time.Millisecond), s.Rate, PerSecond, s.CPU*100, cpuBound*100, stalled, r.Stats().RateLimit)
 	Within(t, "the handler calls", s.Rate, PerSecond, Tolerance)
 	underBound(t, s, cpuBound)
-	if stalled > 0 {
-		t.Errorf("Stats.StalledShards reached %d; a rate limit's wait is not a stall", stalled)
+	// A key-shard that its scope's own work holds past the warning (a
+	// Kafka transaction's commit on a busy machine) stalls: rarely, not
+	// at every call as the waits would.
+	if float64(stalled) > 0.01*float64(s.Count) {
+		t.Errorf("%d stalls reported over %d handler calls; a rate limit's wait is not a stall", stalled, s.Count)
 	}
 	if st := r.Stats().RateLimit; st.Waits == 0 || st.Waited <= 0 {
 		t.Errorf("Stats.RateLimit %+v; want the waits counted", st)
