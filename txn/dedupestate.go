@@ -200,8 +200,8 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 		st := &m.stripes[i]
 		st.mu.Lock()
 		kept += len(st.at)
-		for _, id := range st.pend {
-			c := int(st.at[id] - open)
+		for k, id := range st.pend {
+			c := k / stripeSegIDs // remember gave the k-th identity of the stripe segment open+c
 			for len(m.writing) <= c {
 				m.writing = append(m.writing, segment{seq: open + uint64(len(m.writing)), ms: now.UnixMilli()})
 			}
