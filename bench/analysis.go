@@ -53,12 +53,12 @@ var notes = map[string]string{
 		"produced asynchronously and flushed once per transaction, which is why it outruns a correct at-least-once handler that must wait for each one.",
 	"r5_dedupe_cost": "Both are the r5 Kafka-scope runner; with the guard each input's identity (here its coordinates: the inputs carry no " +
 		"message id) is hashed (SHA-256, 16 bytes kept), looked up in its partition's state before the handler and, once it succeeded, " +
-		"inserted there; each transaction writes one changelog record per partition with the identities it remembered (16 bytes each) " +
-		"and a tombstone per segment it forgets. Profiled on 2026-11-27 on this machine, that work is about 1 µs of CPU per input: the " +
-		"identity and its hash a quarter, the lookup and the insert in a map of up to 100,000 identities per partition (DefaultDedupeMaxIDs; " +
-		"each a cache miss) most of the rest, the segment writes under a tenth; against the in-process broker the scope without the guard " +
-		"spends about 2.5 µs per input in all, so the ratio is bounded near 0.75 here. Against a broker across a network, where an input " +
-		"costs the scope more, the same microsecond weighs less.",
+		"remembered there; each transaction writes one changelog record per partition and segment of 4,000 identities it remembered " +
+		"(16 bytes each) and a tombstone per segment it forgets. Profiled on 2026-11-27 on this machine, that work is about 1 µs of CPU " +
+		"per input (1.4 µs on Apache Kafka, where the scope without the guard spends 3.1): the lookup, a cache miss in a map of up to " +
+		"100,000 identities per partition (DefaultDedupeMaxIDs), a third of it; the identity and its hash, the remembering, the " +
+		"transaction's segments and the changelog records in the broker the rest, in about equal parts. Quick runs of the same build " +
+		"gave 0.751, 0.773 and 0.823; bench/comparisons.md (\"r5_dedupe_cost\") has the profile, what moved it and what was tried.",
 	"r5_dedupe_cost_apache": "The r5_dedupe_cost pair on Apache Kafka (the JVM broker is another process on the same two cores), same " +
 		"inputs and options: what the guard costs a service whose broker is not in its own process. Reported beside the kfake row, " +
 		"with no target of its own.",
