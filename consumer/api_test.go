@@ -53,7 +53,7 @@ func TestExportedNamesAreTheUsersAPI(t *testing.T) {
 	want := []string{
 		"Class", "ClassOf", "Config", "GroupProtocol", "Config.WithDefaults", "ConfigError", "ConfigError.Error", "DBStats", "DedupeConfig", "DedupeStats", "DedupeUnavailable", "DedupeUnavailable.String", "DecodeError",
 		"FailureStats", "Handler", "HandlerFunc", "HandlerFunc.Handle", "Health", "HoldStats",
-		"Identity", "Identity.Of", "KafkaStats", "KeyBreakerConfig", "KeyBreakerStats", "Lateness", "New", "NewScoped", "NullKeyPolicy", "Record",
+		"Identity", "Identity.Append", "Identity.Of", "KafkaStats", "KeyBreakerConfig", "KeyBreakerStats", "Lateness", "New", "NewScoped", "NullKeyPolicy", "Record",
 		"Record.Header", "Record.Revoked", "Retryable", "Runner", "Runner.Client",
 		"CheckRoutes", "NewRouter", "RouteChecker", "Router", "Router.CheckRoutes", "Router.Default", "Router.Handle",
 		"Router.Header", "Router.Pattern", "Router.Topic",

@@ -178,7 +178,10 @@ func TestKitAtLeastOnceReportsABrokenGuard(t *testing.T) {
 		t.Fatalf("the kit passed a guard that never remembers:\n%s", out)
 	}
 	for _, want := range []string{
-		`(?s)3 effects, 2 handler calls of the message delivered three times, for it and one other; the runner counted 1 duplicates, want 2.*--- FAIL: TestKitAtLeastOnceReportsABrokenGuard/duplicate_delivery_skipped\b`,
+		// Two of the three copies in one batch: the second is a duplicate
+		// of the first within the batch, whatever the store says; in
+		// batches of their own, each copy is handled.
+		`(?s)(3 effects, 2 handler calls of the message delivered three times, for it and one other; the runner counted 1|4 effects, 3 handler calls of the message delivered three times, for it and one other; the runner counted 0) duplicates, want 2.*--- FAIL: TestKitAtLeastOnceReportsABrokenGuard/duplicate_delivery_skipped\b`,
 		`(?s)after the replay: 20 effects, 10 handler calls during the replay; the runner counted 0 duplicates, want 10.*--- FAIL: TestKitAtLeastOnceReportsABrokenGuard/replay_no_new_effects\b`,
 		`--- PASS: TestKitAtLeastOnceReportsABrokenGuard/success_then_commit\b`,
 	} {
