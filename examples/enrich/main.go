@@ -9,10 +9,6 @@
 // Its topics, group and transactional id end in a suffix of their own per
 // run (devenv.RunName), and it removes them when it ends, so that it runs
 // again and again against the same broker; a service uses fixed names.
-//
-// With KSCOPE_PROBES_ADDR set (such as :8081; unset, the default, serves
-// none) it serves the Kubernetes probes /livez and /readyz there while
-// the pipeline runs: /readyz answers 200 once the member joined its group.
 package main
 
 import (
@@ -30,7 +26,6 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/devenv"
-	"github.com/kscope-dev/kscope/internal/exampleprobes"
 	"github.com/kscope-dev/kscope/txn"
 )
 
@@ -146,10 +141,6 @@ func enrichAll(ctx context.Context, brokers []string) (consumer.Stats, error) {
 	if err != nil {
 		return consumer.Stats{}, err
 	}
-	stopProbes, err := exampleprobes.Serve(r)
-	if err != nil {
-		return consumer.Stats{}, err
-	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
@@ -157,7 +148,6 @@ func enrichAll(ctx context.Context, brokers []string) (consumer.Stats, error) {
 	for r.Stats().Kafka.Records < orders && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
-	stopProbes()
 	cancel()
 	if err := <-done; err != nil {
 		return consumer.Stats{}, err

@@ -27,11 +27,6 @@
 // Its topics, groups and schema get names of their own per run
 // (devenv.RunName), so that it runs again and again against the same
 // servers.
-//
-// With KSCOPE_PROBES_ADDR set (such as :8081; unset, the default, serves
-// none) it serves the Kubernetes probes /livez and /readyz of both
-// consumers there while they run: /readyz answers 200 once both joined
-// their groups and checked their tables.
 package main
 
 import (

@@ -4,16 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"testing"
-
-	"github.com/kscope-dev/kscope/internal/exampleprobes/probetest"
 )
 
 // The example service handles every order and event exactly once, with
-// the poison orders and the unrouted events in the dead-letter topics;
-// with KSCOPE_PROBES_ADDR set it serves /livez and /readyz of both
-// consumers, and both answer 200 over HTTP while they run.
+// the poison orders and the unrouted events in the dead-letter topics.
 func TestOrdersService(t *testing.T) {
-	probetest.Expect(t)
 	rep, err := run(context.Background(), slog.New(slog.DiscardHandler), workload{orders: 200, customers: 20})
 	if err != nil {
 		t.Fatal(err)

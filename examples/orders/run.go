@@ -18,7 +18,6 @@ import (
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
 	"github.com/kscope-dev/kscope/devenv"
-	"github.com/kscope-dev/kscope/internal/exampleprobes"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -86,11 +85,6 @@ func run(ctx context.Context, log *slog.Logger, w workload) (report, error) {
 // dead-lettered (or a minute passed), then stops them: they drain and
 // commit.
 func runUntil(ctx context.Context, want expected, ordersRunner, updatesRunner *dbscope.Runner) error {
-	stopProbes, err := exampleprobes.Serve(ordersRunner, updatesRunner)
-	if err != nil {
-		return err
-	}
-	defer stopProbes()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 2)
@@ -116,7 +110,6 @@ func runUntil(ctx context.Context, want expected, ordersRunner, updatesRunner *d
 		case <-tick.C:
 		}
 	}
-	stopProbes()
 	cancel()
 	return errors.Join(<-errs, <-errs)
 }

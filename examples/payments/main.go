@@ -35,7 +35,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/devenv"
-	"github.com/kscope-dev/kscope/internal/exampleprobes"
 	"github.com/kscope-dev/kscope/retrytopic"
 )
 
@@ -58,7 +57,7 @@ func main() {
 	if os.Getenv(roleEnv) != "" {
 		os.Exit(runConsumer())
 	}
-	flag.StringVar(&probesAddr, "probes", os.Getenv(exampleprobes.Env), "serve the ledger consumer's Kubernetes probes, /livez and /readyz, on this address (such as :8081; by default $"+exampleprobes.Env+"); none when empty")
+	flag.StringVar(&probesAddr, "probes", os.Getenv("KSCOPE_PROBES_ADDR"), "serve the ledger consumer's Kubernetes probes, /livez and /readyz, on this address (such as :8081; by default $KSCOPE_PROBES_ADDR); none when empty")
 	flag.Parse()
 	code, err := run()
 	if err != nil {

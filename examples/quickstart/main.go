@@ -15,10 +15,6 @@
 // then drains the running records, commits their offsets and exits 0:
 //
 //	KAFKA_BROKERS=localhost:9092 go run ./examples/quickstart -topic orders -group quickstart
-//
-// With KSCOPE_PROBES_ADDR set (such as :8081; unset, the default, serves
-// none) it serves the Kubernetes probes /livez and /readyz there while
-// the runner runs: /readyz answers 200 once the member joined its group.
 package main
 
 import (
@@ -37,7 +33,6 @@ import (
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/devenv"
-	"github.com/kscope-dev/kscope/internal/exampleprobes"
 )
 
 const keys, perKey = 5, 4
@@ -91,25 +86,7 @@ func serve(ctx context.Context, topic, group string) error {
 	if err != nil {
 		return err
 	}
-	stopProbes, err := exampleprobes.Serve(runner)
-	if err != nil {
-		return err
-	}
-	// The probes answer while Run runs: a stop (a signal) ends the
-	// probes first, then Run drains and commits.
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- runner.Run(runCtx) }()
-	select {
-	case <-ctx.Done():
-	case err := <-done:
-		stopProbes()
-		return err
-	}
-	stopProbes()
-	cancel()
-	if err := <-done; err != nil {
+	if err := runner.Run(ctx); err != nil {
 		return err
 	}
 	fmt.Printf("stopped: handled %d records, committed their offsets\n", handled.Load())
@@ -153,10 +130,6 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	stopProbes, err := exampleprobes.Serve(runner)
-	if err != nil {
-		return err
-	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- runner.Run(runCtx) }()
@@ -166,7 +139,6 @@ func run(ctx context.Context) error {
 	for handled.Load() < int64(len(recs)) && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
-	stopProbes()
 	cancel()
 	if err := <-done; err != nil {
 		return err
