@@ -3,14 +3,12 @@ package dbscope_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -125,7 +123,7 @@ func TestDatabaseUpDuringStartWindow(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "Stats().Waiting naming the database's address", func() bool {
 		return strings.Contains(r.Stats().Waiting, addr)
 	})
-	proxy(t, addr, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	testenv.Proxy(t, addr, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
 	if err := k.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("k/1")}); err != nil {
 		t.Fatal(err)
 	}
@@ -177,49 +175,6 @@ func closedPort(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return addr
-}
-
-// proxy listens on addr and forwards every connection to target, until
-// the test ends.
-func proxy(t *testing.T, addr, target string) {
-	t.Helper()
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			d, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, d)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); io.Copy(d, c); d.Close() }() //nolint:errcheck // ends with either side
-			go func() { defer wg.Done(); io.Copy(c, d); c.Close() }() //nolint:errcheck // ends with either side
-		}
-	}()
 }
 
 // passwordDatabase returns the URL of a database whose user logs in with

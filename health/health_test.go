@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -323,7 +321,7 @@ func TestReadyzWhileTheDatabaseIsAwayAtStart(t *testing.T) {
 	if code, rep := probe(t, srv, "/livez"); code != http.StatusOK {
 		t.Fatalf("/livez %d %+v while the database is away at start, want 200", code, rep)
 	}
-	proxy(t, addr, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	testenv.Proxy(t, addr, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
 	up := time.Now()
 	testenv.WaitFor(t, 30*time.Second, "/readyz 200 once the database answers", func() bool {
 		code, _ := probe(t, srv, "/readyz")
@@ -340,49 +338,6 @@ func migrate(cfg *pgxpool.Config) error {
 	}
 	defer pool.Close()
 	return dbscope.Migrate(context.Background(), pool, "")
-}
-
-// proxy forwards the connections made to addr to target until the test
-// ends.
-func proxy(t *testing.T, addr, target string) {
-	t.Helper()
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			d, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, d)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); io.Copy(d, c); d.Close() }() //nolint:errcheck // ends with either side
-			go func() { defer wg.Done(); io.Copy(c, d); c.Close() }() //nolint:errcheck // ends with either side
-		}
-	}()
 }
 
 // The handler answers only its two paths, only to GET and HEAD, and fails
