@@ -173,49 +173,69 @@ func (f *flaky) Remember(ctx context.Context, ids []string, ttl time.Duration) e
 
 // While the store does not answer, FailClosed handles nothing and goes on
 // once it is back; FailOpen handles the records, counting each as
-// unguarded.
+// unguarded. The same holds with a batch handler (consumer.NewBatch).
 func TestDedupeStoreDown(t *testing.T) {
-	for _, mode := range []consumer.DedupeUnavailable{consumer.FailClosed, consumer.FailOpen} {
-		t.Run(mode.String(), func(t *testing.T) {
-			ctx := context.Background()
-			k := testenv.KafkaT(t)
-			topic, group := "dd-down-"+mode.String(), "g-dd-down-"+mode.String()
-			if err := k.CreateTopic(ctx, topic, 1); err != nil {
-				t.Fatal(err)
+	for _, batch := range []bool{false, true} {
+		for _, mode := range []consumer.DedupeUnavailable{consumer.FailClosed, consumer.FailOpen} {
+			name := mode.String()
+			if batch {
+				name = "batch-" + name
 			}
-			store := &flaky{Store: dedupe.NewMemory(0)}
-			store.down.Store(true)
-			var c calls
-			cfg := baseConfig(t, k, group, topic)
-			cfg.Dedupe = consumer.DedupeConfig{Store: store, Unavailable: mode}
-			r, err := consumer.New(cfg, consumer.HandlerFunc(func(_ context.Context, r *consumer.Record) error { c.add(r); return nil }))
-			if err != nil {
-				t.Fatal(err)
+			t.Run(name, func(t *testing.T) { testDedupeStoreDown(t, name, mode, batch) })
+		}
+	}
+}
+
+func testDedupeStoreDown(t *testing.T, name string, mode consumer.DedupeUnavailable, batch bool) {
+	ctx := context.Background()
+	k := testenv.KafkaT(t)
+	topic, group := "dd-down-"+name, "g-dd-down-"+name
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	store := &flaky{Store: dedupe.NewMemory(0)}
+	store.down.Store(true)
+	var c calls
+	cfg := baseConfig(t, k, group, topic)
+	cfg.Dedupe = consumer.DedupeConfig{Store: store, Unavailable: mode}
+	h := consumer.HandlerFunc(func(_ context.Context, r *consumer.Record) error { c.add(r); return nil })
+	var r *consumer.Runner
+	var err error
+	if batch {
+		r, err = consumer.NewBatch(cfg, consumer.BatchHandlerFunc(func(ctx context.Context, recs []*consumer.Record) error {
+			for _, rec := range recs {
+				h(ctx, rec) //nolint:errcheck // never fails
 			}
-			runAsync(t, r)
-			if err := k.Produce(ctx, msg(topic, "a", "m1", "1"), msg(topic, "a", "m2", "2")); err != nil {
-				t.Fatal(err)
-			}
-			if mode == consumer.FailOpen {
-				testenv.WaitFor(t, time.Minute, "records handled without the store", func() bool { return k.CaughtUp(ctx, group, topic) })
-				if st := r.Stats().Dedupe; st.Unavailable != 2 || st.StoreErrors == 0 {
-					t.Errorf("Stats.Dedupe %+v; want 2 unavailable and the store's errors", st)
-				}
-			} else {
-				testenv.WaitFor(t, time.Minute, "the store's errors", func() bool { return r.Stats().Dedupe.StoreErrors >= 3 })
-				if c.get("m1")+c.get("m2") != 0 {
-					t.Fatal("a record was handled while the store was down with FailClosed")
-				}
-				store.down.Store(false)
-				testenv.WaitFor(t, time.Minute, "records handled once the store is back", func() bool { return k.CaughtUp(ctx, group, topic) })
-				if st := r.Stats().Dedupe; st.Unavailable != 0 || st.Remembered != 2 {
-					t.Errorf("Stats.Dedupe %+v; want none unguarded, 2 remembered", st)
-				}
-			}
-			if c.get("m1") != 1 || c.get("m2") != 1 {
-				t.Errorf("m1 handled %d times, m2 %d; want once each", c.get("m1"), c.get("m2"))
-			}
-		})
+			return nil
+		}))
+	} else {
+		r, err = consumer.New(cfg, h)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAsync(t, r)
+	if err := k.Produce(ctx, msg(topic, "a", "m1", "1"), msg(topic, "a", "m2", "2")); err != nil {
+		t.Fatal(err)
+	}
+	if mode == consumer.FailOpen {
+		testenv.WaitFor(t, time.Minute, "records handled without the store", func() bool { return k.CaughtUp(ctx, group, topic) })
+		if st := r.Stats().Dedupe; st.Unavailable != 2 || st.StoreErrors == 0 {
+			t.Errorf("Stats.Dedupe %+v; want 2 unavailable and the store's errors", st)
+		}
+	} else {
+		testenv.WaitFor(t, time.Minute, "the store's errors", func() bool { return r.Stats().Dedupe.StoreErrors >= 3 })
+		if c.get("m1")+c.get("m2") != 0 {
+			t.Fatal("a record was handled while the store was down with FailClosed")
+		}
+		store.down.Store(false)
+		testenv.WaitFor(t, time.Minute, "records handled once the store is back", func() bool { return k.CaughtUp(ctx, group, topic) })
+		if st := r.Stats().Dedupe; st.Unavailable != 0 || st.Remembered != 2 {
+			t.Errorf("Stats.Dedupe %+v; want none unguarded, 2 remembered", st)
+		}
+	}
+	if c.get("m1") != 1 || c.get("m2") != 1 {
+		t.Errorf("m1 handled %d times, m2 %d; want once each", c.get("m1"), c.get("m2"))
 	}
 }
 
