@@ -71,7 +71,9 @@ func TestPartitionEndedByTheRunnerAbortsTheOpenTransaction(t *testing.T) {
 	if err := produced.Wait(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	consumer.AssignAgain(r.Runner, "in", 0)
+	if err := consumer.AssignAgain(r.Runner, "in", 0); err != nil {
+		t.Fatal(err)
+	}
 
 	testenv.WaitFor(t, time.Minute, "the record's output committed with its input offset", func() bool {
 		return k.CommittedAll(t, "g-unreported", "in") && len(k.ReadAll(t, "out")) == 1
