@@ -17,8 +17,8 @@ import (
 // for a new assignment, it then fetches the partition from the group's
 // committed offset (the start of the log when none): records fetched
 // while the runner ended the earlier assignment, and dropped, are fetched
-// again. (The client runs onAssigned while polls are blocked; here a poll
-// may run meanwhile.)
+// again. (The client fetches a newly assigned partition only once
+// onAssigned has returned; here the partition's fetches go on meanwhile.)
 func AssignAgain(r *Runner, topic string, p int32) error {
 	ctx := context.Background()
 	r.onAssigned(ctx, r.cl, map[string][]int32{topic: {p}})
