@@ -11,8 +11,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// clientOptions are the runner's client options: the user's, the scope's,
-// then the ones the runner's guarantees rest on, which win.
+// clientOptions are the runner's client options: the runner's defaults and
+// the scope's, the user's, the scope's own, then the ones the runner's
+// guarantees rest on, which win.
 func (r *Runner) clientOptions() []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
@@ -20,6 +21,7 @@ func (r *Runner) clientOptions() []kgo.Opt {
 		kgo.FetchMaxWait(500 * time.Millisecond),
 	}
 	opts = append(opts, r.patternDefaults()...)
+	opts = append(opts, r.defaults...)
 	opts = append(opts, r.cfg.ClientOptions...)
 	opts = append(opts, r.extra...)
 	opts = append(opts,

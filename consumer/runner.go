@@ -67,7 +67,8 @@ type Runner struct {
 
 	maxBatch int
 	linger   time.Duration
-	extra    []kgo.Opt
+	extra    []kgo.Opt                // the scope's client options (scope.ClientOptioner)
+	defaults []kgo.Opt                // the scope's client defaults (scope.ClientDefaulter)
 	delays   map[string]time.Duration // delay topics and the longest delay each may carry
 
 	retryTopics bool // the scope sends failures to the retry topics
@@ -200,6 +201,9 @@ func newRunner(cfg Config, s workScope) (*Runner, error) {
 	}
 	if o, ok := s.(scope.ClientOptioner); ok {
 		r.extra = o.ClientOptions()
+	}
+	if d, ok := s.(scope.ClientDefaulter); ok {
+		r.defaults = d.ClientDefaults()
 	}
 	if d, ok := s.(scope.Delayer); ok {
 		r.delays = d.DelayedTopics()

@@ -68,6 +68,14 @@ type ClientOptioner interface {
 	ClientOptions() []kgo.Opt
 }
 
+// ClientDefaulter is implemented by a Scope with defaults of its own for
+// the runner's Kafka client, such as a producer linger suited to how it
+// produces. They are applied before consumer.Config.ClientOptions, which
+// override them.
+type ClientDefaulter interface {
+	ClientDefaults() []kgo.Opt
+}
+
 // StatsReporter is implemented by a Scope that keeps counters of its own:
 // the runner's Stats calls ReportStats to fill in the scope's section
 // (consumer.Stats.DB).

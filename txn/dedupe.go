@@ -120,11 +120,11 @@ func (s *kafkaScope) writeRemembered(ctx context.Context) {
 		segs, forget := pv.writeIDs(now, s.o.Dedupe.Window, s.o.Dedupe.MaxIDs)
 		for _, seg := range segs {
 			s.cur.produce(ctx, s.sess, changelogRecord(s.cfg.Group, k.topic, k.partition, segmentKey(seg.seq), segmentValue(seg)), nil,
-				producedChangelog, "the remembered identities", s.limit, nil)
+				producedChangelog, func() string { return "the remembered identities" }, s.limit, nil)
 		}
 		for _, seq := range forget {
 			s.cur.produce(ctx, s.sess, changelogRecord(s.cfg.Group, k.topic, k.partition, segmentKey(seq), nil), nil,
-				producedChangelog, "a forgotten segment of remembered identities", s.limit, nil)
+				producedChangelog, func() string { return "a forgotten segment of remembered identities" }, s.limit, nil)
 		}
 	}
 }

@@ -139,10 +139,11 @@ func (s *kafkaScope) run(ctx, hctx context.Context, w *work, rec *consumer.Recor
 	}
 	for _, out := range em.out {
 		s.obs.Inject(hctx, out)
-		what := fmt.Sprintf("an output of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset)
 		w.do(func(tx *txnState) {
 			tx.outputs.Add(1)
-			tx.produce(ctx, s.sess, out, rec, producedOutput, what, s.limit, nil)
+			tx.produce(ctx, s.sess, out, rec, producedOutput, func() string {
+				return fmt.Sprintf("an output of %s[%d]@%d", rec.Topic, rec.Partition, rec.Offset)
+			}, s.limit, nil)
 		})
 	}
 	return hook.OutcomeSuccess, nil
@@ -193,7 +194,10 @@ func (s *kafkaScope) route(ctx context.Context, w *work, rec *consumer.Record, o
 	if rt.Kind == "dlt" {
 		as = producedDead
 	}
-	what := fmt.Sprintf("the %s record of %s[%d]@%d", rt.Kind, rec.Topic, rec.Partition, rec.Offset)
+	kind := rt.Kind
+	what := func() string {
+		return fmt.Sprintf("the %s record of %s[%d]@%d", kind, rec.Topic, rec.Partition, rec.Offset)
+	}
 	rt.Topic, rt.Target = rec.Topic, out.Topic
 	w.do(func(tx *txnState) {
 		tx.produce(ctx, s.sess, out, rec, as, what, s.limit, func(err error) {
@@ -422,7 +426,7 @@ func (s *kafkaScope) changelog(ctx context.Context, w *work, topic string, p int
 	rec := changelogRecord(s.cfg.Group, topic, p, key, value)
 	input := w.rec
 	w.do(func(tx *txnState) {
-		tx.produce(ctx, s.sess, rec, input, producedChangelog, "a version changelog record", s.limit, nil)
+		tx.produce(ctx, s.sess, rec, input, producedChangelog, func() string { return "a version changelog record" }, s.limit, nil)
 	})
 }
 

@@ -133,6 +133,43 @@ func (s *kafkaScope) ClientOptions() []kgo.Opt {
 	return opts
 }
 
+// ClientDefaults implements scope.ClientDefaulter: under a records rate
+// limit that lets a transaction take at most lingerInputs inputs, the
+// producer lingers for the commit interval (consumer.Config.ClientOptions
+// may set kgo.ProducerLinger otherwise). A transaction's outputs are read
+// only once it commits, and ending it flushes what lingers, so lingering
+// delays no reader: a transaction's outputs go in a few produce requests
+// instead of one every few records (franz-go's default linger is 10ms),
+// a third of the CPU at 200 records a second (docs/flow-control.md).
+// Without such a limit the default stays: a linger as long as a
+// transaction would hold up to the producer's buffer (10,000 records) a
+// transaction, and cap the rate there.
+func (s *kafkaScope) ClientDefaults() []kgo.Opt {
+	if d := lingerUnder(s.cfg.RateLimit.Records, s.o.CommitInterval); d > 0 {
+		return []kgo.Opt{kgo.ProducerLinger(d)}
+	}
+	return nil
+}
+
+// lingerInputs is the most inputs a transaction may take, at a records
+// rate limit, for the producer to linger for the commit interval: a
+// tenth of franz-go's default buffer of 10,000 records, leaving room for
+// handlers that emit several outputs an input.
+const lingerInputs = 1000
+
+// lingerUnder returns the producer linger under records rate limit lim
+// with transactions of commitInterval: commitInterval when lim bounds a
+// transaction's inputs to lingerInputs, else 0 (the client's default).
+func lingerUnder(lim consumer.Rate, commitInterval time.Duration) time.Duration {
+	if lim.PerSecond <= 0 {
+		return 0
+	}
+	if lim.PerSecond*commitInterval.Seconds()+float64(max(lim.Burst, 1)) > lingerInputs {
+		return 0
+	}
+	return commitInterval
+}
+
 // KeyHolds implements scope.KeyHolder: the runner keeps the records of a
 // key its circuit breaker holds in memory (consumer.Config.KeyBreaker;
 // New refuses it with Options.Versions, NewBatch with a batch handler).

@@ -105,15 +105,17 @@ func (t *txnState) failed() error {
 }
 
 // produce adds rec, which input's handling produced (input is nil for
-// none) as kind, to the transaction; a failure aborts it. done, when not
+// none) as kind, to the transaction; a failure aborts it, and its error
+// names the record as describe says (called only then). done, when not
 // nil, is told every record's result.
-func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, rec *kgo.Record, input *consumer.Record, kind produced, what string, limit int64, done func(error)) {
+func (t *txnState) produce(ctx context.Context, sess *kgo.GroupTransactSession, rec *kgo.Record, input *consumer.Record, kind produced, describe func() string, limit int64, done func(error)) {
 	t.wg.Add(1)
 	sess.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 		if done != nil {
 			done(err)
 		}
 		if err != nil {
+			what := describe()
 			err = produceError(rec.Topic, what, err)
 			t.fail(err)
 			if kafkaerr.Refused(err) && input != nil && input.Offset >= 0 {

@@ -10,7 +10,8 @@
 // (KSCOPE_KAFKA=apache, make test-kafka: no race detector, the broker a
 // JVM of its own) the window is 20 s and the bound 5% of one core: the
 // getrusage of the test process is the runner's CPU (and the client's,
-// and PostgreSQL's driver's in the DB scope). On kfake (make test) the
+// and PostgreSQL's driver's in the DB scope; the handlers of the checks
+// make no round trips of their own, whose system calls would count too). On kfake (make test) the
 // broker runs inside the test process and its CPU counts too, and the
 // race detector multiplies a process's CPU several times: the window is
 // 3 s and the bound 20% of one core, still far under the whole core a
@@ -123,23 +124,6 @@ func underBound(t testing.TB, s Sample, b float64) {
 	}
 }
 
-// ScopeWorkBound is the CPU bound of a scope whose records each cost
-// round trips of their own beside the handler call, on Apache Kafka
-// without the race detector: the DB scope's transaction of each record
-// (BEGIN, the inbox row, the handler's statements, the stored offset,
-// COMMIT) and the Kafka scope's transactions (ten a second at its default
-// CommitInterval, each with its produce and offset commit) take 6 to 8% of
-// one core at 200 records a second on the test machine (2 shared cores),
-// in system calls, not in waits: the AtLeastOnce scope, whose records
-// have no such work, stays under CPUBound's 5%. On the other backends
-// ScopeWorkBound is CPUBound.
-func ScopeWorkBound(t testing.TB) float64 {
-	if apache(t) && !raceDetector {
-		return 0.10
-	}
-	return CPUBound(t)
-}
-
 // NewRunner builds a member of cfg.Group in the scope under test from
 // cfg; its handler calls handled once per call.
 type NewRunner func(cfg consumer.Config, handled func()) (*consumer.Runner, error)
@@ -148,17 +132,16 @@ type NewRunner func(cfg consumer.Config, handled func()) (*consumer.Runner, erro
 // Topic (made here, of Partitions partitions, keyed over 97 keys), read
 // by 32 key-shards: measured over Window once the runner has fetched
 // ahead, the handler calls are at PerSecond within Tolerance, the
-// process's CPU is under cpuBound (CPUBound, or for a scope with work of
-// its own for each record ScopeWorkBound), the waits are not reported as
+// process's CPU is under CPUBound, the waits are not reported as
 // stalls (at most 1% of the calls see one), and Stats.RateLimit counts the waits. cfg is
 // the scope's configuration (brokers, group, its options); Run sets the
 // topic, the limit, the shards and the stall warning, and leaves
 // CommitInterval at its default. It returns the
 // runner, stopped.
-func Run(t *testing.T, k *testenv.Kafka, cfg consumer.Config, cpuBound float64, newRunner NewRunner) *consumer.Runner {
+func Run(t *testing.T, k *testenv.Kafka, cfg consumer.Config, newRunner NewRunner) *consumer.Runner {
 	t.Helper()
 	ctx := context.Background()
-	window := Window(t)
+	window, cpuBound := Window(t), CPUBound(t)
 	if err := k.CreateTopic(ctx, Topic, Partitions); err != nil {
 		t.Fatal(err)
 	}
