@@ -11,7 +11,8 @@
 // JVM of its own) the window is 20 s and the bound 5% of one core: the
 // getrusage of the test process is the runner's CPU (and the client's,
 // and PostgreSQL's driver's in the DB scope; the handlers of the checks
-// make no round trips of their own, whose system calls would count too). On kfake (make test) the
+// make next to no round trips of their own, whose system calls would
+// count too). On kfake (make test) the
 // broker runs inside the test process and its CPU counts too, and the
 // race detector multiplies a process's CPU several times: the window is
 // 3 s and the bound 20% of one core, still far under the whole core a
