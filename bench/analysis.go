@@ -57,8 +57,11 @@ var notes = map[string]string{
 		"(16 bytes each) and a tombstone per segment it forgets. Profiled on 2026-11-27 on this machine, that work is about 1 µs of CPU " +
 		"per input (1.4 µs on Apache Kafka, where the scope without the guard spends 3.1): the lookup, a cache miss in a map of up to " +
 		"100,000 identities per partition (DefaultDedupeMaxIDs), a third of it; the identity and its hash, the remembering, the " +
-		"transaction's segments and the changelog records in the broker the rest, in about equal parts. Quick runs of the same build " +
-		"gave 0.751, 0.773 and 0.823; bench/comparisons.md (\"r5_dedupe_cost\") has the profile, what moved it and what was tried.",
+		"transaction's segments and the changelog records in the broker the rest, in about equal parts. Since 2026-11-28 both warm up on " +
+		"runs of full size and run five rounds (after a short warm-up the first rounds spread from 0.45 to 1.05): three quick runs of one " +
+		"build then gave 0.776, 0.779 and 0.758. A build that made no map access at all gave 0.884 and 0.854: the lookups and the " +
+		"remembering cost about 0.09 of the ratio, of which the maps' growth (each run's runner starts empty) about 0.02. " +
+		"bench/comparisons.md (\"r5_dedupe_cost\") has the profiles, what moved the ratio and what was tried.",
 	"r5_dedupe_cost_apache": "The r5_dedupe_cost pair on Apache Kafka (the JVM broker is another process on the same two cores), same " +
 		"inputs and options: what the guard costs a service whose broker is not in its own process. Reported beside the kfake row, " +
 		"with no target of its own.",
