@@ -150,3 +150,33 @@ func TestMissedPeerAnalysesSayWhy(t *testing.T) {
 		}
 	}
 }
+
+// The quick run agrees with the full one while each ratio lies within the
+// full run's spread of that ratio's rounds, or within 10% where that is
+// wider; a ratio outside both is named.
+func TestQuickAgreesWithinTheFullRunsSpread(t *testing.T) {
+	r := &report{scenarios: []scenario{
+		{key: "wide", ratio: 1, pair: &pairing{ratio: 1, rounds: []float64{0.7, 1, 1.3}}},
+		{key: "narrow", ratio: 1, pair: &pairing{ratio: 1, rounds: []float64{0.99, 1, 1.01}}},
+		{key: "alone", ratio: 2},
+	}}
+	for _, c := range []struct {
+		quick   map[string]any
+		outside string // "" when the quick run agrees
+	}{
+		{map[string]any{"wide": 1.25, "narrow": 1.08, "alone": 2.1}, ""},
+		{map[string]any{"wide": 1.35, "narrow": 1.0, "alone": 2.0}, "`wide`"},
+		{map[string]any{"wide": 1.0, "narrow": 1.12, "alone": 1.7}, "`narrow`, `alone`"},
+	} {
+		r.quick = c.quick
+		var b strings.Builder
+		r.writeQuick(&b)
+		got := b.String()
+		if c.outside == "" && !strings.Contains(got, "the quick run agrees with the full one") {
+			t.Errorf("quick %v: want agreement, got\n%s", c.quick, got)
+		}
+		if c.outside != "" && !strings.Contains(got, "**Outside the full run's spread of its rounds (and 10%):** "+c.outside+":") {
+			t.Errorf("quick %v: want %s named outside, got\n%s", c.quick, c.outside, got)
+		}
+	}
+}

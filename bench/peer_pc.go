@@ -75,10 +75,11 @@ func (b *bench) parallelConsumer(classpath string) func(ctx context.Context, n i
 }
 
 // apache runs, against an Apache Kafka broker (b's own when the run uses
-// one, else one started here), the r4 workload on kscope and on Confluent
-// Parallel Consumer (peer_parallel_consumer) and, when the run's own figures
-// are kfake's, r1, r3 against the naive loop and r5 again, reported beside
-// them with the suffix _apache.
+// one, else one started here), the peers (Parallel Consumer on the r4
+// workload only when the plan is untargeted or -only names pc) and
+// share_vs_group and, when the run's own figures are kfake's, r1, r3
+// against the naive loop and r5 again, reported beside them with the
+// suffix _apache.
 func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	cp, err := buildPC(ctx)
 	if errors.Is(err, errNoJVM) {
@@ -103,18 +104,12 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 			return err
 		}
 	}
-	pcRuns := ab.runs
-	if p.pcRuns > 0 {
-		pcRuns = min(pcRuns, p.pcRuns)
+	untargeted := p.untargeted || p.only["pc"]
+	if untargeted {
+		if err := ab.pcPeer(ctx, p, rep, cp, n); err != nil {
+			return err
+		}
 	}
-	figs, err := ab.measureWarm(ctx, "peer Parallel Consumer (Apache Kafka)", 5, pcRuns,
-		contender{"kscope AtLeastOnce, 5 ms handler, 64 key-shards (Apache Kafka)", n, ab.kscopeIO(64), nil},
-		contender{"Confluent Parallel Consumer 0.5.3.3, KEY order, concurrency 64, 5 ms handler (Apache Kafka)", n, ab.parallelConsumer(cp), nil})
-	if err != nil {
-		return err
-	}
-	rep.add(scenario{key: "peer_parallel_consumer", title: "Peer: kscope against Confluent Parallel Consumer (r4 workload, Apache Kafka)", figs: figs,
-		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true})
 	if err := ab.shareVsGroup(ctx, rep, p.share); err != nil {
 		return err
 	}
@@ -130,29 +125,58 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 	if err := ab.r1Apache(ctx, p, rep); err != nil {
 		return err
 	}
-	if figs, err = ab.measure(ctx, "r3 DB scope (Apache Kafka)",
+	return ab.apacheAgain(ctx, p, rep, untargeted)
+}
+
+// apacheAgain measures r3 against the naive loop and r5 on Apache Kafka
+// (r3_db_vs_naive_apache, r5_txn_vs_alo_apache) and, when untargeted,
+// the guard's cost there (r5_dedupe_cost_apache).
+func (ab *bench) apacheAgain(ctx context.Context, p plan, rep *report, untargeted bool) error {
+	figs, err := ab.measure(ctx, "r3 DB scope (Apache Kafka)",
 		contender{"kscope DB scope, queued handler (Apache Kafka)", p.db, ab.kscopeDBQueued(0), ab.resetDB},
-		contender{"naive loop: a transaction and a sync offset commit per record (Apache Kafka)", p.naive, ab.naiveDB, ab.resetDB}); err != nil {
+		contender{"naive loop: a transaction and a sync offset commit per record (Apache Kafka)", p.naive, ab.naiveDB, ab.resetDB})
+	if err != nil {
 		return err
 	}
 	rep.add(scenario{key: "r3_db_vs_naive_apache", title: "r3 against the naive loop on Apache Kafka", figs: figs,
 		pair: pairOf(figs[0], figs[1]), target: 10, atLeast: true})
-	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2, ab.runs+r5ApacheExtraRuns,
+	if figs, err = ab.measureWarm(ctx, "r5 Kafka scope (Apache Kafka)", 2, ab.runs+p.r5ApacheExtra,
 		contender{"kscope Kafka scope (txn), one output per input (Apache Kafka)", p.apacheTxn, ab.txnEmit, nil},
 		contender{"kscope AtLeastOnce, handler producing synchronously (Apache Kafka)", p.apacheAlo, ab.aloProduce, nil}); err != nil {
 		return err
 	}
 	rep.add(scenario{key: "r5_txn_vs_alo_apache", title: "r5 on Apache Kafka", figs: figs,
 		pair: pairOf(figs[0], figs[1]), target: 0.7, atLeast: true})
+	if !untargeted {
+		return nil
+	}
 	// The guard's cost where the broker is another process: the
 	// scope's own work per input is then the client's and kscope's alone.
-	if figs, err = ab.measureWarm(ctx, "r5 dedupe cost (Apache Kafka)", 2, ab.runs+r5ApacheExtraRuns,
+	if figs, err = ab.measureWarm(ctx, "r5 dedupe cost (Apache Kafka)", 2, ab.runs+p.r5ApacheExtra,
 		contender{"kscope Kafka scope with the idempotency guard (Apache Kafka)", p.apacheTxn, ab.txnEmitWith(&txn.DedupeOptions{}), nil},
 		contender{"the same scope without it (Apache Kafka)", p.apacheTxn, ab.txnEmitWith(nil), nil}); err != nil {
 		return err
 	}
 	rep.add(scenario{key: "r5_dedupe_cost_apache", title: "r5: the idempotency guard's cost on Apache Kafka", figs: figs,
 		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true, cpu: true})
+	return nil
+}
+
+// pcPeer measures the r4 workload on kscope and on Confluent Parallel
+// Consumer (peer_parallel_consumer).
+func (ab *bench) pcPeer(ctx context.Context, p plan, rep *report, cp string, n int) error {
+	pcRuns := ab.runs
+	if p.pcRuns > 0 {
+		pcRuns = min(pcRuns, p.pcRuns)
+	}
+	figs, err := ab.measureWarm(ctx, "peer Parallel Consumer (Apache Kafka)", 5, pcRuns,
+		contender{"kscope AtLeastOnce, 5 ms handler, 64 key-shards (Apache Kafka)", n, ab.kscopeIO(64), nil},
+		contender{"Confluent Parallel Consumer 0.5.3.3, KEY order, concurrency 64, 5 ms handler (Apache Kafka)", n, ab.parallelConsumer(cp), nil})
+	if err != nil {
+		return err
+	}
+	rep.add(scenario{key: "peer_parallel_consumer", title: "Peer: kscope against Confluent Parallel Consumer (r4 workload, Apache Kafka)", figs: figs,
+		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true})
 	return nil
 }
 
