@@ -60,7 +60,8 @@ var notes = map[string]string{
 		"transaction's segments and the changelog records in the broker the rest, in about equal parts. Since 2026-11-28 both warm up on " +
 		"runs of full size and run five rounds (after a short warm-up the first rounds spread from 0.45 to 1.05): three quick runs of one " +
 		"build then gave 0.776, 0.779 and 0.758. A build that made no map access at all gave 0.884 and 0.854: the lookups and the " +
-		"remembering cost about 0.09 of the ratio, of which the maps' growth (each run's runner starts empty) about 0.02. " +
+		"remembering cost about 0.09 of the ratio, of which the maps' growth (each run's runner starts empty) about 0.02, which the guard " +
+		"now saves a busy partition by making its maps at once for what it will hold. " +
 		"bench/comparisons.md (\"r5_dedupe_cost\") has the profiles, what moved the ratio and what was tried.",
 	"r5_dedupe_cost_apache": "The r5_dedupe_cost pair on Apache Kafka (the JVM broker is another process on the same two cores), same " +
 		"inputs and options: what the guard costs a service whose broker is not in its own process. Reported beside the kfake row, " +

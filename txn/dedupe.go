@@ -33,7 +33,10 @@ const (
 // The guard keeps 16 bytes of each identity (the start of its SHA-256):
 // about 40 bytes of the member's memory and 16 bytes of the changelog per
 // remembered identity; each transaction adds one record per partition it
-// remembered in. A
+// remembered in. A partition that remembers fast has that memory made at
+// once for what it will hold a minute on at its rate (at most MaxIDs, and
+// no more than Window holds), a restored one for what it restored; a
+// quiet partition's grows as it fills. A
 // duplicate must carry the identity of its original (the producer's
 // message-id header: records identified by their coordinates are never
 // duplicates of one another) and its key (so it lands in the same

@@ -37,6 +37,7 @@ type idMemory struct {
 	loaded  atomic.Bool        // the stripes are built from segs (a restore loads segs alone)
 	writing []segment          // the segments the open transaction writes
 	forgot  uint64             // committed segments below it are forgotten
+	sizing  mapSizing          // how large the stripes' maps were made
 
 	openSeq     atomic.Uint64 // the open transaction's first segment
 	forgetBelow atomic.Uint64 // segments below it are forgotten, or being forgotten by the open transaction
@@ -112,9 +113,15 @@ func (m *idMemory) build() {
 		m.order = append(m.order, seq)
 	}
 	slices.Sort(m.order)
+	n := 0
+	for _, s := range m.segs {
+		n += len(s.ids)
+	}
 	for i := range m.stripes {
 		clear(m.stripes[i].at)
 	}
+	m.sizing = mapSizing{}
+	m.resize(n) // the restored identities, in maps made for them at once
 	next := uint64(0)
 	for _, seq := range m.order {
 		for _, id := range m.segs[seq].ids {
@@ -212,6 +219,7 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 	if len(m.writing) == 0 {
 		return nil, nil
 	}
+	m.sizeFor(now, window, max, kept)
 	ms := now.UnixMilli()
 	below := m.forgot
 	for _, seq := range m.order {

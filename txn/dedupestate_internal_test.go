@@ -126,3 +126,50 @@ func TestIDMemorySegmentsAreBounded(t *testing.T) {
 		t.Fatalf("the next transaction writes %+v; want one segment numbered %d", next, len(segs))
 	}
 }
+
+// A partition that remembers fast gets maps sized for what it will hold
+// over sizeHorizon (at most max) once its rate is known, and keeps every
+// identity through the resize; a quiet partition's maps grow alone.
+func TestIDMemorySizesItsMapsAtItsRate(t *testing.T) {
+	k := func(i int) idKey { return keyOfID(fmt.Appendf(nil, "in/0/%d", i)) }
+	t0 := time.UnixMilli(1_000_000)
+	const max = 100_000
+	fill := func(m *idMemory, from, to int, at time.Time) {
+		for i := from; i < to; i++ {
+			m.remember(k(i))
+		}
+		m.write(at, time.Hour, max)
+		m.end(true)
+	}
+
+	busy := newIDMemory()
+	fill(busy, 0, 5_000, t0)
+	if busy.sizing.sized != 0 {
+		t.Fatalf("maps sized for %d identities after one transaction; want none before the rate is known", busy.sizing.sized)
+	}
+	fill(busy, 5_000, 10_000, t0.Add(100*time.Millisecond)) // 10,000 in 100 ms: a minute's worth is beyond max
+	if busy.sizing.sized != max {
+		t.Fatalf("maps sized for %d identities at 100 a millisecond; want max, %d", busy.sizing.sized, max)
+	}
+	for i := range 10_000 {
+		if !busy.seen(k(i), time.Hour) {
+			t.Fatalf("identity %d not seen after the maps were resized", i)
+		}
+	}
+
+	quiet := newIDMemory()
+	fill(quiet, 0, 10, t0)
+	fill(quiet, 10, 20, t0.Add(time.Second)) // 20 a second: 1,200 a minute
+	if quiet.sizing.sized != 0 {
+		t.Fatalf("a quiet partition's maps sized for %d identities; want them to grow alone", quiet.sizing.sized)
+	}
+
+	// A restore makes the maps for the identities it loads, and counts the
+	// rate anew.
+	r := newIDMemory()
+	r.load(0, t0.UnixMilli(), []idKey{k(1), k(2), k(3)})
+	if !r.seen(k(2), time.Hour) || r.sizing.sized != 3 || r.sizing.since != 0 {
+		t.Fatalf("after a restore of 3 identities: seen %v, sized for %d, counting since %d; want seen, 3, 0",
+			r.seen(k(2), time.Hour), r.sizing.sized, r.sizing.since)
+	}
+}
