@@ -66,7 +66,7 @@ bench:
 	cd bench && $(GO) run . -mode full -quick $${TMPDIR:-/tmp}/kscope-bench-quick.json
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-## bench-quick: the benchmark ratios with smaller record counts, in about 7 minutes; the last line is a JSON object
+## bench-quick: the benchmark ratios with smaller record counts, in about 5 minutes; the last line is a JSON object
 bench-quick:
 	cd bench && $(GO) run . -mode quick
 
