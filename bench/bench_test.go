@@ -180,3 +180,25 @@ func TestQuickAgreesWithinTheFullRunsSpread(t *testing.T) {
 		}
 	}
 }
+
+// A ratio that rounds onto its target from the wrong side is written with
+// one more digit, so that the verdict beside it reads true.
+func TestShownRatioAgreesWithItsVerdict(t *testing.T) {
+	for _, c := range []struct {
+		s          scenario
+		table, row string
+	}{
+		{scenario{ratio: 0.7996, target: 0.8, atLeast: true}, "0.7996", "0.7996"},
+		{scenario{ratio: 0.7, target: 0.8, atLeast: true}, "0.7", "0.700"},
+		{scenario{ratio: 0.8004, target: 0.8, atLeast: true}, "0.8", "0.800"},
+		{scenario{ratio: 1.3004, target: 1.3}, "1.3004", "1.3004"},
+		{scenario{ratio: 0.7996, noTarget: true}, "0.8", "0.800"},
+	} {
+		if got := c.s.shown("%.*g", 3); got != c.table {
+			t.Errorf("%+v in the table: %s, want %s", c.s, got, c.table)
+		}
+		if got := c.s.shown("%.*f", 3); got != c.row {
+			t.Errorf("%+v in its section: %s, want %s", c.s, got, c.row)
+		}
+	}
+}

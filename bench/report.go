@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +31,22 @@ type scenario struct {
 
 	profile     contender // kscope's side, profiled when the target is missed
 	profileText string
+}
+
+// shown is s's ratio as the report writes it: digits (significant, for
+// the summary table's %g, or decimals for %f) as format asks, and more
+// where those would round a missed ratio onto its target (0.7996 written
+// 0.800, missed) or a met one off it.
+func (s scenario) shown(format string, digits int) string {
+	v := fmt.Sprintf(format, digits, s.ratio)
+	for more := digits + 1; !s.noTarget && more <= 12; more++ {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || (scenario{ratio: r, target: s.target, atLeast: s.atLeast}).met() == s.met() {
+			break
+		}
+		v = fmt.Sprintf(format, more, s.ratio)
+	}
+	return v
 }
 
 func (s scenario) met() bool {
@@ -88,7 +105,7 @@ func (r *report) summary() map[string]any {
 	out := map[string]any{"mode": r.plan.mode, "started": r.started.Format("2006-01-02 15:04 UTC")}
 	missed := []string{}
 	for _, s := range r.scenarios {
-		out[s.key] = math.Round(s.ratio*1000) / 1000
+		out[s.key], _ = strconv.ParseFloat(s.shown("%.*f", 3), 64)
 		if !s.met() {
 			missed = append(missed, s.key)
 		}
@@ -208,7 +225,7 @@ func (r *report) writeResults(b *strings.Builder) {
 			fmt.Fprintf(b, "| `%s` | %.3g | none yet | reported |\n", s.key, s.ratio)
 			continue
 		}
-		fmt.Fprintf(b, "| `%s` | %.3g | %s %g | %s |\n", s.key, s.ratio, op, s.target, verdict)
+		fmt.Fprintf(b, "| `%s` | %s | %s %g | %s |\n", s.key, s.shown("%.*g", 3), op, s.target, verdict)
 	}
 	r.writeQuick(b)
 }
@@ -333,7 +350,7 @@ func writeRatio(b *strings.Builder, s scenario) {
 	if s.noTarget {
 		fmt.Fprintf(b, "\nRatio `%s` = %.3f (no target yet: reported).", s.key, s.ratio)
 	} else {
-		fmt.Fprintf(b, "\nRatio `%s` = %.3f (target %s %g): %s.", s.key, s.ratio, op, s.target, map[bool]string{true: "met", false: "**missed**"}[s.met()])
+		fmt.Fprintf(b, "\nRatio `%s` = %s (target %s %g): %s.", s.key, s.shown("%.*f", 3), op, s.target, map[bool]string{true: "met", false: "**missed**"}[s.met()])
 	}
 	if s.pair != nil && len(s.pair.rounds) > 0 {
 		rs := make([]string, len(s.pair.rounds))
