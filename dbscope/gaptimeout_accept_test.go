@@ -103,6 +103,7 @@ func TestVersionGapFilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Minute, "2 and 3 filled, then 4 and 5 applied", func() bool { return appliedVersions(t, pool)["K"] == "1,2,3,4,5" })
+	testenv.WaitFor(t, 10*time.Second, "the three records counted", func() bool { return r.Stats().DB.Applied >= 3 })
 	if st := r.Stats().DB; st.GapsFilled != 1 || st.GapsTimedOut != 0 || st.Failed != 1 {
 		t.Errorf("stats %+v; want one gap filled, after one failed attempt", st)
 	}
