@@ -18,24 +18,26 @@ const minSized = 16 * 1024
 // has counted, and the size its maps were last made for.
 type mapSizing struct {
 	since int64 // Unix ms of the first transaction that remembered, after a start or restore
+	base  int   // the identities kept then (a restore's among them): the rate counts those added since
 	sized int   // identities the maps were made for, 0 when they grew alone
 }
 
 // sizeFor makes the stripes' maps large enough for what the partition
 // will hold over sizeHorizon at the rate it has remembered so far: kept
-// identities (the committed ones and the open transaction's) since the
-// first transaction that remembered. m.mu is held.
+// identities (the committed ones and the open transaction's) added since
+// the first transaction that remembered, not those restored before it.
+// m.mu is held.
 func (m *idMemory) sizeFor(now time.Time, window time.Duration, max, kept int) {
 	ms := now.UnixMilli()
 	if m.sizing.since == 0 {
-		m.sizing.since = ms
+		m.sizing.since, m.sizing.base = ms, kept
 		return
 	}
 	elapsed := ms - m.sizing.since
 	if elapsed <= 0 {
 		return
 	}
-	want := int(min(int64(max), int64(kept)*min(window, sizeHorizon).Milliseconds()/elapsed))
+	want := int(min(int64(max), int64(kept-m.sizing.base)*min(window, sizeHorizon).Milliseconds()/elapsed))
 	if want < minSized || want < 2*m.sizing.sized {
 		return
 	}

@@ -164,6 +164,20 @@ func TestIDMemorySizesItsMapsAtItsRate(t *testing.T) {
 		t.Fatalf("a quiet partition's maps sized for %d identities; want them to grow alone", quiet.sizing.sized)
 	}
 
+	// A quiet partition restored with many identities is not taken for a
+	// busy one: its rate counts the identities added since.
+	rq := newIDMemory()
+	many := make([]idKey, 20_000)
+	for i := range many {
+		many[i] = k(100_000 + i)
+	}
+	rq.load(0, t0.UnixMilli(), many)
+	fill(rq, 0, 10, t0)
+	fill(rq, 10, 20, t0.Add(time.Second))
+	if rq.sizing.sized != len(many) {
+		t.Fatalf("a quiet restored partition's maps sized for %d identities; want the %d it restored", rq.sizing.sized, len(many))
+	}
+
 	// A restore makes the maps for the identities it loads, and counts the
 	// rate anew.
 	r := newIDMemory()
