@@ -60,6 +60,7 @@ type ApacheCluster struct {
 
 	classpath string
 	java      string
+	jvmOpts   []string // before the backend's own (the class archive)
 	nodes     []*apacheNode
 	adm       *kgo.Client
 	mu        sync.Mutex
@@ -117,12 +118,16 @@ func startApache(ctx context.Context, o ApacheOptions) (*ApacheCluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	var jvmOpts []string
+	if a := sharedArchive(ctx, java, cp); a != "" {
+		jvmOpts = []string{"-XX:SharedArchiveFile=" + a}
+	}
 	n := max(o.Nodes, 1)
 	// A port found free can be taken by someone else before the JVM binds
 	// it; a start that fails that way is tried again on new ports.
 	var lastErr error
 	for range 3 {
-		c, err := tryStartApache(ctx, java, cp, n, o)
+		c, err := tryStartApache(ctx, java, cp, n, o, jvmOpts)
 		if err == nil {
 			return c, nil
 		}
@@ -134,12 +139,14 @@ func startApache(ctx context.Context, o ApacheOptions) (*ApacheCluster, error) {
 	return nil, lastErr
 }
 
-func tryStartApache(ctx context.Context, java, cp string, n int, o ApacheOptions) (*ApacheCluster, error) {
+// tryStartApache starts a cluster of n nodes whose JVMs take jvmOpts
+// besides the backend's own options.
+func tryStartApache(ctx context.Context, java, cp string, n int, o ApacheOptions, jvmOpts []string) (*ApacheCluster, error) {
 	dir, err := os.MkdirTemp("", "kscope-kafka-*")
 	if err != nil {
 		return nil, err
 	}
-	c := &ApacheCluster{Version: ApacheKafkaVersion, Dir: dir, classpath: cp, java: java}
+	c := &ApacheCluster{Version: ApacheKafkaVersion, Dir: dir, classpath: cp, java: java, jvmOpts: jvmOpts}
 	ports, err := freePorts(2 * n)
 	if err != nil {
 		os.RemoveAll(dir)

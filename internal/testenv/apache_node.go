@@ -94,20 +94,21 @@ func (c *ApacheCluster) writeConfig(nd *apacheNode, settings map[string]string) 
 	return os.WriteFile(filepath.Join(nd.dir, "log4j2.properties"), []byte(log4j), 0o644)
 }
 
-// jvmArgs are the JVM options of every process the backend starts: a small
-// heap, a fast start, and logs to the node's server.log. The JVM's
+// jvmArgs are the JVM options of every process the backend starts: the
+// cluster's own (the class archive, apache_cds.go), a small heap, a fast
+// start, and logs to the node's server.log. The JVM's
 // temporary files (the native library snappy-java unpacks, 280 KB a
 // start) go to the node's directory, which Close removes, rather than to
 // the system's, where a killed broker left them; and no performance-data
 // file is written to /tmp/hsperfdata_<user>.
 func (c *ApacheCluster) jvmArgs(nd *apacheNode) []string {
-	return []string{
+	return append(slices.Clip(c.jvmOpts),
 		"-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss1m",
-		"-XX:-UsePerfData", "-Djava.io.tmpdir=" + nd.dir,
+		"-XX:-UsePerfData", "-Djava.io.tmpdir="+nd.dir,
 		"-Djava.awt.headless=true",
-		"-Dlog4j2.configurationFile=" + filepath.Join(nd.dir, "log4j2.properties"),
+		"-Dlog4j2.configurationFile="+filepath.Join(nd.dir, "log4j2.properties"),
 		"-cp", c.classpath,
-	}
+	)
 }
 
 // format is `kafka-storage.sh format`: it writes the node's meta.properties
