@@ -105,14 +105,9 @@ func StartApacheKafka(ctx context.Context, o ApacheOptions) (*Kafka, error) {
 }
 
 func startApache(ctx context.Context, o ApacheOptions) (*ApacheCluster, error) {
-	java, err := exec.LookPath("java")
-	if jh := os.Getenv("JAVA_HOME"); jh != "" {
-		if p := filepath.Join(jh, "bin", "java"); fileExists(p) {
-			java, err = p, nil
-		}
-	}
+	java, err := javaPath()
 	if err != nil {
-		return nil, ErrNoJava
+		return nil, err
 	}
 	cp, err := ApacheKafkaClasspath(ctx)
 	if err != nil {
@@ -490,6 +485,20 @@ func kafkaUUID() string {
 			return s
 		}
 	}
+}
+
+// javaPath returns JAVA_HOME's java, or else the one on PATH.
+func javaPath() (string, error) {
+	if jh := os.Getenv("JAVA_HOME"); jh != "" {
+		if p := filepath.Join(jh, "bin", "java"); fileExists(p) {
+			return p, nil
+		}
+	}
+	java, err := exec.LookPath("java")
+	if err != nil {
+		return "", ErrNoJava
+	}
+	return java, nil
 }
 
 func fileExists(p string) bool {

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -73,7 +75,8 @@ func archiveName(java, cp string) (string, error) {
 // when the cache has none: a broker run with -XX:ArchiveClassesAtExit,
 // taken through a produce and a group's consume so that the classes of
 // those paths are in it too, and stopped with SIGTERM (the JVM writes the
-// archive as it exits).
+// archive as it exits). The archive is moved into place only once a JVM
+// started with it.
 func makeArchive(ctx context.Context, java, cp string) (string, error) {
 	dir, err := apacheCacheDir()
 	if err != nil {
@@ -120,6 +123,9 @@ func makeArchive(ctx context.Context, java, cp string) (string, error) {
 	if fi, err := os.Stat(partial); err != nil || fi.Size() == 0 {
 		return "", fmt.Errorf("the JVM wrote no archive (%v); its output ends:\n%s", err, tailFile(filepath.Join(nd.dir, "stdout.log"), 20))
 	}
+	if err := checkArchive(mctx, java, cp, partial, c.Dir); err != nil {
+		return "", err
+	}
 	if err := os.Rename(partial, final); err != nil {
 		return "", err
 	}
@@ -152,4 +158,17 @@ func exercise(ctx context.Context, brokers []string) error {
 			return cl.CommitUncommittedOffsets(ctx)
 		}
 	}
+}
+
+// checkArchive starts a JVM on java and cp told to use the archive at path
+// or fail (-Xshare:on), in dir: an archive cut short crashes every JVM
+// that maps it (SIGBUS), even one that would run on without it.
+func checkArchive(ctx context.Context, java, cp, path, dir string) error {
+	cmd := exec.CommandContext(ctx, java, "-XX:SharedArchiveFile="+path, "-Xshare:on",
+		"-XX:ErrorFile="+filepath.Join(dir, "hs_err_%p.log"), "-cp", cp, "-version")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "sharing") {
+		return fmt.Errorf("a JVM could not map the class archive %s (%v):\n%s", path, err, out)
+	}
+	return nil
 }

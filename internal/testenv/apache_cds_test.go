@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -47,5 +48,45 @@ func TestBrokersMapTheClassArchive(t *testing.T) {
 	}
 	if !strings.Contains(string(maps), archive) {
 		t.Fatalf("the broker's JVM does not map %s (it rejected the archive); its output:\n%s", archive, tailFile(filepath.Join(nd.dir, "stdout.log"), 20))
+	}
+}
+
+// TestAClassArchiveCutShortIsRefused checks the check an archive passes
+// before it is kept: the archive made, and not a copy of it cut short
+// (a JVM killed while writing it), which would crash every broker.
+func TestAClassArchiveCutShortIsRefused(t *testing.T) {
+	if kind, _ := KafkaKind(); kind != "apache" {
+		t.Skipf("the Apache Kafka backend is selected with %s=apache", KafkaEnv)
+	}
+	if os.Getenv(classArchiveEnv) == "off" {
+		t.Skipf("%s=off", classArchiveEnv)
+	}
+	ctx := context.Background()
+	java, err := javaPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := ApacheKafkaClasspath(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := sharedArchive(ctx, java, cp)
+	if archive == "" {
+		t.Fatal("no class archive was made")
+	}
+	dir := t.TempDir()
+	if err := checkArchive(ctx, java, cp, archive, dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := filepath.Join(dir, "cut.jsa")
+	if err := os.WriteFile(cut, b[:len(b)/3], 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkArchive(ctx, java, cp, cut, dir); err == nil {
+		t.Fatal("an archive cut to a third passed the check")
 	}
 }
