@@ -32,6 +32,7 @@ func TestShutdownCommitsAndLeavesNoGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	total := k.ProduceKeyed(t, topic, 20, 10)
+	testenv.SpareStarted() // its goroutines are not the runner's
 	leaks := goleak.IgnoreCurrent()
 
 	var handled atomic.Int64
@@ -74,6 +75,7 @@ func TestCloseCancelsStuckHandlerAfterDrainTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.ProduceKeyed(t, topic, 1, 3)
+	testenv.SpareStarted() // its goroutines are not the runner's
 	leaks := goleak.IgnoreCurrent()
 
 	entered := make(chan struct{}, 1)

@@ -17,7 +17,9 @@ import (
 var spare struct {
 	mu   sync.Mutex
 	next chan spareStart // nil: no spare started
-	wg   sync.WaitGroup
+	// started is closed once the last spare started has (or failed to).
+	started chan struct{}
+	wg      sync.WaitGroup
 }
 
 // spareStart is the outcome of a spare's start.
@@ -63,13 +65,30 @@ func startSpare() {
 		return
 	}
 	next := make(chan spareStart, 1)
-	spare.next = next
+	started := make(chan struct{})
+	spare.next, spare.started = next, started
 	spare.wg.Add(1)
 	go func() {
 		defer spare.wg.Done()
 		k, err := StartApacheKafka(context.Background(), ApacheOptions{})
 		next <- spareStart{k, err}
+		close(started)
 	}()
+}
+
+// SpareStarted waits until the broker that the Apache Kafka backend starts
+// ahead for the next test has started (or failed to), and returns at once
+// on the other backends. A test that checks for leaked goroutines calls it
+// before it notes the goroutines running: the spare's start creates
+// goroutines of its own (its admin client's, its JVM's wait) while the
+// test runs, which are not the test's.
+func SpareStarted() {
+	spare.mu.Lock()
+	started := spare.started
+	spare.mu.Unlock()
+	if started != nil {
+		<-started
+	}
 }
 
 // stopSpare stops the spare, started or starting (the next StartKafka
