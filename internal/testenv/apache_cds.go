@@ -137,7 +137,7 @@ func makeArchive(ctx context.Context, java, cp string) (string, error) {
 func exercise(ctx context.Context, brokers []string) error {
 	const topic = "kscope-class-archive"
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
-		kgo.ConsumerGroup("kscope-class-archive"), kgo.ConsumeTopics(topic), kgo.AllowAutoTopicCreation())
+		kgo.ConsumerGroup("kscope-class-archive"), kgo.ConsumeTopics(topic))
 	if err != nil {
 		return err
 	}
