@@ -59,6 +59,11 @@ func (r *Runner) hold(st *partState, rec *Record, now time.Time) bool {
 func (r *Runner) releaseHeld(st *partState) {
 	st.holdMu.Lock()
 	defer st.holdMu.Unlock()
+	r.releaseHeldLocked(st)
+}
+
+// releaseHeldLocked is releaseHeld with st.holdMu held.
+func (r *Runner) releaseHeldLocked(st *partState) {
 	if st.Revoked() {
 		return // dropHeld took care of them
 	}
@@ -66,7 +71,7 @@ func (r *Runner) releaseHeld(st *partState) {
 		st.holdTimer.Stop()
 		st.holdTimer = nil
 	}
-	now := time.Now()
+	var now time.Time // read once, when a held record has a due time
 	i := 0
 	for ; i < len(st.held); i++ {
 		rec := st.held[i]
@@ -74,6 +79,9 @@ func (r *Runner) releaseHeld(st *partState) {
 			break // released as records finish
 		}
 		if rec.due != 0 {
+			if now.IsZero() {
+				now = time.Now()
+			}
 			due := time.Unix(0, rec.due)
 			if due.After(now) {
 				st.holdTimer = time.AfterFunc(due.Sub(now), func() { r.releaseHeld(st) })
@@ -155,14 +163,19 @@ func (r *Runner) settleMarkersLocked(st *partState) bool {
 
 // releaseSlots dispatches held records of a transactional runner's
 // partition once records finished and freed dispatch slots, unless a timer
-// waits for a held record's due time.
+// waits for a held record's due time. Records finish one by one, so it
+// runs for nearly every record: it returns at once when no slot is free
+// (the records that took them call it again as they finish), and takes
+// st.holdMu once.
 func (r *Runner) releaseSlots(st *partState) {
-	st.holdMu.Lock()
-	waiting := len(st.held) > 0 && st.holdTimer == nil
-	st.holdMu.Unlock()
-	if waiting {
-		r.releaseHeld(st)
+	if st.active.Load() >= commit.MaxUndone {
+		return
 	}
+	st.holdMu.Lock()
+	if len(st.held) > 0 && st.holdTimer == nil {
+		r.releaseHeldLocked(st)
+	}
+	st.holdMu.Unlock()
 }
 
 // dropHeld forgets the held records of a revoked or lost partition: its next
