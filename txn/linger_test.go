@@ -54,3 +54,44 @@ func TestProducerLingerUnderARateLimit(t *testing.T) {
 		})
 	}
 }
+
+// Ending a transaction sends what lingers in the producer at once: under
+// a linger of a minute, every input's output commits within its commit
+// interval's transactions. Waiting for the produces without sending them
+// kept every key-shard at the gate for the linger, each transaction:
+// 10ms with franz-go's default (a fifth of the Kafka scope's rate at
+// 600,000 records a second), the commit interval under a records rate
+// limit.
+func TestTransactionEndSendsWhatLingers(t *testing.T) {
+	k := setup(t)
+	cfg := config(k, "g-linger-end")
+	cfg.ClientOptions = append(cfg.ClientOptions, kgo.ProducerLinger(time.Minute))
+	r, err := txn.New(cfg, txn.Options{TransactionalID: "linger-end", CommitInterval: 100 * time.Millisecond},
+		txn.HandlerFunc(func(_ context.Context, rec *consumer.Record, e txn.Emitter) error {
+			e.Emit(&kgo.Record{Topic: "out", Key: rec.Key, Value: rec.Value})
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inputs := produceInputs(t, k, 50, 0)
+	stop := runFor(t, r)
+	testenv.WaitFor(t, 20*time.Second, "every input's offset committed, before the producer's linger of a minute ends", func() bool {
+		return k.CaughtUp(context.Background(), "g-linger-end", "in")
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, rec := range k.ReadAll(t, "out") {
+		got[string(rec.Value)]++
+	}
+	for _, in := range inputs {
+		if got[in] != 1 {
+			t.Fatalf("output of %s committed %d times; want once", in, got[in])
+		}
+	}
+	if len(got) != len(inputs) {
+		t.Fatalf("%d distinct outputs committed; want %d", len(got), len(inputs))
+	}
+}

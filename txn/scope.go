@@ -253,8 +253,14 @@ func (s *kafkaScope) Process(ctx context.Context, batch []*consumer.Record, done
 
 // flush waits for the produces of the transaction that ends and returns
 // the first that failed; see refusals for records the broker refused as
-// such.
+// such. The producer's lingering batches are sent at once: waiting for
+// their linger (franz-go's 10ms, or the commit interval under a records
+// rate limit) would keep every key-shard waiting at the gate as long.
 func (s *kafkaScope) flush() error {
+	// Flush returns once nothing is buffered, or with its context's
+	// error, which Background never has; the produces' callbacks are
+	// waited for below.
+	_ = s.sess.Client().Flush(context.Background())
 	s.cur.wg.Wait()
 	err := s.cur.failed()
 	if err == nil {
