@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"runtime"
+
+	"github.com/kscope-dev/kscope/internal/testenv"
 )
 
 // Why a target was missed, said with the run's own numbers, and what each
@@ -68,7 +70,7 @@ var notes = map[string]string{
 		"with no target of its own.",
 	"peer_kstreams_eos_noop": "Both read the same 8-partition input from its start (200-byte values, 10,000 keys) and write one uncompressed " +
 		"output per input to a fresh 8-partition topic, committing every 100 ms in Kafka transactions. Kafka Streams (bench/kstreams, " +
-		"`org.apache.kafka:kafka-streams` 4.3.1, the broker's version) runs `processing.guarantee=exactly_once_v2` with as many stream threads " +
+		"`org.apache.kafka:kafka-streams` " + testenv.ApacheKafkaVersion + ", the broker's version, pinned in bench/kstreams/pom.xml) runs `processing.guarantee=exactly_once_v2` with as many stream threads " +
 		"as cores; it is timed from its first input to the moment a read_committed reader of the output has seen every output. kscope's " +
 		"Kafka scope (16 key-shards) is r5's contender, timed to its last committed transaction.",
 	"peer_kstreams_eos_io": "The same pipeline with a 2 ms blocking call (a sleep) per record. Kafka Streams parallelises by partition: " +

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -200,5 +201,22 @@ func TestShownRatioAgreesWithItsVerdict(t *testing.T) {
 		if got := c.s.shown("%.*f", 3); got != c.row {
 			t.Errorf("%+v in its section: %s, want %s", c.s, got, c.row)
 		}
+	}
+}
+
+// The Kafka Streams peer runs the broker's release (issue: the exactly-once
+// peers): bench/kstreams/pom.xml pins the same version as the Apache Kafka
+// backend.
+func TestKafkaStreamsPeerIsTheBrokersRelease(t *testing.T) {
+	pom, err := os.ReadFile("kstreams/pom.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`<artifactId>kafka-streams</artifactId>\s*<version>([^<]+)</version>`).FindSubmatch(pom)
+	if m == nil {
+		t.Fatal("bench/kstreams/pom.xml names no kafka-streams version")
+	}
+	if got := string(m[1]); got != testenv.ApacheKafkaVersion {
+		t.Fatalf("bench/kstreams/pom.xml runs Kafka Streams %s against Apache Kafka %s; set its version to %s", got, testenv.ApacheKafkaVersion, testenv.ApacheKafkaVersion)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
+	"github.com/kscope-dev/kscope/internal/testenv"
 	"github.com/kscope-dev/kscope/txn"
 )
 
@@ -106,7 +107,7 @@ func (ab *bench) kstreamsPeers(ctx context.Context, p plan, rep *report) error {
 	cores := runtime.NumCPU()
 	figs, err := ab.measureWarm(ctx, "peer Kafka Streams exactly_once_v2, no-op (Apache Kafka)", 4, ab.runs,
 		contender{"kscope Kafka scope, one output per input, commit every 100 ms (Apache Kafka)", p.ksNoop, ab.txnEmit, nil},
-		contender{fmt.Sprintf("Kafka Streams 4.3.1, exactly_once_v2, %d stream threads, commit.interval.ms 100 (Apache Kafka)", cores), p.ksNoop, ab.kafkaStreams(cp, cores, 0), nil})
+		contender{fmt.Sprintf("Kafka Streams %s, exactly_once_v2, %d stream threads, commit.interval.ms 100 (Apache Kafka)", testenv.ApacheKafkaVersion, cores), p.ksNoop, ab.kafkaStreams(cp, cores, 0), nil})
 	if err != nil {
 		return err
 	}
@@ -114,7 +115,7 @@ func (ab *bench) kstreamsPeers(ctx context.Context, p plan, rep *report) error {
 		pair: pairOf(figs[0], figs[1]), target: 1.0, atLeast: true})
 	figs, err = ab.measureWarm(ctx, "peer Kafka Streams exactly_once_v2, 2 ms call (Apache Kafka)", 4, ab.runs,
 		contender{"kscope Kafka scope, 64 key-shards, 2 ms call, one output per input (Apache Kafka)", p.ksIO, ab.txnSleep(64, ksIODelay), nil},
-		contender{"Kafka Streams 4.3.1, exactly_once_v2, 8 stream threads (one per partition), 2 ms call (Apache Kafka)", p.ksIO, ab.kafkaStreams(cp, partitions, ksIODelay), nil})
+		contender{"Kafka Streams " + testenv.ApacheKafkaVersion + ", exactly_once_v2, 8 stream threads (one per partition), 2 ms call (Apache Kafka)", p.ksIO, ab.kafkaStreams(cp, partitions, ksIODelay), nil})
 	if err != nil {
 		return err
 	}

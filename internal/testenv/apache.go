@@ -26,7 +26,7 @@ import (
 // the broker artifact org.apache.kafka:kafka_2.13 at this version, with its
 // runtime dependencies, resolved from Maven Central. It is pinned here and
 // nowhere else.
-const ApacheKafkaVersion = "4.3.1"
+const ApacheKafkaVersion = "4.4.0"
 
 // log4jVersion is the Log4j 2 release that the broker logs through (its
 // distribution ships Log4j 2; the Maven artifact leaves the backend to the

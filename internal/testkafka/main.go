@@ -3,7 +3,7 @@
 // backend KSCOPE_KAFKA=apache) and ends with one JSON line that sums the
 // run up:
 //
-//	{"kafka":"apache-kafka 4.3.1","brokers":1,"tests":..,"failed":0,"demo_ok":true,
+//	{"kafka":"apache-kafka 4.4.0","brokers":1,"tests":..,"failed":0,"demo_ok":true,
 //	 "reliability_lost":0,"reliability_duplicates":0,"reliability_order_violations":0,"seconds":..}
 //
 // It runs, one package at a time (each test starts its own broker): the
