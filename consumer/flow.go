@@ -24,17 +24,24 @@ type doneBuf struct {
 
 	// What the stall watch reads (watchStalls): the batch the worker
 	// runs (nil when idle), a count of the batches begun, the records
-	// done since the batch began, and the record whose handler runs now
-	// when the scope says so (scope.Engine.Handling).
+	// done since the batch began, and the handler calls (call, again).
 	batch    []*Record
 	batches  uint64
 	finished int
 	waiting  bool // the scope waits between two rounds of retries (Rounds): not a stall
-	// handling and handled are atomic, outside mu: they change at every
-	// handler call, and a lock taken twice a record costs a fifth of the
-	// runner's CPU per record with a fast handler.
-	handling atomic.Pointer[Record]
-	handled  atomic.Uint64 // handler calls begun, ever
+	// call marks the handler calls of the worker's batch: the offset + 1
+	// of the record whose handler runs now, minus that of the one whose
+	// handler returned last, 0 before the batch's first. Its records are
+	// of one partition, so the offset names the record; a new value is a
+	// call begun or ended. again counts the calls of the record called
+	// just before (a retry in place), which leave call as it was. Both
+	// are atomic, outside mu: they change at every handler call, and a
+	// lock taken twice a record costs a fifth of the runner's CPU per
+	// record with a fast handler. call is an integer, not the record's
+	// pointer, whose every store would also pay the garbage collector's
+	// write barrier.
+	call  atomic.Int64
+	again atomic.Uint64
 }
 
 // begin marks batch as the worker's, for the stall watch.
@@ -51,7 +58,7 @@ func (d *doneBuf) end() {
 	d.mu.Lock()
 	d.flushLocked()
 	d.batch, d.waiting = nil, false
-	d.handling.Store(nil)
+	d.call.Store(0)
 	d.mu.Unlock()
 }
 
@@ -63,13 +70,33 @@ func (d *doneBuf) wait(on bool) {
 	d.mu.Unlock()
 }
 
-// handlerCall marks rec's handler as running (rec not nil) or returned
-// (nil), for the stall watch.
-func (d *doneBuf) handlerCall(rec *Record) {
-	if rec != nil {
-		d.handled.Add(1)
+// handlerCall marks rec's handler as running or returned, for the stall
+// watch.
+func (d *doneBuf) handlerCall(rec *Record, running bool) {
+	mark := rec.offset + 1
+	if !running {
+		d.call.Store(-mark)
+		return
 	}
-	d.handling.Store(rec)
+	if prev := d.call.Load(); prev == mark || prev == -mark {
+		d.again.Add(1)
+	}
+	d.call.Store(mark)
+}
+
+// callingLocked returns the record of the worker's batch whose handler
+// runs now, or nil. d.mu is held.
+func (d *doneBuf) callingLocked() *Record {
+	mark := d.call.Load()
+	if mark <= 0 {
+		return nil
+	}
+	for _, rec := range d.batch {
+		if rec.offset == mark-1 {
+			return rec
+		}
+	}
+	return nil
 }
 
 // done is the callback scopes call once a record's effect is durable.

@@ -19,9 +19,10 @@ const stallTick = time.Second
 
 // shardWatch is what the stall watch knows of one key-shard.
 type shardWatch struct {
-	batches  uint64 // the doneBuf's counts when last seen
+	batches  uint64 // the doneBuf's counts and call marks when last seen
 	finished int
-	handled  uint64
+	call     int64
+	again    uint64
 	since    time.Time // when they were first seen so
 	stalled  bool      // reported stalled, not yet ended
 	rec      stallRec  // the record reported
@@ -79,20 +80,20 @@ func (r *Runner) watchStalls(ctx context.Context) {
 func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 	d.mu.Lock()
 	busy := d.batch != nil && !d.waiting
-	batches, finished, handled := d.batches, d.finished, d.handled.Load()
+	batches, finished, call, again := d.batches, d.finished, d.call.Load(), d.again.Load()
+	still := batches == w.batches && finished == w.finished && call == w.call && again == w.again
 	var rec stallRec
-	if busy && !w.stalled && batches == w.batches && finished == w.finished && handled == w.handled && now.Sub(w.since) >= r.cfg.StallWarning {
+	if busy && !w.stalled && still && now.Sub(w.since) >= r.cfg.StallWarning {
 		rec = d.heldLocked(r.cfg.Identity)
 	}
 	d.mu.Unlock()
 
-	moved := !busy || batches != w.batches || finished != w.finished || handled != w.handled
 	switch {
-	case moved:
+	case !busy || !still:
 		if w.stalled {
 			r.endStall(i, w, now, "")
 		}
-		*w = shardWatch{batches: batches, finished: finished, handled: handled, since: now}
+		*w = shardWatch{batches: batches, finished: finished, call: call, again: again, since: now}
 	case rec.batch > 0:
 		w.stalled, w.rec = true, rec
 		r.stalled.Add(1)
@@ -113,7 +114,7 @@ func (r *Runner) lookAt(i int, d *doneBuf, w *shardWatch, now time.Time) {
 // order as they handle them). d.mu is held and d.batch is not nil.
 func (d *doneBuf) heldLocked(ident Identity) stallRec {
 	held := d.batch[min(d.finished, len(d.batch)-1)]
-	handling := d.handling.Load()
+	handling := d.callingLocked()
 	if handling != nil {
 		held = handling
 	}
@@ -172,13 +173,13 @@ func (r *Runner) endStall(i int, w *shardWatch, now time.Time, why string) {
 // returned, rather than the first of the batch. handled marks it returned.
 func handling(rec *Record) {
 	if rec.part != nil && rec.part.bufs != nil {
-		rec.part.bufs[rec.shard].handlerCall(rec)
+		rec.part.bufs[rec.shard].handlerCall(rec, true)
 	}
 }
 
 func handled(rec *Record) {
 	if rec.part != nil && rec.part.bufs != nil {
-		rec.part.bufs[rec.shard].handlerCall(nil)
+		rec.part.bufs[rec.shard].handlerCall(rec, false)
 	}
 }
 
