@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -218,5 +219,21 @@ func TestKafkaStreamsPeerIsTheBrokersRelease(t *testing.T) {
 	}
 	if got := string(m[1]); got != testenv.ApacheKafkaVersion {
 		t.Fatalf("bench/kstreams/pom.xml runs Kafka Streams %s against Apache Kafka %s; set its version to %s", got, testenv.ApacheKafkaVersion, testenv.ApacheKafkaVersion)
+	}
+}
+
+// The JVM peers' harnesses leave out the same warm-up as the meter that
+// times kscope's side (warmFraction): a peer timed with its start would be
+// measured on a different window from kscope's.
+func TestJVMPeersTimedAsTheMeterIs(t *testing.T) {
+	want := fmt.Sprintf("seen >= n / %d && seen < n", warmFraction)
+	for _, f := range []string{"kstreams/src/main/java/dev/kscope/bench/KsBench.java", "pc/src/main/java/dev/kscope/bench/PcEosBench.java"} {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(src), want) {
+			t.Errorf("bench/%s does not open its window where the meter does (%q): time it from the first 1/%d of its outputs committed", f, want, warmFraction)
+		}
 	}
 }

@@ -98,8 +98,8 @@ public final class KsBench {
                 ConsumerRecords<byte[], byte[]> recs = consumer.poll(Duration.ofMillis(50));
                 seen += recs.count();
                 if (warmAt == 0 && seen >= n / 10 && seen < n) {
-                  warmAt = System.nanoTime();
-                  warmSeen = seen;
+                    warmAt = System.nanoTime();
+                    warmSeen = seen;
                 }
             }
             return new long[] {seen, warmSeen, warmAt};
