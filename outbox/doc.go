@@ -38,7 +38,10 @@
 // instance that takes a partition over fences the one that had it and
 // aborts its open transaction before reading the position. Instances share
 // the partitions through a consumer group (or Options.OwnPartitions).
-// Published rows are deleted once the position passes them. A relay wakes
+// Published rows are deleted once the position passes them, before
+// Relay.Pending reports the new position; rows a relay stopped between its
+// commit and their deletion left behind are deleted by the relay that takes
+// the partition over. A relay wakes
 // on LISTEN/NOTIFY when a writing transaction commits, and polls every
 // Options.PollInterval besides.
 //

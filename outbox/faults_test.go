@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -105,5 +106,40 @@ func TestRelayKilledAfterADeadLetterDoesNotPublishTheDeadRow(t *testing.T) {
 	}
 	if n := outboxRows(t, pool); n != 0 {
 		t.Errorf("%d rows left in the outbox table, want none", n)
+	}
+}
+
+// A relay stopped after its transaction committed and before it deleted
+// the rows the transaction published leaves them in the table, past the
+// position. The relay that takes the partition over deletes them before
+// it reports the partition (Relay.Pending), and publishes none of them
+// again.
+func TestRelayDeletesRowsLeftPastThePositionWhenItTakesOver(t *testing.T) {
+	k, pool, _ := setup(t)
+	addRows(t, pool, outbox.Writer{Partitions: 1}, "payments.booked", "a", []byte("a/0"), []byte("a/1"))
+	o := outbox.Options{Brokers: k.Brokers, Pool: pool, Partitions: 1, OwnPartitions: []int{0}, Logger: logger(),
+		PollInterval: 20 * time.Millisecond}
+	r, stop := runRelay(t, o)
+	caughtUp(t, r, 2, "the two rows published")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Put the two published rows back, as a relay stopped before its
+	// deletion leaves them.
+	if _, err := pool.Exec(context.Background(), `INSERT INTO kscope_outbox (outbox, partition, seq, topic, key, value)
+		VALUES ('default', 0, 1, 'payments.booked', 'a', 'a/0'), ('default', 0, 2, 'payments.booked', 'a', 'a/1')`); err != nil {
+		t.Fatal(err)
+	}
+	r, stop = runRelay(t, o)
+	caughtUp(t, r, 2, "the partition taken over at position 2")
+	if n := outboxRows(t, pool); n != 0 {
+		t.Errorf("%d rows left in the outbox table once the relay reports position 2, want none", n)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	values, ids := valuesOf(t, k, "payments.booked")
+	if strings.Join(values, " ") != "a/0 a/1" || ids["default/0/1"] != 1 || ids["default/0/2"] != 1 {
+		t.Errorf("published %v (identities %v), want a/0 a/1, once each", values, ids)
 	}
 }

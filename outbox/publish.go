@@ -105,7 +105,7 @@ func (pub *publisher) publishWith(ctx context.Context, log *slog.Logger) (renew,
 	if !ok {
 		return nil, err
 	}
-	pub.pos.Store(pos)
+	pub.tookOver(ctx, pos)
 	log.Info("kscope: outbox relay: publishing partition", "position", pos, "transactional_id", txnID)
 	tp := &txnProducer{cl: cl, txnID: txnID, log: log, pos: pos}
 	tp.maxBytes, _ = cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
@@ -269,7 +269,7 @@ func (pub *publisher) sendFailed(ctx context.Context, tp *txnProducer, batch []r
 		return nil, err // nil once ctx ended
 	}
 	tp.pos = pos
-	pub.pos.Store(pos)
+	pub.tookOver(ctx, pos)
 	return nil, nil
 }
 
@@ -279,11 +279,18 @@ func (pub *publisher) advance(ctx context.Context, tp *txnProducer, batch []row,
 	r := pub.r
 	tp.attempt = 0
 	tp.pos = last
-	pub.pos.Store(last)
 	r.published.Add(int64(len(batch)))
 	r.transactions.Add(1)
 	pub.committed(tp.log, last)
-	pub.prune(ctx, last)
+	pub.moveTo(ctx, last)
+}
+
+// moveTo deletes the rows the committed position pos has passed, then
+// reports pos (Relay.Pending): a relay that reports a partition published
+// up to pos has no row of it up to pos left in the table.
+func (pub *publisher) moveTo(ctx context.Context, pos int64) {
+	pub.prune(ctx, pos)
+	pub.pos.Store(pos)
 }
 
 // prune deletes the rows the position has passed; a failure is retried

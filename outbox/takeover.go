@@ -83,3 +83,17 @@ func (pub *publisher) start(ctx context.Context, cl *kgo.Client) (int64, error) 
 	}
 	return pos, nil
 }
+
+// tookOver reports pos, the position read as the partition was taken
+// over, once the rows up to it that a relay stopped between its commit
+// and their deletion left behind are deleted. Only when the database has
+// handed pos out: a position ahead of the database (see ahead) deletes
+// nothing, and the publisher halts the partition once it finds no row
+// after it.
+func (pub *publisher) tookOver(ctx context.Context, pos int64) {
+	if ahead, err := pub.ahead(ctx, pos); err != nil || ahead {
+		pub.pos.Store(pos)
+		return
+	}
+	pub.moveTo(ctx, pos)
+}
