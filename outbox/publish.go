@@ -274,15 +274,16 @@ func (pub *publisher) sendFailed(ctx context.Context, tp *txnProducer, batch []r
 }
 
 // advance moves the position to last, that of the transaction that
-// committed batch, counts it, and deletes the rows it passed.
+// committed batch, deletes the rows it passed, and counts it: the rows
+// Stats counts as published are no longer in the table.
 func (pub *publisher) advance(ctx context.Context, tp *txnProducer, batch []row, last int64) {
 	r := pub.r
 	tp.attempt = 0
 	tp.pos = last
+	pub.moveTo(ctx, last)
 	r.published.Add(int64(len(batch)))
 	r.transactions.Add(1)
 	pub.committed(tp.log, last)
-	pub.moveTo(ctx, last)
 }
 
 // moveTo deletes the rows the committed position pos has passed, then
