@@ -14,4 +14,11 @@
 // that is revoked can be purged before they start, and a stopped pool drops
 // what it has not started, so that revocation and shutdown wait only for work
 // that is already running.
+//
+// A worker hands its [ProcessFunc] batches of one partition's records, up to
+// PoolConfig.BatchMax: the queued records of the partition at the head of its
+// queue, gathered past other partitions' records queued between them (each
+// poll queues a run per partition), each partition's records in the order
+// dispatched. A scope that pays a cost per batch (a database transaction)
+// pays it once for what several polls queued.
 package partition

@@ -3,6 +3,7 @@ package partition
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -155,13 +156,55 @@ func TestPoolBatchesOnePartitionAtATime(t *testing.T) {
 		p.Dispatch(0, a, v+1)
 	}
 	close(release)
+	for range 4 {
+		<-done
+	}
+	p.Stop()
+	// 7 joins 4, past partition 1's records, which keep their turn.
+	want := [][]int{{0}, {1, 2, 3}, {4, 7}, {5, 6}}
+	if fmt.Sprint(batches) != fmt.Sprint(want) || fmt.Sprint(parts) != "[0 0 0 1]" {
+		t.Fatalf("batches %v of partitions %v, want %v of [0 0 0 1]", batches, parts, want)
+	}
+}
+
+// A shard's queue interleaves partitions' runs, a run per poll: a batch
+// gathers its partition's records from the runs behind the first, in
+// order, and the records it passes keep theirs.
+func TestPoolGathersAPartitionsRunsIntoOneBatch(t *testing.T) {
+	release := make(chan struct{})
+	var batches [][]int
+	done := make(chan struct{}, 100)
+	entered := make(chan struct{}, 100)
+	p := NewPool(PoolConfig[int]{
+		Shards:   1,
+		BatchMax: 4,
+		Process: func(_ context.Context, a *Assignment, batch []int) {
+			entered <- struct{}{}
+			<-release
+			batches = append(batches, append([]int(nil), batch...))
+			done <- struct{}{}
+		},
+	})
+	p.Start()
+	a0, a1, a2 := newTestAssignment(0), newTestAssignment(1), newTestAssignment(2)
+	p.Dispatch(0, a2, 0) // taken alone while the rest is queued
+	<-entered
+	p.DispatchAll(0, a0, []int{1})
+	p.DispatchAll(0, a1, []int{10})
+	p.DispatchAll(0, a0, []int{2})
+	p.DispatchAll(0, a1, []int{11})
+	p.DispatchAll(0, a0, []int{3})
+	p.DispatchAll(0, a2, []int{20})
+	p.DispatchAll(0, a0, []int{4, 5})
+	p.DispatchAll(0, a1, []int{12})
+	close(release)
 	for range 5 {
 		<-done
 	}
 	p.Stop()
-	want := [][]int{{0}, {1, 2, 3}, {4}, {5, 6}, {7}}
-	if fmt.Sprint(batches) != fmt.Sprint(want) || fmt.Sprint(parts) != "[0 0 0 1 0]" {
-		t.Fatalf("batches %v of partitions %v, want %v of [0 0 0 1 0]", batches, parts, want)
+	want := [][]int{{0}, {1, 2, 3, 4}, {10, 11, 12}, {20}, {5}}
+	if fmt.Sprint(batches) != fmt.Sprint(want) {
+		t.Fatalf("batches %v, want %v", batches, want)
 	}
 }
 
@@ -213,5 +256,82 @@ func TestPoolPurgeAndStopDropQueued(t *testing.T) {
 	p.Stop() // idempotent
 	if got := processed.Load() + dropped.Load(); got != 22 {
 		t.Fatalf("processed+dropped = %d, want all 22 accounted for", got)
+	}
+}
+
+// Runs of many partitions dispatched at random over the shards, as polls
+// lay them out, while the workers take batches: each record is processed
+// once, each partition's records on a shard in the order dispatched, and a
+// batch holds one partition's records.
+func TestPoolKeepsEachPartitionsOrderAcrossGatheredBatches(t *testing.T) {
+	const shards, parts, perPart = 3, 5, 3000
+	var mu sync.Mutex
+	got := map[[2]int][]int{} // shard, partition: values in processing order
+	var processed atomic.Int64
+	all := make(chan struct{})
+	var mixed atomic.Bool
+	p := NewPool(PoolConfig[int]{
+		Shards:   shards,
+		BatchMax: 16,
+		Process: func(_ context.Context, a *Assignment, batch []int) {
+			mu.Lock()
+			for _, v := range batch {
+				if int32(v/perPart) != a.Partition {
+					mixed.Store(true)
+				}
+				k := [2]int{v % shards, v / perPart}
+				got[k] = append(got[k], v)
+			}
+			mu.Unlock()
+			if processed.Add(int64(len(batch))) == parts*perPart {
+				close(all)
+			}
+		},
+	})
+	p.Start()
+	as := make([]*Assignment, parts)
+	for i := range as {
+		as[i] = newTestAssignment(int32(i))
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	next := make([]int, parts) // the next value of each partition
+	for left := parts * perPart; left > 0; {
+		pt := rng.IntN(parts)
+		n := min(1+rng.IntN(40), perPart-next[pt])
+		runs := make([][]int, shards)
+		for range n {
+			v := pt*perPart + next[pt]
+			next[pt]++
+			runs[v%shards] = append(runs[v%shards], v)
+		}
+		for s, run := range runs {
+			if len(run) > 0 {
+				p.DispatchAll(s, as[pt], run)
+			}
+		}
+		left -= n
+	}
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d records processed", processed.Load(), parts*perPart)
+	}
+	p.Stop()
+	if mixed.Load() {
+		t.Fatal("a batch held records of two partitions")
+	}
+	for k, vs := range got {
+		for i := 1; i < len(vs); i++ {
+			if vs[i] <= vs[i-1] {
+				t.Fatalf("shard %d, partition %d: %d after %d", k[0], k[1], vs[i], vs[i-1])
+			}
+		}
+	}
+	total := 0
+	for _, vs := range got {
+		total += len(vs)
+	}
+	if total != parts*perPart {
+		t.Fatalf("%d records processed, want %d", total, parts*perPart)
 	}
 }

@@ -241,15 +241,49 @@ func (p *Pool[T]) take(s *shard[T], batch *[]T) (*Assignment, bool) {
 	return a, true
 }
 
-// fill moves consecutive queued records of a into batch, up to BatchMax.
-// s.mu must be held.
+// fill moves queued records of a into batch, in their order, up to
+// BatchMax: those at the head of the queue, then those queued behind other
+// assignments' records, within gatherWindow batches' worth of the queue.
+// The records left keep their order. A shard's queue interleaves the runs
+// of every partition a poll returned records of, so a batch of its first
+// run alone would hold a poll's records of one partition on one shard,
+// however many polls are queued; a scope pays its per-batch cost (a
+// database transaction, its commit) that many times more. Records of
+// different assignments have no order among them to keep: they come from
+// different partitions, fetched apart. s.mu must be held.
 func (p *Pool[T]) fill(s *shard[T], a *Assignment, batch *[]T) {
 	for s.head < len(s.q) && len(*batch) < p.cfg.BatchMax && s.q[s.head].a == a {
 		*batch = append(*batch, s.q[s.head].v)
 		s.q[s.head] = item[T]{}
 		s.head++
 	}
+	if len(*batch) >= p.cfg.BatchMax || s.head == len(s.q) {
+		return
+	}
+	// Gather: the kept records are written down from the head as the
+	// scan goes, then moved up against the unscanned rest.
+	end := min(len(s.q), s.head+gatherWindow*p.cfg.BatchMax)
+	w, i := s.head, s.head
+	for ; i < end && len(*batch) < p.cfg.BatchMax; i++ {
+		if it := s.q[i]; it.a == a {
+			*batch = append(*batch, it.v)
+		} else {
+			s.q[w] = it
+			w++
+		}
+	}
+	if w == i {
+		return // none of a's past the head
+	}
+	kept := w - s.head
+	copy(s.q[i-kept:i], s.q[s.head:w])
+	clear(s.q[s.head : i-kept])
+	s.head = i - kept
 }
+
+// gatherWindow bounds, in batches of BatchMax, how far past the head fill
+// looks for an assignment's records, and so the copying a batch costs.
+const gatherWindow = 8
 
 func (p *Pool[T]) drop(items []item[T]) {
 	if p.cfg.Drop == nil {
