@@ -252,7 +252,7 @@ func (b *bench) measureWarm(ctx context.Context, title string, warmDiv, runs int
 				return nil, fmt.Errorf("%s: %s run %d: %w", title, c.name, run+1, err)
 			}
 			figs[i].runs = append(figs[i].runs, res)
-			b.logf("%s: %s run %d: %d records in %s = %.0f records/s", title, c.name, run+1, res.records, res.elapsed.Round(time.Millisecond), res.rate())
+			b.logf("%s: %s run %d: %d records in %s = %.0f records/s, %.0f ns of bench CPU a record", title, c.name, run+1, res.records, res.elapsed.Round(time.Millisecond), res.rate(), float64(res.benchCPU)/float64(max(res.records, 1)))
 		}
 	}
 	for i := range figs {
