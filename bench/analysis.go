@@ -33,12 +33,13 @@ var notes = map[string]string{
 		"the ratio's numerator) and with a `tx.Exec` handler (one round trip per record; shown for comparison). " +
 		"The naive loop runs fewer records per run (it is slow); its rate is steady after its first transaction.",
 	"r3_db_vs_ceiling": "The ceiling writes the same rows with no Kafka and no handler round trips: each transaction holds " +
-		"1,000 records, the inbox rows through the DB scope's own multi-row `INSERT … SELECT unnest($2) ON CONFLICT DO NOTHING` " +
+		"1,000 records, the inbox rows through the DB scope's own multi-row statement for a batch of first deliveries (`INSERT … SELECT unnest($2)`, " +
+		"which the inbox's primary key checks as it inserts) " +
 		"and the effect rows through the handler's statement, all sent as one pipelined batch; two connections (one per core) in parallel. " +
 		"The kscope rows are those of r3 above.",
 	"r3_batch_vs_ceiling": "The DB scope with a batch handler (`dbscope.NewBatch`) that writes its records' effect rows with one " +
-		"`tx.CopyFrom`, in the transaction that inserts their inbox rows (the DB scope's `INSERT … SELECT unnest($2) ON CONFLICT DO NOTHING`, which " +
-		"deduplicates). The ceiling writes the same inbox and effect rows with no Kafka and no deduplication: each transaction is a COPY of the " +
+		"`tx.CopyFrom`, in the transaction that inserts their inbox rows (the DB scope's `INSERT … SELECT unnest($2)`, which the inbox's " +
+		"primary key checks: an id already there fails it, and the transaction is opened again with `ON CONFLICT DO NOTHING`). The ceiling writes the same inbox and effect rows with no Kafka and no deduplication: each transaction is a COPY of the " +
 		"inbox rows and a COPY of the effect rows, as many records as the DB scope's batch, on 16 connections in parallel (as many as the DB scope's key-shards; with two, one per core, " +
 		"the ceiling waits on its commits' WAL flushes and reaches a third of this rate).",
 	"peer_watermill": "Watermill's Kafka subscriber (watermill-kafka v3, Sarama) with its default Sarama configuration " +

@@ -2,9 +2,15 @@
 // PostgreSQL.
 //
 // Each record's handler runs inside a pgx transaction that also inserts the
-// record's inbox row, (consumer, message id), with ON CONFLICT DO NOTHING. A
-// record whose row already exists has had its effect applied: it is skipped
-// without calling the handler and counted as a duplicate. The transaction
+// record's inbox row, (consumer, message id). A record whose row already
+// exists has had its effect applied: it is skipped without calling the
+// handler and counted as a duplicate. A batch of first deliveries inserts
+// its rows with a plain INSERT, which the inbox's primary key checks as it
+// inserts; when an id is there already, that insert fails before any
+// handler runs, and the transaction is opened again with ON CONFLICT DO
+// NOTHING, which skips the ids already there (and is used for every batch
+// for ten seconds after). The two give the same outcome; the plain insert
+// costs PostgreSQL less for each row. The transaction
 // commits, and only then is the record reported done, so the Kafka offset
 // is committed strictly after the transaction that holds the inbox row. A
 // crash, a rebalance, a producer retry or a replay from the start of the

@@ -163,7 +163,20 @@ func scanParking(rows pgx.Rows) (parking, error) {
 // records, both committed before any retry record of the key exists) can
 // change its state concurrently.
 func (s *dbScope) begin(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, known map[string]inboxStatus, park parking, waiting map[pairKey]bool, err error) {
-	tx, fresh, busy, err := s.openTx(ctx, ids, work, metas, honour)
+	plain := s.inbox.usePlain(metas)
+	if plain {
+		s.inbox.plain.Add(1)
+	}
+	tx, fresh, busy, err := s.openTx(ctx, ids, work, metas, honour, plain)
+	if plain && isDuplicateID(err) {
+		// An id of the batch is in the inbox already: nothing of this
+		// transaction ran but its inbox rows, which the rollback undoes.
+		s.inbox.conflicted()
+		if err := tx.Rollback(ctx); err != nil {
+			return tx, fresh, nil, nil, nil, err
+		}
+		tx, fresh, busy, err = s.openTx(ctx, ids, work, metas, honour, false)
+	}
 	if err != nil {
 		return tx, fresh, nil, nil, nil, err
 	}
@@ -198,8 +211,10 @@ type busyKeys struct {
 
 // openTx is begin's first round trip: BEGIN, the inbox rows of ids (fresh
 // names those that are new), and, when the scope honours parking, which
-// keys of the batch are busy.
-func (s *dbScope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour bool) (tx pgx.Tx, fresh freshIDs, busy busyKeys, err error) {
+// keys of the batch are busy. plain writes the inbox rows with the plain
+// insert (inboxInsert): every id is new when it succeeds, and an id already
+// there fails it, with the transaction.
+func (s *dbScope) openTx(ctx context.Context, ids []string, work []*consumer.Record, metas []retrytopic.Metadata, honour, plain bool) (tx pgx.Tx, fresh freshIDs, busy busyKeys, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	var topics []string
@@ -207,7 +222,11 @@ func (s *dbScope) openTx(ctx context.Context, ids []string, work []*consumer.Rec
 	if honour {
 		topics, keys = parkedKeys(work, metas)
 	}
-	b.Queue(s.sqlInbox, s.o.Consumer, ids)
+	if plain {
+		b.Queue(s.inbox.sqlNew, s.o.Consumer, ids)
+	} else {
+		b.Queue(s.sqlInbox, s.o.Consumer, ids)
+	}
 	if len(keys) > 0 {
 		b.Queue(s.sqlBusyKeys, s.o.Consumer, topics, keys)
 	}
@@ -221,15 +240,13 @@ func (s *dbScope) openTx(ctx context.Context, ids []string, work []*consumer.Rec
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return tx, fresh, busy, err
 	}
-	var newIDs []string
-	if err := br.QueryRow().Scan(&fresh.all, &newIDs); err != nil {
-		return tx, fresh, busy, err
-	}
-	if !fresh.all {
-		fresh.ids = make(map[string]bool, len(newIDs))
-		for _, id := range newIDs {
-			fresh.ids[id] = true
+	if plain {
+		if _, err := br.Exec(); err != nil {
+			return tx, fresh, busy, err
 		}
+		fresh.all = true
+	} else if err := readFresh(br, &fresh); err != nil {
+		return tx, fresh, busy, err
 	}
 	if len(keys) > 0 {
 		var rows pgx.Rows
@@ -245,6 +262,22 @@ func (s *dbScope) openTx(ctx context.Context, ids []string, work []*consumer.Rec
 		})
 	}
 	return tx, fresh, busy, err
+}
+
+// readFresh reads the checked insert's row into fresh: whether every id
+// got a new row and, when not, those that did.
+func readFresh(br pgx.BatchResults, fresh *freshIDs) error {
+	var newIDs []string
+	if err := br.QueryRow().Scan(&fresh.all, &newIDs); err != nil {
+		return err
+	}
+	if !fresh.all {
+		fresh.ids = make(map[string]bool, len(newIDs))
+		for _, id := range newIDs {
+			fresh.ids[id] = true
+		}
+	}
+	return nil
 }
 
 // loadState is begin's second round trip, when there is something to

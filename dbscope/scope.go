@@ -115,6 +115,7 @@ type dbScope struct {
 	routing string
 
 	sqlInbox, sqlForget, sqlOffset, sqlLoadOffsets string
+	inbox                                          inboxInsert
 	sqlLoadParked, sqlPark, sqlUnpark              string
 	sqlLoadVersion, sqlSaveVersion                 string
 	sqlLockKeys, sqlStatus, sqlOneStatus           string
@@ -190,6 +191,7 @@ func (s *dbScope) init(cfg consumer.Config) {
 	// read back id by id.
 	s.sqlInbox = `WITH ins AS (INSERT INTO ` + p + `inbox (consumer, message_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id)
 		SELECT count(*) = cardinality($2::text[]), CASE WHEN count(*) = cardinality($2::text[]) THEN NULL ELSE array_agg(message_id) END FROM ins`
+	s.inbox.sqlNew = `INSERT INTO ` + p + `inbox (consumer, message_id) SELECT $1, unnest($2::text[])`
 	s.sqlForget = `DELETE FROM ` + p + `inbox WHERE consumer = $1 AND message_id = ANY($2::text[])`
 	s.sqlOffset = `INSERT INTO ` + p + `offsets AS o (consumer, topic, partition, shard, shards, next_offset, routing)
 		VALUES ($1, $2, $3, $4, $5, $6, $7)
