@@ -57,14 +57,12 @@ var notes = map[string]string{
 	"r5_dedupe_cost": "Both are the r5 Kafka-scope runner; with the guard each input's identity (here its coordinates: the inputs carry no " +
 		"message id) is hashed (SHA-256, 16 bytes kept), looked up in its partition's state before the handler and, once it succeeded, " +
 		"remembered there; each transaction writes one changelog record per partition and segment of 4,000 identities it remembered " +
-		"(16 bytes each) and a tombstone per segment it forgets. Profiled on 2026-11-27 on this machine, that work is about 1 µs of CPU " +
-		"per input (1.4 µs on Apache Kafka, where the scope without the guard spends 3.1): the lookup, a cache miss in a map of up to " +
-		"100,000 identities per partition (DefaultDedupeMaxIDs), a third of it; the identity and its hash, the remembering, the " +
-		"transaction's segments and the changelog records in the broker the rest, in about equal parts. Since 2026-11-28 both warm up on " +
-		"runs of full size and run five rounds (after a short warm-up the first rounds spread from 0.45 to 1.05): three quick runs of one " +
-		"build then gave 0.776, 0.779 and 0.758. A build that made no map access at all gave 0.884 and 0.854: the lookups and the " +
-		"remembering cost about 0.09 of the ratio, of which the maps' growth (each run's runner starts empty) about 0.02, which the guard " +
-		"now saves a busy partition by making its maps at once for what it will hold. " +
+		"(16 bytes each) and a tombstone per segment it forgets. The lookup was the largest part: a line of a partition's table of up to " +
+		"100,000 identities (DefaultDedupeMaxIDs) that is not in the CPU's caches, about 300 ns of CPU each in the pipeline. Since " +
+		"2026-11-29 the table reads one line a lookup and the scope reads the lines of a key-shard's whole batch before handling it, so " +
+		"that their misses overlap: the guard's CPU a record (with it less without it) went from 800 to 880 ns to 360 to 480 in quick runs. " +
+		"Both contenders warm up on runs of full size and run seven rounds; the ratio of one build still spreads by about 0.09 from run " +
+		"to run, with the machine's other load. " +
 		"bench/comparisons.md (\"r5_dedupe_cost\") has the profiles, what moved the ratio and what was tried.",
 	"r5_dedupe_cost_apache": "The r5_dedupe_cost pair on Apache Kafka (the JVM broker is another process on the same two cores), same " +
 		"inputs and options: what the guard costs a service whose broker is not in its own process. Reported beside the kfake row, " +

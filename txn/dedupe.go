@@ -2,6 +2,7 @@ package txn
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/kscope-dev/kscope/consumer"
@@ -31,9 +32,10 @@ const (
 // segment first, by a tombstone written in a later transaction. A
 // duplicate that comes after its original was forgotten is handled again.
 // The guard keeps 16 bytes of each identity (the start of its SHA-256):
-// about 40 bytes of the member's memory and 16 bytes of the changelog per
-// remembered identity; each transaction adds one record per partition it
-// remembered in. A partition that remembers fast has that memory made at
+// 55 to 95 bytes of the member's memory (its segment's copy and a slot of
+// its partition's table, which grows by doubling) and 16 bytes of the
+// changelog per remembered identity; each transaction adds one record per
+// partition it remembered in. A partition that remembers fast has that memory made at
 // once for what it will hold a minute on at its rate (at most MaxIDs, and
 // no more than Window holds), a restored one for what it restored; a
 // quiet partition's grows as it fills. A
@@ -46,10 +48,15 @@ type DedupeOptions struct {
 	// Window is how long an identity is remembered. Default
 	// DefaultDedupeWindow.
 	Window time.Duration
-	// MaxIDs bounds the identities remembered per input partition.
-	// Default DefaultDedupeMaxIDs.
+	// MaxIDs bounds the identities remembered per input partition, at
+	// most 2^30. Default DefaultDedupeMaxIDs.
 	MaxIDs int
 }
+
+// maxDedupeIDs bounds DedupeOptions.MaxIDs: a partition's segment
+// numbers then span less than 2^31, which the guard's table relies on
+// (idTable).
+const maxDedupeIDs = 1 << 30
 
 // Changelog record key 'd' + 8-byte big-endian sequence number: a segment
 // of remembered identities (segmentValue); a tombstone forgets it.
@@ -74,6 +81,9 @@ func (d DedupeOptions) validate(bad func(field, format string, args ...any)) {
 	if d.MaxIDs < 0 {
 		bad("Dedupe.MaxIDs", "is %d; set a positive count (0 selects %d)", d.MaxIDs, DefaultDedupeMaxIDs)
 	}
+	if d.MaxIDs > maxDedupeIDs {
+		bad("Dedupe.MaxIDs", "is %d; set at most %d: each partition keeps its identities in the member's memory", d.MaxIDs, maxDedupeIDs)
+	}
 }
 
 // guardRef is what the guard found of an input: its partition's state
@@ -96,9 +106,14 @@ func (s *kafkaScope) guardPart(rec *consumer.Record) *partVersions {
 // up: when it repeats one whose identity is remembered, it ends rec as a
 // duplicate in the transaction w joins and reports true. Otherwise it
 // returns what w remembers once rec's handler succeeded (work.remember).
-func (s *kafkaScope) duplicate(w *work, rec *consumer.Record, pv *partVersions) (guardRef, bool) {
-	var a [128]byte // the identity, on the stack when it fits
-	g := guardRef{pv, keyOfID(s.cfg.Identity.Append(a[:0], rec))}
+// id is rec's key when Process computed it with its batch's (nil: not).
+func (s *kafkaScope) duplicate(w *work, rec *consumer.Record, pv *partVersions, id *idKey) (guardRef, bool) {
+	g := guardRef{pv: pv}
+	if id != nil {
+		g.id = *id
+	} else {
+		g.id = s.idKeyOf(rec)
+	}
 	if !pv.seenID(g.id, s.o.Dedupe.Window) {
 		return g, false
 	}
@@ -109,6 +124,28 @@ func (s *kafkaScope) duplicate(w *work, rec *consumer.Record, pv *partVersions) 
 		tx.end(s.obs, rec, hook.OutcomeDuplicate, nil)
 	})
 	return g, true
+}
+
+// idKeyOf returns the guard's key of rec's identity.
+func (s *kafkaScope) idKeyOf(rec *consumer.Record) idKey {
+	var a [128]byte // the identity, on the stack when it fits
+	return keyOfID(s.cfg.Identity.Append(a[:0], rec))
+}
+
+// batchKeys are the guard's keys of a batch's inputs, reused batch after
+// batch.
+var batchKeys = sync.Pool{New: func() any { return new([]idKey) }}
+
+// touchBatch computes the guard's keys of batch, inputs of the partition
+// whose guard state is pv, into *keys, and readies their lookups
+// (idMemory.touch).
+func (s *kafkaScope) touchBatch(pv *partVersions, batch []*consumer.Record, keys *[]idKey) {
+	ks := (*keys)[:0]
+	for _, rec := range batch {
+		ks = append(ks, s.idKeyOf(rec))
+	}
+	*keys = ks
+	pv.touchIDs(ks)
 }
 
 // writeRemembered produces, in the transaction that ends, one changelog

@@ -47,13 +47,17 @@ func TestDedupeKafka(t *testing.T) {
 		}
 		return r, runFor(t, r)
 	}
-	if err := k.Produce(ctx, dmsg(in, "a", "m1", "m1"), dmsg(in, "b", "m2", "m2"), dmsg(in, "a", "m1", "m1"), dmsg(in, "c", "m3", "bad")); err != nil {
+	// The inputs of key e come in one poll, and so in one key-shard's
+	// batch, whose keys the scope computes together before handling it:
+	// each copy is matched with its own message id.
+	if err := k.Produce(ctx, dmsg(in, "a", "m1", "m1"), dmsg(in, "b", "m2", "m2"), dmsg(in, "a", "m1", "m1"), dmsg(in, "c", "m3", "bad"),
+		dmsg(in, "e", "e1", "e1"), dmsg(in, "e", "e2", "e2"), dmsg(in, "e", "e1", "e1"), dmsg(in, "e", "e3", "e3"), dmsg(in, "e", "e2", "e2")); err != nil {
 		t.Fatal(err)
 	}
 	r, stop := start()
 	testenv.WaitFor(t, time.Minute, "the first inputs committed", func() bool { return k.CaughtUp(ctx, group, in) })
-	if st := r.Stats(); st.Kafka.Duplicates != 1 || st.Dedupe.Hits != 1 {
-		t.Errorf("Stats.Kafka.Duplicates %d, Dedupe %+v; want 1 duplicate", st.Kafka.Duplicates, st.Dedupe)
+	if st := r.Stats(); st.Kafka.Duplicates != 3 || st.Dedupe.Hits != 3 {
+		t.Errorf("Stats.Kafka.Duplicates %d, Dedupe %+v; want 3 duplicates (m1, e1, e2)", st.Kafka.Duplicates, st.Dedupe)
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -72,7 +76,7 @@ func TestDedupeKafka(t *testing.T) {
 	for _, o := range k.ReadAll(t, out) {
 		got[string(o.Value)]++
 	}
-	for _, v := range []string{"m1", "m2", "m3", "m4"} {
+	for _, v := range []string{"m1", "m2", "m3", "m4", "e1", "e2", "e3"} {
 		if got[v] != 1 {
 			t.Errorf("output %s read_committed %d times; want once (outputs %v)", v, got[v], got)
 		}
@@ -95,6 +99,7 @@ func TestDedupeKafkaConfigErrors(t *testing.T) {
 		{txn.Options{TransactionalID: "x", Dedupe: &txn.DedupeOptions{}, Versions: &sequence.Config{}}, "Dedupe", "skip a duplicate as stale"},
 		{txn.Options{TransactionalID: "x", Dedupe: &txn.DedupeOptions{Window: -time.Second}}, "Dedupe.Window", "positive duration"},
 		{txn.Options{TransactionalID: "x", Dedupe: &txn.DedupeOptions{MaxIDs: -1}}, "Dedupe.MaxIDs", "positive count"},
+		{txn.Options{TransactionalID: "x", Dedupe: &txn.DedupeOptions{MaxIDs: 1<<30 + 1}}, "Dedupe.MaxIDs", "at most 1073741824"},
 	} {
 		_, err := txn.New(cfg, tc.o, h)
 		var ce *consumer.ConfigError

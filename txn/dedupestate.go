@@ -11,9 +11,10 @@ import (
 )
 
 // idKey is what the guard keeps of an identity: the first 128 bits of its
-// SHA-256. A fixed-size key makes each lookup one probe of a flat map and
-// each changelog entry 16 bytes, and two identities share a key only by a
-// SHA-256 collision (far less likely than any hardware fault).
+// SHA-256. A fixed-size key makes each lookup one probe of a flat table
+// (idTable, which compares the first 96 of them) and each changelog entry
+// 16 bytes, and two identities share a key only by a SHA-256 collision
+// (far less likely than any hardware fault).
 type idKey [16]byte
 
 func keyOfID(id []byte) idKey {
@@ -37,7 +38,7 @@ type idMemory struct {
 	loaded  atomic.Bool        // the stripes are built from segs (a restore loads segs alone)
 	writing []segment          // the segments the open transaction writes
 	forgot  uint64             // committed segments below it are forgotten
-	sizing  mapSizing          // how large the stripes' maps were made
+	sizing  mapSizing          // how large the stripes' tables were made
 
 	openSeq     atomic.Uint64 // the open transaction's first segment
 	forgetBelow atomic.Uint64 // segments below it are forgotten, or being forgotten by the open transaction
@@ -55,7 +56,7 @@ const (
 
 type idStripe struct {
 	mu   sync.Mutex
-	at   map[idKey]uint64 // identity → its segment's sequence number
+	at   *idTable         // identity → its segment's sequence number (modulo 2^32)
 	pend []idKey          // remembered in the open transaction
 	prev map[idKey]uint64 // the segment of a pending identity it replaced
 	// The stripes sit side by side and the key-shards of a partition
@@ -78,7 +79,7 @@ const segmentMaxIDs = 4000
 func newIDMemory() *idMemory {
 	m := &idMemory{segs: map[uint64]segment{}}
 	for i := range m.stripes {
-		m.stripes[i].at = map[idKey]uint64{}
+		m.stripes[i].at = newIDTable(0)
 		m.stripes[i].prev = map[idKey]uint64{}
 	}
 	return m
@@ -118,14 +119,14 @@ func (m *idMemory) build() {
 		n += len(s.ids)
 	}
 	for i := range m.stripes {
-		clear(m.stripes[i].at)
+		m.stripes[i].at.clear()
 	}
 	m.sizing = mapSizing{}
-	m.resize(n) // the restored identities, in maps made for them at once
+	m.resize(n) // the restored identities, in tables made for them at once
 	next := uint64(0)
 	for _, seq := range m.order {
 		for _, id := range m.segs[seq].ids {
-			m.stripe(id).at[id] = seq
+			m.stripe(id).at.set(id, uint32(seq))
 		}
 		next = seq + 1
 	}
@@ -138,6 +139,18 @@ func (m *idMemory) build() {
 	m.loaded.Store(true)
 }
 
+// touch reads, with no lock, the line of each stripe's table where the
+// lookup of each of ids starts: a partition's identities do not stay in
+// the CPU's caches, and a batch's reads issued together overlap their
+// misses, where the lookups, made one per record between handler calls,
+// would each wait for its own.
+func (m *idMemory) touch(ids []idKey) {
+	m.build()
+	for i := range ids {
+		m.stripe(ids[i]).at.touch(ids[i])
+	}
+}
+
 // seen reports whether id is remembered within window: by a committed
 // segment that is not past it (as expire last found) and that the open
 // transaction does not forget, or by the open transaction (within any
@@ -146,12 +159,15 @@ func (m *idMemory) seen(id idKey, window time.Duration) bool {
 	m.build()
 	st := m.stripe(id)
 	st.mu.Lock()
-	seq, ok := st.at[id]
+	seq, ok := st.at.get(id)
 	st.mu.Unlock()
-	if ok && seq >= m.openSeq.Load() {
+	if !ok {
+		return false
+	}
+	if seqAtLeast(seq, m.openSeq.Load()) {
 		return window >= time.Millisecond
 	}
-	return ok && seq >= m.forgetBelow.Load() && seq >= m.expireBelow.Load()
+	return seqAtLeast(seq, max(m.forgetBelow.Load(), m.expireBelow.Load()))
 }
 
 // expire notes which committed segments are past the window at now, for
@@ -182,14 +198,14 @@ func (m *idMemory) remember(id idKey) {
 	st := m.stripe(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	old, ok := st.at[id]
-	if ok && old >= open {
+	old, ok := st.at.get(id)
+	if ok && seqAtLeast(old, open) {
 		return // already, in this transaction
 	}
 	if ok {
-		st.prev[id] = old // in a segment this transaction forgets
+		st.prev[id] = seqFull(old, open) // in a segment this transaction forgets
 	}
-	st.at[id] = open + uint64(len(st.pend)/stripeSegIDs)
+	st.at.set(id, uint32(open+uint64(len(st.pend)/stripeSegIDs)))
 	st.pend = append(st.pend, id)
 }
 
@@ -206,7 +222,7 @@ func (m *idMemory) write(now time.Time, window time.Duration, max int) (segs []s
 	for i := range m.stripes {
 		st := &m.stripes[i]
 		st.mu.Lock()
-		kept += len(st.at)
+		kept += st.at.len()
 		for k, id := range st.pend {
 			c := k / stripeSegIDs // remember gave the k-th identity of the stripe segment open+c
 			for len(m.writing) <= c {
@@ -249,9 +265,9 @@ func (m *idMemory) end(committed bool) {
 		if !committed {
 			for _, id := range st.pend {
 				if old, ok := st.prev[id]; ok {
-					st.at[id] = old
+					st.at.set(id, uint32(old))
 				} else {
-					delete(st.at, id)
+					st.at.del(id)
 				}
 			}
 		}
@@ -267,8 +283,8 @@ func (m *idMemory) end(committed bool) {
 			for _, id := range m.segs[m.order[n]].ids {
 				st := m.stripe(id)
 				st.mu.Lock()
-				if seq, ok := st.at[id]; ok && seq < below {
-					delete(st.at, id)
+				if seq, ok := st.at.get(id); ok && !seqAtLeast(seq, below) {
+					st.at.del(id)
 				}
 				st.mu.Unlock()
 			}
@@ -335,6 +351,9 @@ func (pv *partVersions) idsOf() *idMemory {
 func (pv *partVersions) seenID(id idKey, window time.Duration) bool {
 	return pv.idsOf().seen(id, window)
 }
+
+// touchIDs readies the lookups of ids (idMemory.touch).
+func (pv *partVersions) touchIDs(ids []idKey) { pv.idsOf().touch(ids) }
 
 // rememberID remembers id in the open transaction.
 func (pv *partVersions) rememberID(id idKey) { pv.idsOf().remember(id) }

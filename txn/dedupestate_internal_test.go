@@ -127,10 +127,10 @@ func TestIDMemorySegmentsAreBounded(t *testing.T) {
 	}
 }
 
-// A partition that remembers fast gets maps sized for what it will hold
+// A partition that remembers fast gets tables sized for what it will hold
 // over sizeHorizon (at most max) once its rate is known, and keeps every
-// identity through the resize; a quiet partition's maps grow alone.
-func TestIDMemorySizesItsMapsAtItsRate(t *testing.T) {
+// identity through the resize; a quiet partition's tables grow alone.
+func TestIDMemorySizesItsTablesAtItsRate(t *testing.T) {
 	k := func(i int) idKey { return keyOfID(fmt.Appendf(nil, "in/0/%d", i)) }
 	t0 := time.UnixMilli(1_000_000)
 	const max = 100_000
@@ -145,15 +145,20 @@ func TestIDMemorySizesItsMapsAtItsRate(t *testing.T) {
 	busy := newIDMemory()
 	fill(busy, 0, 5_000, t0)
 	if busy.sizing.sized != 0 {
-		t.Fatalf("maps sized for %d identities after one transaction; want none before the rate is known", busy.sizing.sized)
+		t.Fatalf("tables sized for %d identities after one transaction; want none before the rate is known", busy.sizing.sized)
 	}
 	fill(busy, 5_000, 10_000, t0.Add(100*time.Millisecond)) // 10,000 in 100 ms: a minute's worth is beyond max
 	if busy.sizing.sized != max {
-		t.Fatalf("maps sized for %d identities at 100 a millisecond; want max, %d", busy.sizing.sized, max)
+		t.Fatalf("tables sized for %d identities at 100 a millisecond; want max, %d", busy.sizing.sized, max)
+	}
+	for i := range busy.stripes {
+		if st := &busy.stripes[i]; len(st.at.slots)*3 < (max/idStripes)*4 {
+			t.Fatalf("stripe %d has %d slots: it would grow before it holds its share of %d identities", i, len(st.at.slots), max)
+		}
 	}
 	for i := range 10_000 {
 		if !busy.seen(k(i), time.Hour) {
-			t.Fatalf("identity %d not seen after the maps were resized", i)
+			t.Fatalf("identity %d not seen after the tables were resized", i)
 		}
 	}
 
@@ -161,7 +166,7 @@ func TestIDMemorySizesItsMapsAtItsRate(t *testing.T) {
 	fill(quiet, 0, 10, t0)
 	fill(quiet, 10, 20, t0.Add(time.Second)) // 20 a second: 1,200 a minute
 	if quiet.sizing.sized != 0 {
-		t.Fatalf("a quiet partition's maps sized for %d identities; want them to grow alone", quiet.sizing.sized)
+		t.Fatalf("a quiet partition's tables sized for %d identities; want them to grow alone", quiet.sizing.sized)
 	}
 
 	// A quiet partition restored with many identities is not taken for a
@@ -175,15 +180,59 @@ func TestIDMemorySizesItsMapsAtItsRate(t *testing.T) {
 	fill(rq, 0, 10, t0)
 	fill(rq, 10, 20, t0.Add(time.Second))
 	if rq.sizing.sized != len(many) {
-		t.Fatalf("a quiet restored partition's maps sized for %d identities; want the %d it restored", rq.sizing.sized, len(many))
+		t.Fatalf("a quiet restored partition's tables sized for %d identities; want the %d it restored", rq.sizing.sized, len(many))
 	}
 
-	// A restore makes the maps for the identities it loads, and counts the
+	// A restore makes the tables for the identities it loads, and counts the
 	// rate anew.
 	r := newIDMemory()
 	r.load(0, t0.UnixMilli(), []idKey{k(1), k(2), k(3)})
 	if !r.seen(k(2), time.Hour) || r.sizing.sized != 3 || r.sizing.since != 0 {
 		t.Fatalf("after a restore of 3 identities: seen %v, sized for %d, counting since %d; want seen, 3, 0",
 			r.seen(k(2), time.Hour), r.sizing.sized, r.sizing.since)
+	}
+}
+
+// Segment numbers are kept modulo 2^32 in the guard's tables: a partition
+// whose numbers cross 2^32 (restored from a changelog that reached it)
+// sees, remembers, forgets and rolls back as anywhere else.
+func TestIDMemoryAcrossTheWrapOfSegmentNumbers(t *testing.T) {
+	k := func(id string) idKey { return keyOfID([]byte(id)) }
+	t0 := time.UnixMilli(1_000_000)
+	const window = time.Hour
+	const base = 1<<32 - 2
+	m := newIDMemory()
+	for i, id := range []string{"a", "b", "c"} {
+		m.load(base+uint64(i), t0.UnixMilli(), []idKey{k(id)}) // 2^32-2, 2^32-1, 2^32
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if !m.seen(k(id), window) {
+			t.Fatalf("restored %s not seen", id)
+		}
+	}
+	m.remember(k("d")) // segment 2^32+1
+	if !m.seen(k("d"), window) {
+		t.Fatal("d not seen in its own transaction")
+	}
+	segs, forget := m.write(t0, window, 3)
+	if len(segs) != 1 || segs[0].seq != base+3 || !slices.Equal(forget, []uint64{base}) {
+		t.Fatalf("writes %+v and forgets %v; want segment %d and the oldest, %d", segs, forget, uint64(base+3), uint64(base))
+	}
+	if m.seen(k("a"), window) {
+		t.Fatal("a seen while the open transaction forgets it")
+	}
+	m.end(false)
+	if !m.seen(k("a"), window) || m.seen(k("d"), window) {
+		t.Fatal("after the abort: want a remembered and d not")
+	}
+	m.remember(k("d"))
+	m.write(t0, window, 3)
+	m.end(true)
+	if m.seen(k("a"), window) || !m.seen(k("b"), window) || !m.seen(k("c"), window) || !m.seen(k("d"), window) {
+		t.Fatal("after the commit: want a forgotten, b, c and d remembered")
+	}
+	m.remember(k("e"))
+	if segs, _ := m.write(t0, window, 3); segs[0].seq != base+4 {
+		t.Fatalf("the next segment is %d; want %d", segs[0].seq, uint64(base+4))
 	}
 }

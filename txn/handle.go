@@ -24,13 +24,14 @@ import (
 // assignment ended (its next owner, or this member after an abort's
 // rewind, handles it again).
 func (s *kafkaScope) handle(ctx context.Context, rec *consumer.Record, done func(*consumer.Record)) bool {
-	return s.handleIn(ctx, rec, done, s.guardPart(rec))
+	return s.handleIn(ctx, rec, done, s.guardPart(rec), nil)
 }
 
 // handleIn is handle with the guard's state of rec's partition (nil
 // without Options.Dedupe, or for a record of no input: a retry topic's),
-// which Process looks up once per batch.
-func (s *kafkaScope) handleIn(ctx context.Context, rec *consumer.Record, done func(*consumer.Record), pv *partVersions) bool {
+// which Process looks up once per batch, and rec's key in it when
+// Process computed it (nil: not).
+func (s *kafkaScope) handleIn(ctx context.Context, rec *consumer.Record, done func(*consumer.Record), pv *partVersions, id *idKey) bool {
 	w := &work{rec: rec}
 	if w.stale(ctx) {
 		return false
@@ -43,7 +44,7 @@ func (s *kafkaScope) handleIn(ctx context.Context, rec *consumer.Record, done fu
 		var g guardRef
 		if pv != nil {
 			var dup bool
-			if g, dup = s.duplicate(w, rec, pv); dup {
+			if g, dup = s.duplicate(w, rec, pv, id); dup {
 				return s.join(ctx, w, done)
 			}
 		}

@@ -244,8 +244,19 @@ func (s *kafkaScope) Process(ctx context.Context, batch []*consumer.Record, done
 	if len(batch) > 0 {
 		pv = s.guardPart(batch[0])
 	}
-	for _, rec := range batch {
-		if !s.handleIn(ctx, rec, done, pv) {
+	if pv == nil || len(batch) == 1 {
+		for _, rec := range batch {
+			if !s.handleIn(ctx, rec, done, pv, nil) {
+				return // stopped, or the record's assignment ended: its next owner redoes it
+			}
+		}
+		return
+	}
+	keys := batchKeys.Get().(*[]idKey)
+	defer batchKeys.Put(keys)
+	s.touchBatch(pv, batch, keys)
+	for i, rec := range batch {
+		if !s.handleIn(ctx, rec, done, pv, &(*keys)[i]) {
 			return // stopped, or the record's assignment ended: its next owner redoes it
 		}
 	}
