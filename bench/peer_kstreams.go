@@ -161,7 +161,7 @@ func (ab *bench) pcEOSPeer(ctx context.Context, p plan, rep *report) error {
 	if err != nil {
 		return err
 	}
-	figs, err := ab.measureWarm(ctx, "peer Parallel Consumer transactional, 2 ms call (Apache Kafka)", 4, ab.runs,
+	figs, err := ab.measureWarm(ctx, "peer Parallel Consumer transactional, 2 ms call (Apache Kafka)", 4, ab.rampRuns(p),
 		contender{"kscope Kafka scope, 64 key-shards, 2 ms call, one output per input (Apache Kafka)", p.pcEOS, ab.txnSleep(64, ksIODelay), nil},
 		contender{"Confluent Parallel Consumer 0.5.3.3, PERIODIC_TRANSACTIONAL_PRODUCER, KEY order, concurrency 64, 2 ms call (Apache Kafka)", p.pcEOS, ab.parallelConsumerEOS(cp, ksIODelay), nil})
 	if err != nil {

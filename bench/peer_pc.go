@@ -110,7 +110,7 @@ func (b *bench) apache(ctx context.Context, p plan, rep *report, n int) error {
 			return err
 		}
 	}
-	if err := ab.shareVsGroup(ctx, rep, p.share); err != nil {
+	if err := ab.shareVsGroup(ctx, rep, p); err != nil {
 		return err
 	}
 	if err := ab.kstreamsPeers(ctx, p, rep); err != nil {

@@ -272,6 +272,9 @@ func (r *report) writeMethod(b *strings.Builder) {
 		if p.pcRuns > 0 || p.rssRuns > 0 {
 			fmt.Fprintf(b, "; Parallel Consumer's scenario runs %d rounds and the peak RSS %d runs (their rounds agree within a few percent, and they are the longest), so that the short, noisy scenarios get more", max(p.pcRuns, 1), max(p.rssRuns, 1))
 		}
+		if p.rampRuns > 0 {
+			fmt.Fprintf(b, "; share_vs_group and peer_pc_eos run on the full run's records in %d rounds (their peers take a run's first seconds to reach their rate, which fewer records would measure instead)", p.rampRuns)
+		}
 		b.WriteString(".\n")
 	}
 }

@@ -243,9 +243,10 @@ func (b *bench) members(topic string, share bool) func(ctx context.Context, n in
 }
 
 // shareVsGroup measures share_vs_group on ab's Apache Kafka: the share
-// group's members against the consumer group's, same records, same
-// Shards; no target yet.
-func (ab *bench) shareVsGroup(ctx context.Context, rep *report, n int) error {
+// group's members against the consumer group's, same records (p.share),
+// same Shards; no target yet.
+func (ab *bench) shareVsGroup(ctx context.Context, rep *report, p plan) error {
+	n := p.share
 	topic := ab.topic + ".share"
 	if err := ab.k.CreateTopic(ctx, topic, sharePartitions); err != nil {
 		return fmt.Errorf("creating %s: %w", topic, err)
@@ -254,7 +255,7 @@ func (ab *bench) shareVsGroup(ctx context.Context, rep *report, n int) error {
 	if err := ab.produceTo(ctx, topic, n); err != nil {
 		return err
 	}
-	figs, err := ab.measureWarm(ctx, "share_vs_group (Apache Kafka)", 4, ab.runs,
+	figs, err := ab.measureWarm(ctx, "share_vs_group (Apache Kafka)", 4, ab.rampRuns(p),
 		contender{fmt.Sprintf("share group: %d member processes, %d key-shards each, 5 ms handler, %d partitions (Apache Kafka)", shareMembers, shareMemberSh, sharePartitions), n, ab.members(topic, true), nil},
 		contender{fmt.Sprintf("consumer group: %d member processes, %d key-shards each, 5 ms handler, %d partitions (Apache Kafka)", shareMembers, shareMemberSh, sharePartitions), n, ab.members(topic, false), nil})
 	if err != nil {
@@ -263,6 +264,15 @@ func (ab *bench) shareVsGroup(ctx context.Context, rep *report, n int) error {
 	rep.add(scenario{key: "share_vs_group", title: "Share group against consumer group: 4 members on 2 partitions (Apache Kafka)", figs: figs,
 		pair: pairOf(figs[0], figs[1]), atLeast: true, noTarget: true})
 	return nil
+}
+
+// rampRuns is the measured runs of the scenarios whose peers ramp up
+// (plan.rampRuns).
+func (ab *bench) rampRuns(p plan) int {
+	if p.rampRuns > 0 {
+		return min(ab.runs, p.rampRuns)
+	}
+	return ab.runs
 }
 
 // apacheOnly runs share_vs_group (-only share) or the Kafka Streams peers
@@ -311,7 +321,7 @@ func (ab *bench) apacheSome(ctx context.Context, p plan, rep *report) error {
 		}
 	}
 	if p.has("share") {
-		if err := ab.shareVsGroup(ctx, rep, p.share); err != nil {
+		if err := ab.shareVsGroup(ctx, rep, p); err != nil {
 			return err
 		}
 	}
