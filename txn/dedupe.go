@@ -35,15 +35,14 @@ const (
 // 55 to 95 bytes of the member's memory (its segment's copy and a slot of
 // its partition's table, which grows by doubling) and 16 bytes of the
 // changelog per remembered identity; each transaction adds one record per
-// partition it remembered in. A partition that remembers fast has that memory made at
-// once for what it will hold a minute on at its rate (at most MaxIDs, and
-// no more than Window holds), a restored one for what it restored; a
-// quiet partition's grows as it fills. A
-// duplicate must carry the identity of its original (the producer's
-// message-id header: records identified by their coordinates are never
-// duplicates of one another) and its key (so it lands in the same
-// partition). An input that succeeds on a retry topic's hop (Unordered) is
-// not remembered.
+// partition it remembered in. A partition that remembers fast has that
+// memory made at once for what it will hold a minute on at its rate (at
+// most MaxIDs, and no more than Window holds), a restored one for what it
+// restored; a quiet partition's grows as it fills. A duplicate must carry
+// the identity of its original (the producer's message-id header: records
+// identified by their coordinates are never duplicates of one another) and
+// its key (so it lands in the same partition). An input that succeeds on
+// a retry topic's hop (Unordered) is not remembered.
 type DedupeOptions struct {
 	// Window is how long an identity is remembered. Default
 	// DefaultDedupeWindow.

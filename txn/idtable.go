@@ -29,7 +29,7 @@ import (
 type idTable struct {
 	slots []idSlot
 	shift uint8  // 64 - log2(len(slots))
-	seed  uint64 // odd: a slot's home is the key's top bits times it; set once
+	seed  uint64 // odd, set once: a key's home slot is the top bits of its first word times seed
 	n     int    // slots in use
 	cur   atomic.Pointer[idSlots]
 	// The all-zero key marks an empty slot; an identity whose key is
