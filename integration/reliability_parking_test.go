@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +40,11 @@ func TestReliabilityOrderedRetriesKillsRedeliveries(t *testing.T) {
 	if err := k.CreateTopic(ctx, topic, 4); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logGroupOffsets(t, k, group, topic)
+		}
+	})
 	// The stream, in per-key order; one record in ten is produced a
 	// second time a little later, as a producer retry would.
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 18))
@@ -156,6 +162,7 @@ func logParkingState(t *testing.T, pool *pgxpool.Pool) {
 		{"parked", `SELECT topic, encode(key, 'escape'), message_id, original_offset, stage, parked_at::text FROM kscope_parked ORDER BY parked_at`},
 		{"waiting", `SELECT id::text, topic, encode(key, 'escape'), message_id, src_topic || '/' || src_partition || '/' || src_offset, head::text FROM kscope_waiting ORDER BY id LIMIT 50`},
 		{"inbox", `SELECT message_id, status, attempt::text, stage::text, via FROM kscope_inbox WHERE status NOT IN ('applied', 'dead') ORDER BY message_id LIMIT 50`},
+		{"stored offsets", `SELECT topic, partition::text, shard::text, next_offset::text FROM kscope_offsets ORDER BY topic, partition, shard LIMIT 200`},
 	}
 	for _, q := range queries {
 		rows, err := pool.Query(ctx, q.sql)
@@ -175,6 +182,35 @@ func logParkingState(t *testing.T, pool *pgxpool.Pool) {
 		}
 		rows.Close()
 		t.Logf("%s: %d rows shown", q.name, n)
+	}
+}
+
+// logGroupOffsets logs, for the input topic and the group's retry and
+// dead-letter topics, each partition's committed offset beside its end:
+// whether the records a stalled pipeline waits for were never consumed or
+// were committed past.
+func logGroupOffsets(t *testing.T, k *testenv.Kafka, group, input string) {
+	ctx := context.Background()
+	listed, err := k.Admin().ListTopics(ctx)
+	if err != nil {
+		t.Logf("offsets: %v", err)
+		return
+	}
+	for _, name := range listed.Names() {
+		if name != input && !strings.HasPrefix(name, group+".") {
+			continue
+		}
+		committed, err := k.CommittedOffsets(ctx, group, name)
+		if err != nil {
+			t.Logf("offsets: %s: %v", name, err)
+			continue
+		}
+		end, err := k.EndOffsets(ctx, name)
+		if err != nil {
+			t.Logf("offsets: %s: %v", name, err)
+			continue
+		}
+		t.Logf("offsets: %s: committed %v, end %v", name, committed, end)
 	}
 }
 
