@@ -95,7 +95,8 @@ func (p plan) has(name string) bool { return p.only == nil || p.only[name] }
 // when Kafka Streams was timed from its first input, its start included,
 // the quick run's ratio on 200,000 records was 4.96 and 5.16 against the
 // full run's 3.03 on 500,000 (the peers' harnesses now leave the first
-// tenth out, as the meter does).
+// tenth out, as the meter does). share_vs_group and peer_pc_eos are the
+// same in both too, in fewer rounds in the quick run (plan.rampRuns).
 var plans = map[string]plan{
 	"quick": {mode: "quick", backlog: 2_000_000, noop: 1_000_000, db: 100_000, naive: 2_000, ceiling: 100_000,
 		watermill: 5_000, ioSeconds: 3, pcSeconds: 8, txn: 500_000, alo: 150_000, apacheNoop: 2_000_000, apacheTxn: 1_000_000, apacheAlo: 200_000, share: 20_000, scale: 4_000_000, ksNoop: 500_000, ksIO: 16_000, pcEOS: 40_000, rssFor: 15 * time.Second, pcRuns: 2, rssRuns: 2, rampRuns: 2},
