@@ -44,6 +44,17 @@ func childClientOptions() []kgo.Opt {
 	return []kgo.Opt{kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond)}
 }
 
+// childLogLevel is the level of a child's log: warnings, or the level
+// KSCOPE_CHILD_LOG names (debug, info), to follow a scenario's
+// rebalances when it is looped to find a rare failure.
+func childLogLevel() slog.Level {
+	var l slog.Level = slog.LevelWarn
+	if v := os.Getenv("KSCOPE_CHILD_LOG"); v != "" && l.UnmarshalText([]byte(v)) != nil {
+		l = slog.LevelWarn
+	}
+	return l
+}
+
 func runChild(role string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -76,9 +87,9 @@ func runChild(role string) int {
 		// counts it as joining); 10s bounds that stall in every
 		// scenario that kills children.
 		RebalanceTimeout: 10 * time.Second,
-		ClientOptions:    childClientOptions(),
+		ClientOptions:    append(childClientOptions(), kgo.ClientID(childClientID(os.Getpid()))),
 		GroupProtocol:    consumer.GroupProtocol(testenv.GroupProtocol()),
-		Logger:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: childLogLevel()})),
 	}
 	var h consumer.Handler
 	switch role {
@@ -134,6 +145,8 @@ func runChild(role string) int {
 
 // child is a running child consumer process.
 type child struct {
+	k      *testenv.Kafka
+	group  string
 	cmd    *exec.Cmd
 	exited chan struct{}
 	ready  chan struct{} // closed once the child handles SIGTERM
@@ -165,7 +178,7 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{}), failed: make(chan struct{})}
+	c := &child{k: k, group: group, cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{}), failed: make(chan struct{})}
 	failed := false
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -189,8 +202,29 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 		c.err = cmd.Wait()
 		close(c.exited)
 	}()
-	t.Cleanup(c.kill)
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dump()
+		}
+		c.kill()
+	})
 	return c
+}
+
+// dump asks a child still running for its goroutines' stacks (SIGQUIT: the
+// Go runtime writes them to stderr, which the test logs, and exits), so
+// that a test that fails shows what each live member was doing.
+func (c *child) dump() {
+	select {
+	case <-c.exited:
+		return
+	default:
+	}
+	c.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+	}
 }
 
 // kill sends SIGKILL and waits until the process is gone and its output read
@@ -198,7 +232,12 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 func (c *child) kill() {
 	c.cmd.Process.Signal(syscall.SIGKILL)
 	<-c.exited
+	c.k.Departed(c.group, childClientID(c.cmd.Process.Pid))
 }
+
+// childClientID is the Kafka client ID of the child with this process ID:
+// the group's member of a killed child is found by it (Kafka.Departed).
+func childClientID(pid int) string { return fmt.Sprintf("kscope-child-%d", pid) }
 
 // terminate sends SIGTERM (a graceful stop) and returns the exit error.
 func (c *child) terminate(t *testing.T) error {

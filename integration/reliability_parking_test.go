@@ -186,9 +186,10 @@ func logParkingState(t *testing.T, pool *pgxpool.Pool) {
 }
 
 // logGroupOffsets logs, for the input topic and the group's retry and
-// dead-letter topics, each partition's committed offset beside its end:
-// whether the records a stalled pipeline waits for were never consumed or
-// were committed past.
+// dead-letter topics, each partition's committed offset beside its end
+// (whether the records a stalled pipeline waits for were never consumed or
+// were committed past), then the group's members and what each is
+// assigned.
 func logGroupOffsets(t *testing.T, k *testenv.Kafka, group, input string) {
 	ctx := context.Background()
 	listed, err := k.Admin().ListTopics(ctx)
@@ -211,6 +212,23 @@ func logGroupOffsets(t *testing.T, k *testenv.Kafka, group, input string) {
 			continue
 		}
 		t.Logf("offsets: %s: committed %v, end %v", name, committed, end)
+	}
+	described, err := k.Admin().DescribeGroups(ctx, group)
+	if err != nil {
+		t.Logf("group: %v", err)
+		return
+	}
+	for _, g := range described {
+		t.Logf("group %s: state %s, protocol %s, %d members, err %v", g.Group, g.State, g.Protocol, len(g.Members), g.Err)
+		for _, m := range g.Members {
+			assigned := map[string][]int32{}
+			if a, ok := m.Assigned.AsConsumer(); ok {
+				for _, at := range a.Topics {
+					assigned[at.Topic] = at.Partitions
+				}
+			}
+			t.Logf("group %s: member %s (%s): %v", g.Group, m.MemberID, m.ClientHost, assigned)
+		}
 	}
 }
 

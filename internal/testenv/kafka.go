@@ -72,6 +72,7 @@ type Kafka struct {
 	swapped time.Time // when adminCl last replaced a client
 	stop    func()
 	once    sync.Once
+	reap    reaper // members of killed processes, removed as their session expires (Departed)
 }
 
 // KafkaEnv is the environment variable that selects the Kafka backend when
@@ -176,6 +177,7 @@ func ApacheKafkaT(t testing.TB, o ApacheOptions) *Kafka {
 // Close stops the backend (a no-op for external brokers).
 func (k *Kafka) Close() {
 	k.once.Do(func() {
+		k.stopReaping()
 		k.adminMu.Lock()
 		k.adminCl.Close()
 		for _, cl := range k.retired {
