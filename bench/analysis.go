@@ -13,7 +13,7 @@ import (
 // notes explain each scenario's contenders beyond their names.
 var notes = map[string]string{
 	"cpu_per_record": "The figures are r1's on Apache Kafka (the rows above): the same rounds, each contender's CPU (user and system, " +
-		"`getrusage` of the bench process) divided by its records. The broker is another process (a JVM), so the CPU is the consumer's own, " +
+		"`getrusage` of the bench process) over the run's window, the one its rate is timed over (start-up and stop left out), divided by the window's records. The broker is another process (a JVM), so the CPU is the consumer's own, " +
 		"unlike r1 on kfake where the in-process broker's share dilutes the difference. The ratio is the median of the rounds' ratios. " +
 		"What the target asks is out of reach of the runner's design, by its own micro-benchmark: `BenchmarkDispatchToDone -cpu 1` (no Kafka: " +
 		"a poll's records routed to their key-shards, handed to the workers, run through the handler call, reported done, marked in the " +

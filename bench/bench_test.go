@@ -81,6 +81,38 @@ func TestMeterWindow(t *testing.T) {
 	}
 }
 
+// A run's CPU per record is read over its window, as its rate is: the CPU
+// spent before the window opens (start-up) is left out, and cpu_per_record
+// pairs the rounds' window figures, with the whole runs' beside them.
+func TestCPUPerRecordOverTheWindow(t *testing.T) {
+	m := newMeter(100)
+	m.add(5)
+	burn := func() {
+		for start := selfCPU(); selfCPU()-start < 20*time.Millisecond; {
+		}
+	}
+	burn() // start-up: outside the window
+	m.add(10)
+	burn()
+	m.add(85)
+	r := m.result()
+	if r.windowCPU < 20*time.Millisecond || r.windowCPU >= 40*time.Millisecond {
+		t.Fatalf("window CPU %s: want the 20 ms burnt inside the window, not the start-up's", r.windowCPU)
+	}
+	run := func(window, whole time.Duration) result {
+		return result{records: 1000, elapsed: time.Second, windowCPU: window, benchCPU: whole}
+	}
+	k := figure{runs: []result{run(300*time.Microsecond, 500*time.Microsecond), run(330*time.Microsecond, 600*time.Microsecond)}}
+	raw := figure{runs: []result{run(200*time.Microsecond, 250*time.Microsecond), run(220*time.Microsecond, 300*time.Microsecond)}}
+	p := cpuPairOf(k, raw)
+	if p.ratio != 1.5 || p.wholeRun != 2 {
+		t.Fatalf("cpu_per_record %.3f, whole runs %.3f: want 1.5 over the windows and 2 over whole runs", p.ratio, p.wholeRun)
+	}
+	if b, _ := k.cpuPerRecord(); b < 0.31 || b > 0.32 {
+		t.Fatalf("kscope's bench CPU %.3f µs a record: want the windows' median, 0.315", b)
+	}
+}
+
 // A ratio pairs the runs of one round: a machine twice as fast in the
 // second round moves both contenders, not their ratio.
 func TestPairOf(t *testing.T) {

@@ -28,8 +28,12 @@ type meter struct {
 	warmAt atomic.Int64 // unix nanoseconds when warmN records were done
 	warmed atomic.Int64 // records done at warmAt
 	end    atomic.Int64
-	done   chan struct{}
-	once   sync.Once
+	// The bench process's CPU (getrusage) when the window opened and when
+	// it closed: the CPU a record costs in the run's steady state, as the
+	// rate is measured (start-up and stop are outside it).
+	cpuAt, cpuEnd atomic.Int64
+	done          chan struct{}
+	once          sync.Once
 }
 
 // warmFraction is the share of a run's records done before its window opens.
@@ -50,6 +54,7 @@ func (m *meter) start() {
 func (m *meter) observe(n int64) {
 	if n >= m.warmN && m.warmAt.Load() == 0 && m.warmAt.CompareAndSwap(0, time.Now().UnixNano()) {
 		m.warmed.Store(n)
+		m.cpuAt.Store(int64(selfCPU()))
 	}
 }
 
@@ -66,6 +71,7 @@ func (m *meter) add(k int64) {
 func (m *meter) finish() {
 	m.once.Do(func() {
 		m.end.Store(time.Now().UnixNano())
+		m.cpuEnd.Store(int64(selfCPU()))
 		close(m.done)
 	})
 }
@@ -75,7 +81,8 @@ func (m *meter) finish() {
 func (m *meter) result() result {
 	end, at, warmed := m.end.Load(), m.warmAt.Load(), m.warmed.Load()
 	if at > 0 && end > at && warmed < m.target {
-		return result{records: int(m.target - warmed), elapsed: time.Duration(end - at)}
+		return result{records: int(m.target - warmed), elapsed: time.Duration(end - at),
+			windowCPU: time.Duration(m.cpuEnd.Load() - m.cpuAt.Load())}
 	}
 	return result{records: int(m.target), elapsed: time.Duration(end - m.first.Load())}
 }
@@ -85,9 +92,12 @@ type result struct {
 	records  int
 	elapsed  time.Duration
 	benchCPU time.Duration // CPU of the bench process (the in-process broker included) over the run
-	pgCPU    time.Duration // CPU of the local PostgreSQL server over the run (0 when not measured)
-	txns     int64         // DB transactions the DB scope committed (0 for other contenders)
-	handler  time.Duration // the I/O-bound handler's mean measured latency (0 for other contenders)
+	// windowCPU is the bench process's CPU over the run's window, the
+	// records of which are records (0 when the window did not open).
+	windowCPU time.Duration
+	pgCPU     time.Duration // CPU of the local PostgreSQL server over the run (0 when not measured)
+	txns      int64         // DB transactions the DB scope committed (0 for other contenders)
+	handler   time.Duration // the I/O-bound handler's mean measured latency (0 for other contenders)
 }
 
 func (r result) rate() float64 {
@@ -201,11 +211,12 @@ func (f figure) recordsPerTxn() float64 {
 }
 
 // cpuPerRecord returns the median CPU microseconds per record of the bench
-// process and of PostgreSQL.
+// process, over each run's window (result.cpuPerRecord), and of
+// PostgreSQL, over each whole run.
 func (f figure) cpuPerRecord() (bench, pg float64) {
 	var bs, ps []float64
 	for _, r := range f.runs {
-		bs = append(bs, float64(r.benchCPU.Microseconds())/float64(r.records))
+		bs = append(bs, r.cpuPerRecord()/1e3)
 		ps = append(ps, float64(r.pgCPU.Microseconds())/float64(r.records))
 	}
 	return median(bs), median(ps)
@@ -252,7 +263,7 @@ func (b *bench) measureWarm(ctx context.Context, title string, warmDiv, runs int
 				return nil, fmt.Errorf("%s: %s run %d: %w", title, c.name, run+1, err)
 			}
 			figs[i].runs = append(figs[i].runs, res)
-			b.logf("%s: %s run %d: %d records in %s = %.0f records/s, %.0f ns of bench CPU a record", title, c.name, run+1, res.records, res.elapsed.Round(time.Millisecond), res.rate(), float64(res.benchCPU)/float64(max(res.records, 1)))
+			b.logf("%s: %s run %d: %d records in %s = %.0f records/s, %.0f ns of bench CPU a record (%.0f over the whole run)", title, c.name, run+1, res.records, res.elapsed.Round(time.Millisecond), res.rate(), res.cpuPerRecord(), res.wholeCPUPerRecord())
 		}
 	}
 	for i := range figs {
@@ -374,6 +385,7 @@ type pairing struct {
 	ratio     float64   // the median of the rounds' ratios
 	rounds    []float64 // each round's ratio
 	byMedians float64   // the ratio of the contenders' median rates
+	wholeRun  float64   // cpu_per_record: the median ratio of the rounds' CPU over whole runs
 }
 
 // pairOf returns the ratio of a's rate to b's as the median of their

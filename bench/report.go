@@ -263,9 +263,11 @@ func (r *report) writeMethod(b *strings.Builder) {
   contenders of a scenario run interleaved (A B A B ...), %d times each (r1, whose runs are the shortest and noisiest, %d times on kfake and %d on Apache Kafka; r5 on Apache Kafka %d times; r5_dedupe_cost %d times); the **median** is reported, with every run listed. A ratio is the median of the rounds' ratios: in each round the contenders run one after the other, on the machine as it is at that moment, so a round's ratio is not moved by what changes between rounds (the host's other load, PostgreSQL's checkpoints); each ratio's line gives the rounds' ratios and the ratio of the median rates beside it.
 - DB scenarios empty the inbox and effect tables and checkpoint before each
   run, outside its timing. CPU per record is the CPU the bench process (broker
-  included) and the PostgreSQL server used over the whole run (group join and
-  shutdown included), divided by its records; "cores busy" is that CPU per
-  record times the rate: how many cores the contender kept busy.
+  included) used over the run's window, the one its rate is timed over (group
+  join, start-up and shutdown left out, as for the rate), divided by the
+  window's records; the PostgreSQL server's is its CPU over the whole run
+  over the same records. "cores busy" is the bench process's CPU per record
+  times the rate: how many cores the contender kept busy.
 `, group(int64(p.backlog)), partitions, group(keys), keySize, valueSize, r.produceTime.Round(100*time.Millisecond), r.runs, r.runs+r1ExtraRuns, r.runs+r1ApacheExtraRuns, r.runs+p.r5ApacheExtra, r.runs+r5DedupeExtraRuns)
 	if p.mode == "quick" {
 		b.WriteString("- This is the **quick** run (`make bench-quick`): smaller record counts than `make bench`, same method")
@@ -360,7 +362,12 @@ func writeRatio(b *strings.Builder, s scenario) {
 		for i, x := range s.pair.rounds {
 			rs[i] = fmt.Sprintf("%.3f", x)
 		}
-		fmt.Fprintf(b, " It is the median of the rounds' ratios (%s); the ratio of the median rates is %.3f.", strings.Join(rs, ", "), s.pair.byMedians)
+		if s.pair.wholeRun > 0 {
+			fmt.Fprintf(b, " It is the median of the rounds' ratios (%s); the ratio of the median CPU per record is %.3f, "+
+				"and over whole runs (start-up and stop included, over the window's records) %.3f.", strings.Join(rs, ", "), s.pair.byMedians, s.pair.wholeRun)
+		} else {
+			fmt.Fprintf(b, " It is the median of the rounds' ratios (%s); the ratio of the median rates is %.3f.", strings.Join(rs, ", "), s.pair.byMedians)
+		}
 	}
 	b.WriteString("\n")
 }
