@@ -5,12 +5,14 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/consumer"
 	"github.com/kscope-dev/kscope/dbscope"
@@ -18,11 +20,19 @@ import (
 	"github.com/kscope-dev/kscope/sequence"
 )
 
-// Two members of a share group take the records of two partitions, and
-// some handlers outlive their record's acquisition lock (renewals off):
-// the broker gives those records to the other member while the first
-// still runs, and both handle them. The inbox keeps the effects
-// exactly-once: one row per record, the second delivery a no-op.
+// Two members of a share group share a partition, and handlers of one
+// of them outlive their records' acquisition locks (renewals off): the
+// broker gives those records to the other member while the first still
+// runs, and both handle them. The inbox keeps the effects exactly-once:
+// one row per record, the second transaction to commit a no-op.
+//
+// The slow member is the first to receive a record of seq 7. Its first
+// slow handler waits until a member has received a record again: the
+// redelivery is made to happen, not left to the timing of polls (a member
+// whose handlers are all busy does not poll, and a broker may take the
+// late acknowledgement of a record nobody fetched meanwhile). It cannot
+// wait for the redelivery's handler: that one waits for the inbox row the
+// slow transaction holds.
 func TestShareGroupEffectsOnceWhenLocksExpire(t *testing.T) {
 	const lock = 1500 * time.Millisecond
 	k := testenv.KafkaT(t, kfake.BrokerConfigs(map[string]string{
@@ -33,20 +43,42 @@ func TestShareGroupEffectsOnceWhenLocksExpire(t *testing.T) {
 	pool := newPool(t)
 	ctx := context.Background()
 	const topic, group = "payments", "g-db-share"
-	if err := k.CreateTopic(ctx, topic, 2); err != nil {
+	// One partition: every member of the group is assigned it, so the
+	// other member can fetch a record whose lock expired.
+	if err := k.CreateTopic(ctx, topic, 1); err != nil {
 		t.Fatal(err)
 	}
 	total := k.ProduceKeyed(t, topic, 20, 15)
 
+	var (
+		mu          sync.Mutex
+		slow        = -1 // the member whose handlers outlive their locks
+		slowCount   int
+		again       = make(chan struct{}) // closed once a member received a record again
+		receivedOne sync.Once
+	)
+	hook := redeliveryHook(func(*kgo.Record) { receivedOne.Do(func() { close(again) }) })
 	var runners []*dbscope.Runner
-	for range 2 {
+	for member := range 2 {
 		cfg := baseConfig(k, group, topic)
 		cfg.Share = &consumer.ShareConfig{RenewBefore: -1, LockDuration: lock}
+		cfg.ClientOptions = append(cfg.ClientOptions, kgo.WithHooks(hook))
 		r, err := dbscope.New(cfg, dbscope.Options{Pool: pool}, dbscope.HandlerFunc(func(ctx context.Context, tx pgx.Tx, rec *consumer.Record) error {
 			_, seq, _ := testenv.ParseKeyed(rec.Value)
-			if seq == 7 && rec.DeliveryCount() == 1 {
-				select { // twice the lock: the record goes to the other member meanwhile
-				case <-time.After(2 * lock):
+			mu.Lock()
+			if seq == 7 && slow == -1 {
+				slow = member
+			}
+			wait := seq == 7 && slow == member && rec.DeliveryCount() == 1
+			if wait {
+				slowCount++
+			}
+			mu.Unlock()
+			if wait {
+				select {
+				case <-again:
+				case <-time.After(time.Minute):
+					t.Errorf("%s: its lock expired a minute ago, and no member has received a record again", rec.Value)
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -59,23 +91,41 @@ func TestShareGroupEffectsOnceWhenLocksExpire(t *testing.T) {
 		runners = append(runners, r)
 		run(t, r)
 	}
-	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return countEffects(t, pool).unique >= total })
-	redelivered := func() (n int64) {
-		for _, r := range runners {
-			n += r.Stats().Share.Redelivered
+	t.Cleanup(func() {
+		for i, r := range runners {
+			st := r.Stats()
+			t.Logf("member %d: %+v, %d duplicates absorbed", i, st.Share, st.DB.Duplicates)
 		}
-		return n
-	}
-	// A lock that expired while its handler ran gives the record to
-	// whichever member fetches next (the broker may also take the late
-	// acknowledgement of a record nobody fetched meanwhile: then there is
-	// no second delivery).
-	testenv.WaitFor(t, time.Minute, "a record delivered again after its lock expired", func() bool { return redelivered() > 0 })
+	})
+	testenv.WaitFor(t, 2*time.Minute, "every record applied", func() bool { return countEffects(t, pool).unique >= total })
 	testenv.WaitFor(t, time.Minute, "every delivery finished", func() bool {
 		return runners[0].Stats().InFlight == 0 && runners[1].Stats().InFlight == 0
 	})
+	var redelivered, duplicates int64
+	for _, r := range runners {
+		redelivered += r.Stats().Share.Redelivered
+		duplicates += r.Stats().DB.Duplicates
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if slowCount == 0 || redelivered == 0 {
+		t.Fatalf("%d slow deliveries, %d records delivered again: want at least one of each", slowCount, redelivered)
+	}
+	if duplicates == 0 {
+		t.Errorf("%d records delivered again and no duplicate absorbed by the inbox", redelivered)
+	}
 	if c := countEffects(t, pool); c.rows != total || c.unique != total {
 		t.Fatalf("%d effect rows for %d records (%d distinct): a redelivery was applied twice", c.rows, total, c.unique)
+	}
+}
+
+// redeliveryHook calls f with each record a member polls with a delivery
+// count above 1.
+type redeliveryHook func(*kgo.Record)
+
+func (f redeliveryHook) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
+	if polled && r.DeliveryCount() > 1 {
+		f(r)
 	}
 }
 
