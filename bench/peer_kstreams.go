@@ -105,7 +105,7 @@ func (ab *bench) kstreamsPeers(ctx context.Context, p plan, rep *report) error {
 		return err
 	}
 	cores := runtime.NumCPU()
-	figs, err := ab.measureWarm(ctx, "peer Kafka Streams exactly_once_v2, no-op (Apache Kafka)", 4, ab.runs,
+	figs, err := ab.measureWarm(ctx, "peer Kafka Streams exactly_once_v2, no-op (Apache Kafka)", 4, ab.runs+p.ksNoopExtra,
 		contender{"kscope Kafka scope, one output per input, commit every 100 ms (Apache Kafka)", p.ksNoop, ab.txnEmit, nil},
 		contender{fmt.Sprintf("Kafka Streams %s, exactly_once_v2, %d stream threads, commit.interval.ms 100 (Apache Kafka)", testenv.ApacheKafkaVersion, cores), p.ksNoop, ab.kafkaStreams(cp, cores, 0), nil})
 	if err != nil {

@@ -260,7 +260,7 @@ func (r *report) writeMethod(b *strings.Builder) {
   full read of the backlog ran a third slower, on kfake and on the JVM broker
   alike), r5_dedupe_cost's on all of them (its first rounds after a short
   warm-up spread from 0.45 to 1.05, its later ones from 0.71 to 0.91), and r5's on Apache Kafka on half. Then the
-  contenders of a scenario run interleaved (A B A B ...), %d times each (r1, whose runs are the shortest and noisiest, %d times on kfake and %d on Apache Kafka; r5 on Apache Kafka %d times; r5_dedupe_cost %d times); the **median** is reported, with every run listed. A ratio is the median of the rounds' ratios: in each round the contenders run one after the other, on the machine as it is at that moment, so a round's ratio is not moved by what changes between rounds (the host's other load, PostgreSQL's checkpoints); each ratio's line gives the rounds' ratios and the ratio of the median rates beside it.
+  contenders of a scenario run interleaved (A B A B ...), %d times each (r1, whose runs are the shortest and noisiest, %d times on kfake and %d on Apache Kafka; r5 on Apache Kafka %d times; r5_dedupe_cost %d times; peer_kstreams_eos_noop %d times); the **median** is reported, with every run listed. A ratio is the median of the rounds' ratios: in each round the contenders run one after the other, on the machine as it is at that moment, so a round's ratio is not moved by what changes between rounds (the host's other load, PostgreSQL's checkpoints); each ratio's line gives the rounds' ratios and the ratio of the median rates beside it.
 - DB scenarios empty the inbox and effect tables and checkpoint before each
   run, outside its timing. CPU per record is the CPU the bench process (broker
   included) used over the run's window, the one its rate is timed over (group
@@ -268,7 +268,7 @@ func (r *report) writeMethod(b *strings.Builder) {
   window's records; the PostgreSQL server's is its CPU over the whole run
   over the same records. "cores busy" is the bench process's CPU per record
   times the rate: how many cores the contender kept busy.
-`, group(int64(p.backlog)), partitions, group(keys), keySize, valueSize, r.produceTime.Round(100*time.Millisecond), r.runs, r.runs+r1ExtraRuns, r.runs+r1ApacheExtraRuns, r.runs+p.r5ApacheExtra, r.runs+r5DedupeExtraRuns)
+`, group(int64(p.backlog)), partitions, group(keys), keySize, valueSize, r.produceTime.Round(100*time.Millisecond), r.runs, r.runs+r1ExtraRuns, r.runs+r1ApacheExtraRuns, r.runs+p.r5ApacheExtra, r.runs+r5DedupeExtraRuns, r.runs+p.ksNoopExtra)
 	if p.mode == "quick" {
 		b.WriteString("- This is the **quick** run (`make bench-quick`): smaller record counts than `make bench`, same method")
 		if p.pcRuns > 0 || p.rssRuns > 0 {
