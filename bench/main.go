@@ -301,7 +301,7 @@ const r1ApacheExtraRuns = 8
 const r5ApacheExtraRuns = 1
 
 // ksNoopExtraRuns is the same for peer_kstreams_eos_noop in the full run.
-// kscope's side of it lasts one to three seconds, and its rate follows the
+// kscope's side of it lasts 0.6 to 3 seconds, and its rate follows the
 // broker's: on the same 450,000 records it read 293,000 to 703,000
 // records/s in one quick run of three rounds, 433,000 to 504,000 in the
 // full run after it, whose three rounds then understated the ratio's
