@@ -145,6 +145,7 @@ type report struct {
 	Retried          int     `json:"retried"`
 	DeadLettered     int     `json:"dead_lettered"`
 	DLTRecords       int     `json:"dlt_records"`
+	DLTAddedByReplay int     `json:"dlt_added_by_replay"`
 	GapsDetected     int     `json:"gaps_detected"`
 	GapsHealed       int     `json:"gaps_healed"`
 	ReplayNoopRate   float64 `json:"replay_noop_rate"`

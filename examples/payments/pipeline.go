@@ -160,6 +160,12 @@ func options(pool *pgxpool.Pool) (dbscope.Options, error) {
 	return dbscope.Options{Pool: pool, Versions: versions}, nil
 }
 
+// ledgerShards is the ledger consumer's key-shard count. Each key-shard
+// can be between a dead letter's acknowledgement and the transaction that
+// records it when the consumer is killed: the demo's bound on doubled DLT
+// records.
+const ledgerShards = 16
+
 // newPipeline builds the payments pipeline in the DB scope.
 func newPipeline(brokers []string, pool *pgxpool.Pool, group, gatewayURL string, commitEvery time.Duration) (*dbscope.Runner, error) {
 	g := newGateway(gatewayURL)
@@ -178,7 +184,7 @@ func newPipeline(brokers []string, pool *pgxpool.Pool, group, gatewayURL string,
 		Brokers:        brokers,
 		Group:          group,
 		Topics:         []string{topic},
-		Shards:         16,
+		Shards:         ledgerShards,
 		CommitInterval: commitEvery,
 		Logger:         quietLogger(),
 		// A killed consumer's partitions move on after the session
