@@ -292,22 +292,16 @@ func (c *ApacheCluster) Running(id int32) bool {
 // Leader returns the node id leading topic's partition (-1 while it has no
 // leader).
 func (c *ApacheCluster) Leader(ctx context.Context, topic string, partition int32) (int32, error) {
-	md, err := kadm.NewClient(c.adm).Metadata(ctx, topic)
+	td, err := topicMetadata(ctx, c.adm, topic)
 	if err != nil {
 		return -1, err
 	}
-	td, ok := md.Topics[topic]
-	if !ok {
-		return -1, fmt.Errorf("testenv: topic %s is not in the metadata", topic)
+	for _, p := range td.Partitions {
+		if p.Partition == partition {
+			return p.Leader, nil
+		}
 	}
-	if td.Err != nil {
-		return -1, td.Err
-	}
-	pd, ok := td.Partitions[partition]
-	if !ok {
-		return -1, fmt.Errorf("testenv: topic %s has no partition %d", topic, partition)
-	}
-	return pd.Leader, nil
+	return -1, fmt.Errorf("testenv: topic %s has no partition %d", topic, partition)
 }
 
 // GroupCoordinator returns the node id of group's coordinator. While the

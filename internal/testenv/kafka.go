@@ -251,12 +251,11 @@ func (k *Kafka) WaitTopic(ctx context.Context, topic string, partitions int32) e
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		md, err := k.Admin().Metadata(ctx, topic)
+		td, err := topicMetadata(ctx, k.admin(), topic)
 		if err == nil {
-			td := md.Topics[topic]
-			ready := td.Err == nil && len(td.Partitions) == int(partitions)
+			ready := len(td.Partitions) == int(partitions)
 			for _, p := range td.Partitions {
-				ready = ready && p.Err == nil && p.Leader >= 0 && len(p.Replicas) > 0
+				ready = ready && p.ErrorCode == 0 && p.Leader >= 0 && len(p.Replicas) > 0
 			}
 			if ready {
 				return nil
@@ -268,6 +267,27 @@ func (k *Kafka) WaitTopic(ctx context.Context, topic string, partitions int32) e
 		case <-time.After(20 * time.Millisecond): // the next metadata request
 		}
 	}
+}
+
+// topicMetadata asks a broker for topic's metadata now. kadm's Metadata
+// answers from the client's cache for up to MetadataMinAge (5 s): a topic
+// seen without its leaders just after it was created would stay so for
+// those 5 s.
+func topicMetadata(ctx context.Context, cl *kgo.Client, topic string) (kmsg.MetadataResponseTopic, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return kmsg.MetadataResponseTopic{}, err
+	}
+	for _, t := range resp.Topics {
+		if t.Topic != nil && *t.Topic == topic {
+			return t, kerr.ErrorForCode(t.ErrorCode)
+		}
+	}
+	return kmsg.MetadataResponseTopic{}, fmt.Errorf("testenv: topic %s is not in the metadata", topic)
 }
 
 // Produce writes records synchronously and returns the first error.
