@@ -16,11 +16,12 @@
 // PostgreSQL's driver's in the DB scope; the handlers of the checks make
 // next to no round trips of their own, whose system calls would count
 // too). A fixed bound measured the machine: the Kafka scope's check read
-// 2.6 to 4.4% of one core on one 2-core test machine, and 5.4 to 6.2% on
-// another, where the waits alone (Floor) cost 2.2 to 2.6%. On kfake (make test) the broker runs inside the test
-// process and its CPU counts too, and the race detector multiplies a
-// process's CPU several times: the window is 3 s and the bound 20% of one
-// core. Either bound is far under the whole core a busy loop takes.
+// 2.6 to 4.4% of one core on one 2-core test machine, and 4.5 to 6.2% on
+// another, where the waits alone (Floor) cost 2.1 to 2.6%. On kfake (make
+// test) the broker runs inside the test process and its CPU counts too,
+// and the race detector multiplies a process's CPU several times: the
+// window is 3 s and the bound 20% of one core. Either bound is far under
+// the whole core a busy loop takes.
 package ratecheck
 
 import (
