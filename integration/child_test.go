@@ -71,6 +71,7 @@ func runChild(role string) int {
 		out.Flush()
 	}
 	emit := func(v []byte) { say(recordLinePref, v) }
+	watchState(say)
 	commitEvery := 20 * time.Millisecond
 	if v := os.Getenv(childCommitEnv); v != "" {
 		commitEvery, _ = time.ParseDuration(v)
@@ -136,6 +137,7 @@ func runChild(role string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	childRunner.Store(r)
 	if err := r.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -153,6 +155,7 @@ type child struct {
 	err    error
 	stats  string        // the STATS line a child prints on a graceful exit
 	failed chan struct{} // closed at the child's first FAIL line
+	stated chan struct{} // signalled at each STATE line
 	events childEvents   // its EVENT lines (roles that print them)
 	// remembered are the identities its dedupe store acknowledged
 	// (MEM lines, role alo-dedupe).
@@ -178,7 +181,7 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{k: k, group: group, cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{}), failed: make(chan struct{})}
+	c := &child{k: k, group: group, cmd: cmd, exited: make(chan struct{}), ready: make(chan struct{}), failed: make(chan struct{}), stated: make(chan struct{}, 1)}
 	failed := false
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -193,6 +196,12 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 				c.events.add(v)
 			} else if v, ok := strings.CutPrefix(sc.Text(), memLinePref); ok {
 				c.remembered.add(v)
+			} else if v, ok := strings.CutPrefix(sc.Text(), stateLinePref); ok {
+				t.Logf("child %d state: %s", cmd.Process.Pid, v)
+				select {
+				case c.stated <- struct{}{}:
+				default:
+				}
 			} else if strings.HasPrefix(sc.Text(), failLinePref) && !failed {
 				failed = true
 				close(c.failed)
@@ -211,14 +220,27 @@ func startChild(t *testing.T, k *testenv.Kafka, role, group, topic string, maxDe
 	return c
 }
 
-// dump asks a child still running for its goroutines' stacks (SIGQUIT: the
-// Go runtime writes them to stderr, which the test logs, and exits), so
-// that a test that fails shows what each live member was doing.
+// dump asks a child still running for its runner's state (SIGUSR1: a
+// STATE line, which the test logs), then for its goroutines' stacks
+// (SIGQUIT: the Go runtime writes them to stderr, which the test logs, and
+// exits), so that a test that fails shows what each live member held and
+// was doing.
 func (c *child) dump() {
 	select {
 	case <-c.exited:
 		return
 	default:
+	}
+	select {
+	case <-c.ready: // SIGUSR1 is watched from here on
+	case <-time.After(5 * time.Second):
+	}
+	c.cmd.Process.Signal(syscall.SIGUSR1)
+	select {
+	case <-c.stated:
+	case <-c.exited:
+		return
+	case <-time.After(5 * time.Second):
 	}
 	c.cmd.Process.Signal(syscall.SIGQUIT)
 	select {

@@ -84,6 +84,7 @@ func runDBChildFailing(ctx context.Context, cfg consumer.Config, storeOffsets bo
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	childRunner.Store(r.Runner)
 	if err := r.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
