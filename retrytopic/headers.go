@@ -112,8 +112,8 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 		Stage:             -1,
 		SchemaID:          -1,
 	}
-	if len(r.Headers) == 0 {
-		return m, nil // a first hop without headers: nothing more to read
+	if !hasKscopeHeader(r.Headers) {
+		return m, nil // a first hop: nothing more to read
 	}
 	d := headerDecoder{hs: r.Headers}
 	d.origin(&m)
@@ -124,6 +124,21 @@ func FromRecord(r *kgo.Record, id string) (Metadata, error) {
 	d.deliveryCount(&m)
 	return m, errors.Join(d.errs...)
 }
+
+// hasKscopeHeader reports whether a header of hs is named like kscope's
+// (kscopePrefix): every header FromRecord reads is, so a record with
+// none (a first hop, with the producer's own headers) is read no further.
+func hasKscopeHeader(hs []kgo.RecordHeader) bool {
+	for i := range hs {
+		if strings.HasPrefix(hs[i].Key, kscopePrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// kscopePrefix starts the name of every header kscope writes.
+const kscopePrefix = "kscope-"
 
 // headerDecoder reads a record's kscope headers into Metadata, field by
 // field, and collects an error for each malformed one.
@@ -184,18 +199,9 @@ func (d *headerDecoder) failures(m *Metadata) {
 			m.Attempt = min(n, MaxAttempt)
 		}
 	}
-	for _, f := range []struct {
-		h string
-		t *time.Time
-	}{{HeaderFirstFailure, &m.FirstFailure}, {HeaderLastFailure, &m.LastFailure}, {HeaderDue, &m.Due}} {
-		if v, ok := d.header(f.h); ok {
-			if t, ok := parseMillis(v); ok {
-				*f.t = t
-			} else {
-				d.bad(f.h, v)
-			}
-		}
-	}
+	d.time(HeaderFirstFailure, &m.FirstFailure)
+	d.time(HeaderLastFailure, &m.LastFailure)
+	d.time(HeaderDue, &m.Due)
 	if v, ok := d.header(HeaderError); ok {
 		m.Error = truncate(string(v), MaxErrorLength)
 	}
@@ -222,17 +228,31 @@ func (d *headerDecoder) routing(m *Metadata) {
 	if v, ok := d.header(HeaderParked); ok {
 		m.Parked = string(v) == "1"
 	}
-	for _, f := range []struct {
-		h string
-		n *int64
-	}{{HeaderVersionExpected, &m.ExpectedVersion}, {HeaderVersionActual, &m.ActualVersion}} {
-		if v, ok := d.header(f.h); ok {
-			n, err := strconv.ParseInt(string(v), 10, 64)
-			if err != nil || n < 0 {
-				d.bad(f.h, v)
-			} else {
-				*f.n = n
-			}
+	d.version(HeaderVersionExpected, &m.ExpectedVersion)
+	d.version(HeaderVersionActual, &m.ActualVersion)
+}
+
+// time reads header h, a time in Unix milliseconds, into t. Fields are
+// read one call each rather than from a table of their addresses, which
+// would move the whole Metadata to the heap for every record.
+func (d *headerDecoder) time(h string, t *time.Time) {
+	if v, ok := d.header(h); ok {
+		if tv, ok := parseMillis(v); ok {
+			*t = tv
+		} else {
+			d.bad(h, v)
+		}
+	}
+}
+
+// version reads header h, a version (a non-negative integer), into n.
+func (d *headerDecoder) version(h string, n *int64) {
+	if v, ok := d.header(h); ok {
+		nv, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || nv < 0 {
+			d.bad(h, v)
+		} else {
+			*n = nv
 		}
 	}
 }
@@ -243,7 +263,7 @@ func (d *headerDecoder) routing(m *Metadata) {
 func (m Metadata) Headers(orig []kgo.RecordHeader, spring bool) []kgo.RecordHeader {
 	out := make([]kgo.RecordHeader, 0, len(orig)+20)
 	for _, h := range orig {
-		if strings.HasPrefix(h.Key, "kscope-") || (spring && strings.HasPrefix(h.Key, "kafka_dlt-")) {
+		if strings.HasPrefix(h.Key, kscopePrefix) || (spring && strings.HasPrefix(h.Key, "kafka_dlt-")) {
 			continue
 		}
 		out = append(out, h)

@@ -111,6 +111,32 @@ func TestFirstHopMetadataLeavesTheRecordAlone(t *testing.T) {
 	}
 }
 
+// Reading the metadata of a record on its first hop allocates nothing: the
+// DB scope reads it for every record of every batch.
+func TestFromRecordAllocatesNothing(t *testing.T) {
+	for name, r := range map[string]*kgo.Record{
+		"no headers":          rec(),
+		"the producer's only": rec("message-id", "pi_1", "traceparent", "00-abc-def-01"),
+	} {
+		if n := testing.AllocsPerRun(100, func() { _, _ = FromRecord(r, "pi_1") }); n != 0 {
+			t.Errorf("%s: %.0f allocations a read, want 0", name, n)
+		}
+	}
+}
+
+// A record whose headers are not kscope's is a first hop, however many it
+// has; one kscope header among them is read.
+func TestOnlyKscopeHeadersAreRead(t *testing.T) {
+	m, err := FromRecord(rec("message-id", "pi_1", "attempt", "3", "kscope", "x", "Kscope-Attempt", "4"), "pi_1")
+	if err != nil || m.Attempt != 0 || m.Stage != -1 {
+		t.Fatalf("headers not named kscope-… read as kscope's: %+v (%v)", m, err)
+	}
+	m, err = FromRecord(rec("message-id", "pi_1", HeaderAttempt, "3", "traceparent", "00-abc-def-01"), "pi_1")
+	if err != nil || m.Attempt != 3 {
+		t.Fatalf("attempt %d (%v), want 3", m.Attempt, err)
+	}
+}
+
 func FuzzFromRecord(f *testing.F) {
 	f.Add("1", "1700000000000", "0", "retryable", "orders", "3", "42")
 	f.Add("-1", "", "x", "", "", "", "")
