@@ -1,9 +1,7 @@
 package dbscope
 
 import (
-	"bytes"
 	"context"
-	"slices"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -121,31 +119,16 @@ func (w *parkWatch) scan(exists func() (bool, error)) (bool, error) {
 	return found, nil
 }
 
-// parkedKeys returns the original topics (each once) and the keys of the
-// keyed records of work, whose parked and waiting rows the transaction
-// looks for (sqlBusyKeys).
+// parkedKeys returns the (original topic, key) pairs of the keyed records of
+// work, whose parked rows the transaction reads.
 func parkedKeys(work []*consumer.Record, metas []retrytopic.Metadata) (topics []string, keys [][]byte) {
 	for i, r := range work {
 		if r.Key != nil {
-			if t := metas[i].OriginalTopic; !slices.Contains(topics, t) {
-				topics = append(topics, t)
-			}
+			topics = append(topics, metas[i].OriginalTopic)
 			keys = append(keys, r.Key)
 		}
 	}
 	return topics, keys
-}
-
-// busyPair reports whether work holds a keyed record of original topic
-// topic and key key: of a batch of several topics, sqlBusyKeys also
-// returns a busy key of one topic that the batch holds under another.
-func busyPair(work []*consumer.Record, metas []retrytopic.Metadata, topic string, key []byte) bool {
-	for i, r := range work {
-		if r.Key != nil && metas[i].OriginalTopic == topic && bytes.Equal(r.Key, key) {
-			return true
-		}
-	}
-	return false
 }
 
 // scanParking reads the rows of sqlLoadParked.
@@ -274,9 +257,7 @@ func (s *dbScope) openTx(ctx context.Context, ids []string, work []*consumer.Rec
 			var topic string
 			var key []byte
 			err := row.Scan(&topic, &key)
-			if err == nil && (len(topics) == 1 || busyPair(work, metas, topic, key)) {
-				busy.topics, busy.keys = append(busy.topics, topic), append(busy.keys, key)
-			}
+			busy.topics, busy.keys = append(busy.topics, topic), append(busy.keys, key)
 			return struct{}{}, err
 		})
 	}

@@ -229,14 +229,9 @@ func (s *dbScope) init(cfg consumer.Config) {
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
 	s.sqlLoadWaitingKeys = `SELECT DISTINCT topic, key FROM ` + p + `waiting
 		WHERE consumer = $1 AND (topic, key) IN (SELECT * FROM unnest($2::text[], $3::bytea[]))`
-	// The keys of a batch that have a parked head or waiting records:
-	// the rows whose topic is one of the batch's topics and whose key is
-	// one of its keys (a superset of the batch's pairs when it has more
-	// than one topic; busyPairs keeps the batch's). Each table is read by
-	// one index scan over the sorted arrays, which PostgreSQL takes with
-	// about half the CPU of a lookup per pair of an unnest.
-	s.sqlBusyKeys = `SELECT topic, key FROM ` + p + `parked WHERE consumer = $1 AND topic = ANY($2::text[]) AND key = ANY($3::bytea[])
-		UNION SELECT topic, key FROM ` + p + `waiting WHERE consumer = $1 AND topic = ANY($2::text[]) AND key = ANY($3::bytea[])`
+	s.sqlBusyKeys = `SELECT DISTINCT x.t, x.k FROM unnest($2::text[], $3::bytea[]) AS x(t, k)
+		WHERE EXISTS (SELECT 1 FROM ` + p + `parked WHERE consumer = $1 AND topic = x.t AND key = x.k)
+		   OR EXISTS (SELECT 1 FROM ` + p + `waiting WHERE consumer = $1 AND topic = x.t AND key = x.k)`
 	const waitingCols = `id, message_id, key, src_topic, src_partition, src_offset, ts, value, header_keys, header_values, version, head, parked_at`
 	s.sqlLoadWaitingRows = `SELECT ` + waitingCols + ` FROM ` + p + `waiting
 		WHERE consumer = $1 AND topic = $2 AND key = $3 ORDER BY version NULLS FIRST, id LIMIT $4 FOR UPDATE`
