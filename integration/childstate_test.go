@@ -20,10 +20,11 @@ var childRunner atomic.Pointer[consumer.Runner]
 
 // childState is what a child says of its runner when a test that failed
 // asks (SIGUSR1, before SIGQUIT's stacks): its Stats; the partitions its
-// client has paused; and, per partition, the offset after the last record
-// the client returned to a poll, beside the committed offset it knows.
-// A stalled partition then shows whether its records were never fetched
-// (paused, or polled short of them) or were polled and not finished.
+// client has paused; the committed offset of each partition its client
+// knows; and, for the partitions polled past it, the offset after the last
+// record a poll returned. A stalled partition then shows whether its
+// records were never fetched (paused, or polled short of them) or were
+// polled and not finished.
 type childState struct {
 	Stats     consumer.Stats             `json:"stats"`
 	Paused    map[string][]int32         `json:"client_paused"`
