@@ -113,9 +113,16 @@ func (f *failures) Attempts(ctx context.Context, rec *Record, topics bool, done 
 	if ctx.Err() != nil || rec.Revoked() {
 		return a
 	}
-	// The first attempt runs here: a record that succeeds at once (nearly
-	// all of them) costs no closure.
-	if a.N, a.Err = 1, call(); a.Err == nil {
+	return f.attemptsAfter(ctx, rec, topics, done, call, call())
+}
+
+// attemptsAfter is Attempts once the first attempt ran and returned first:
+// the AtLeastOnce scope's direct path (deliverBatch) makes the first call
+// itself.
+func (f *failures) attemptsAfter(ctx context.Context, rec *Record, topics bool, done func(*Record), call func() error, first error) (a scope.Attempt) {
+	// A record that succeeds at once (nearly all of them) costs no
+	// closure.
+	if a.N, a.Err = 1, first; a.Err == nil {
 		a.OK = true
 		return a
 	}

@@ -52,6 +52,9 @@ type atLeastOnce struct {
 	obs       *observer
 	unordered bool
 	g         *dedupeGuard // Config.Dedupe; nil without a store
+	// direct says no feature of a handler call is configured (directCalls):
+	// Process calls the handler itself (deliverBatch).
+	direct bool
 }
 
 // ownScope is what the runner gives the scopes of this package where
@@ -64,6 +67,7 @@ type ownScope interface {
 // bind implements ownScope.
 func (s *atLeastOnce) bind(f *failures) {
 	s.e, s.f, s.obs = engineOf{f}, f, f.obs
+	s.direct = directCalls(f)
 	if s.g != nil {
 		s.g.f, s.g.obs = f, f.obs
 	}
@@ -94,6 +98,10 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 		s.processGuarded(ctx, batch, done)
 		return
 	}
+	if s.direct {
+		s.deliverBatch(ctx, batch, done)
+		return
+	}
 	obs := s.obs
 	for _, r := range batch {
 		if ok, _ := s.deliver(ctx, obs, r, done, false); !ok {
@@ -109,7 +117,16 @@ func (s *atLeastOnce) Process(ctx context.Context, batch []*Record, done func(*R
 // (succeeded): the caller does both once the guard remembered it.
 func (s *atLeastOnce) deliver(ctx context.Context, obs scope.Observer[*Record], r *Record, done func(*Record), later bool) (ok, succeeded bool) {
 	hctx := obs.Start(ctx, r)
-	a := s.f.Attempts(ctx, r, s.unordered, done, func() error { return s.e.Call(hctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, r) }) })
+	return s.settle(ctx, obs, r, done, later, s.f.Attempts(ctx, r, s.unordered, done, s.calling(hctx, r)))
+}
+
+// calling returns r's handler call through the engine.
+func (s *atLeastOnce) calling(ctx context.Context, r *Record) func() error {
+	return func() error { return s.e.Call(ctx, r, func(ctx context.Context) error { return s.h.Handle(ctx, r) }) }
+}
+
+// settle carries out what r's attempts came to (deliver's results).
+func (s *atLeastOnce) settle(ctx context.Context, obs scope.Observer[*Record], r *Record, done func(*Record), later bool, a scope.Attempt) (ok, succeeded bool) {
 	if !a.OK {
 		return false, false
 	}

@@ -4,6 +4,7 @@
 package guard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -19,6 +20,22 @@ func Call(fn func() error) (err error) {
 		}
 	}()
 	if err = fn(); err != nil {
+		err = checked(err)
+	}
+	return err
+}
+
+// Handle is Call for a handler's method: it runs h.Handle(ctx, v) without a
+// closure around it, for the path that calls a handler once per record.
+func Handle[T any, H interface {
+	Handle(context.Context, T) error
+}](ctx context.Context, h H, v T) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = Recovered("kscope: handler panicked: ", p)
+		}
+	}()
+	if err = h.Handle(ctx, v); err != nil {
 		err = checked(err)
 	}
 	return err
