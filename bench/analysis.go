@@ -15,13 +15,17 @@ var notes = map[string]string{
 	"cpu_per_record": "The figures are r1's on Apache Kafka (the rows above): the same rounds, each contender's CPU (user and system, " +
 		"`getrusage` of the bench process) over the run's window, the one its rate is timed over (start-up and stop left out), divided by the window's records. The broker is another process (a JVM), so the CPU is the consumer's own, " +
 		"unlike r1 on kfake where the in-process broker's share dilutes the difference. The ratio is the median of the rounds' ratios. " +
-		"What the target asks is out of reach of the runner's design, by its own micro-benchmark: `BenchmarkDispatchToDone -cpu 1` (no Kafka: " +
-		"a poll's records routed to their key-shards, handed to the workers, run through the handler call, reported done, marked in the " +
-		"watermark) measured 112 ns a record on 2026-11-27, against the raw loop's 150 to 200 ns of client work a record here, which puts " +
-		"the floor of this ratio near 1.6 before any fetch-side cost. The profile below names the rest: the key's hash (the first touch of " +
-		"each key, a cache miss the raw loop never pays), the per-poll block of records, the done report's lock. What would move it further " +
-		"is a change of contract, not of code: records pooled across polls (a handler could no longer keep a *Record after it returns), " +
-		"or handlers run on the poll goroutine for a partition whose keys all fit one shard (no hand-off, but no parallelism either).",
+		"The runner's own path, by its micro-benchmark `BenchmarkDispatchToDone -cpu 1` (no Kafka: a poll's records routed to their " +
+		"key-shards, handed to the workers, run through the handler call, reported done, marked in the watermark), cost 133 to 156 ns a " +
+		"record on the machine of 2026-11-29's runs, where the raw loop spent 300 to 450 ns of client work a record on Apache Kafka. Reading each " +
+		"record's key costs a raw loop about 7 ns a record (bench/comparisons.md): the distance is the hand-off that per-key order across " +
+		"parallel workers needs (a poll's records laid out by key-shard, queued, the workers woken, each record reported done to its " +
+		"partition's watermark). Since 2026-11-29 the AtLeastOnce scope calls the handler directly when nothing wraps its call (no record " +
+		"hooks, rate limits, breakers, admission rules or HandlerTimeout), which took this ratio from 1.53 to 1.37 in the full run. What " +
+		"would move it further is a change of design, not of code: the per-poll block of records reused once all its records are given " +
+		"back (a handler already may not keep a *Record, but every part of the runner that holds one, a delay topic's hold, a key's hold, " +
+		"a transaction's records, would have to give it back first, and a record reused too early is a wrong effect), or handlers run on " +
+		"the poll goroutine for a partition whose keys all fit one shard (no hand-off, but no parallelism either).",
 	"r1_noop": "r1's target (0.9) is withdrawn: with the in-process broker and the runner on the same two cores, the ratio moved by 0.12 " +
 		"between back-to-back runs of one build; `cpu_per_record` replaces it. Both consume with the same fetch settings (read_committed, 500 ms fetch max wait, franz-go's default fetch sizes). " +
 		"The raw loop only counts the records of each poll; kscope routes each record to its key-shard worker, " +
