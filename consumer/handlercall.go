@@ -116,7 +116,9 @@ func (e engineOf) Admit(r *Record) error { return e.f.admit(r) }
 
 // Call implements scope.Engine: admission, then Config.RateLimit's wait
 // (not a stall, not under HandlerTimeout), then the call, through the
-// circuit breakers (Config.Breakers).
+// circuit breakers (Config.Breakers). The AtLeastOnce scope skips Call
+// and f.call when directCalls says none of their features is configured:
+// a feature added to either must turn directCalls off.
 func (e engineOf) Call(ctx context.Context, r *Record, call func(ctx context.Context) error) error {
 	if e.f.calls.keys.heldNow(r) {
 		return errKeyHeld
