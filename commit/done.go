@@ -169,8 +169,8 @@ func (p *Partition) Progress(prior Done) Done {
 	if p.commit.Offset >= 0 {
 		end = max(end, p.commit.Offset)
 	}
-	for _, e := range p.entries[p.head:] {
-		if e.done {
+	for i := p.head; i < len(p.entries); i++ {
+		if e := &p.entries[i]; p.isDone(i) {
 			end = max(end, e.last()+1)
 		} else {
 			undone = append(undone, e.offset)

@@ -1,6 +1,7 @@
 package commit
 
 import (
+	"math/bits"
 	"slices"
 	"sort"
 	"sync"
@@ -14,22 +15,21 @@ type Offset struct {
 	Offset int64
 }
 
-// entry is one outstanding offset, or a run of finished ones: a finished
-// entry covers offset..ts (the offsets of every record finished between
-// them, and any gap), with the epoch of the last. An unfinished entry's ts
-// is its record's timestamp, Unix milliseconds (0 if not given); a
-// finished one needs no timestamp, so the field holds the run's last
-// offset instead.
+// entry is one outstanding offset, or a run of finished ones (run): a run
+// covers offset..ts (the offsets of every record finished between them,
+// and any gap), with the epoch of the last. Any other entry's ts is its
+// record's timestamp, Unix milliseconds (0 if not given). Whether an entry
+// is finished is kept apart from it, in Partition.done.
 type entry struct {
 	offset int64
 	ts     int64
 	epoch  int32
-	done   bool
+	run    bool
 }
 
 // last returns the last offset e covers.
 func (e *entry) last() int64 {
-	if e.done {
+	if e.run {
 		return e.ts
 	}
 	return e.offset
@@ -42,8 +42,19 @@ type Partition struct {
 	Topic     string
 	Partition int32
 
-	mu       sync.Mutex
-	entries  []entry // outstanding offsets in increasing order, from head on
+	mu      sync.Mutex
+	entries []entry // outstanding offsets in increasing order, from head on
+	// done holds a bit for each entry, set once it finished (bits past
+	// the last entry are zero). The poll loop writes entries and the
+	// workers on other cores finish them: a bit makes a worker's mark one
+	// word for 64 records instead of a write to the cache line of entries
+	// the poll loop has just written.
+	done []uint64
+	// dense says entries[i].offset is entries[0].offset+i for every i:
+	// a poll's offsets are consecutive but for gaps (aborted or compacted
+	// records) and merged runs, so a worker finds its record's entry
+	// without reading it.
+	dense    bool
 	head     int
 	lastAdd  int64
 	commit   Offset // next offset to commit; Offset < 0 means nothing finished yet
@@ -53,7 +64,7 @@ type Partition struct {
 
 // NewPartition returns the tracker of a fresh assignment of topic/partition.
 func NewPartition(topic string, partition int32) *Partition {
-	return &Partition{Topic: topic, Partition: partition, lastAdd: -1, commit: Offset{Epoch: -1, Offset: -1}}
+	return &Partition{Topic: topic, Partition: partition, lastAdd: -1, commit: Offset{Epoch: -1, Offset: -1}, dense: true}
 }
 
 // Add records that offset was dispatched. Offsets must be added in
@@ -73,7 +84,7 @@ func (p *Partition) AddTimed(offset int64, epoch int32, ts int64) bool {
 	}
 	p.lastAdd = offset
 	p.compactLocked()
-	p.entries = append(p.entries, entry{offset: offset, epoch: epoch, ts: ts})
+	p.appendLocked(entry{offset: offset, epoch: epoch, ts: ts})
 	p.pending++
 	return true
 }
@@ -100,9 +111,10 @@ func (p *Partition) AddAll(n int, at func(i int) (offset int64, epoch int32, ts 
 		if first == n {
 			first = i
 			p.entries = slices.Grow(p.entries, n-i)
+			p.done = slices.Grow(p.done, max(0, (len(p.entries)+n-i+63)/64-len(p.done)))
 		}
 		p.lastAdd = off
-		p.entries = append(p.entries, entry{offset: off, epoch: epoch, ts: ts})
+		p.appendLocked(entry{offset: off, epoch: epoch, ts: ts})
 		p.pending++
 	}
 	return first
@@ -116,10 +128,13 @@ func (p *Partition) AddAll(n int, at func(i int) (offset int64, epoch int32, ts 
 // finished behind it.
 func (p *Partition) compactLocked() {
 	if p.head > 0 && p.head == len(p.entries) {
+		clear(p.done[:(len(p.entries)+63)/64])
 		p.entries = p.entries[:0]
 		p.head = 0
+		p.dense = true
 	} else if p.head > 1024 && p.head*2 > len(p.entries) {
 		n := copy(p.entries, p.entries[p.head:])
+		p.shiftDoneLocked(p.head, len(p.entries))
 		p.entries = p.entries[:n]
 		p.head = 0
 	}
@@ -128,19 +143,61 @@ func (p *Partition) compactLocked() {
 	}
 }
 
+// appendLocked appends e, unfinished, to entries.
+func (p *Partition) appendLocked(e entry) {
+	if n := len(p.entries); n > 0 && p.dense && e.offset != p.entries[0].offset+int64(n) {
+		p.dense = false
+	}
+	p.entries = append(p.entries, e)
+	if w := (len(p.entries) + 63) / 64; w > len(p.done) {
+		p.done = append(p.done, 0)
+	}
+}
+
+// isDone reports whether entries[i] finished.
+func (p *Partition) isDone(i int) bool { return p.done[i>>6]&(1<<(i&63)) != 0 }
+
+// setDone sets whether entries[i] finished.
+func (p *Partition) setDone(i int, done bool) {
+	if done {
+		p.done[i>>6] |= 1 << (i & 63)
+	} else {
+		p.done[i>>6] &^= 1 << (i & 63)
+	}
+}
+
+// shiftDoneLocked moves the bits of entries[from:n] to the front, as the
+// compaction moves the entries, and clears the rest.
+func (p *Partition) shiftDoneLocked(from, n int) {
+	for i := from; i < n; i++ {
+		p.setDone(i-from, p.isDone(i))
+	}
+	clear(p.done[(n-from+63)/64 : (n+63)/64])
+	if r := (n - from) & 63; r != 0 {
+		p.done[(n-from)>>6] &= 1<<r - 1
+	}
+}
+
 // mergeRunsLocked merges each run of adjacent finished entries into one;
 // afterwards at most 2*pending+1 entries are outstanding.
 func (p *Partition) mergeRunsLocked() {
+	n := len(p.entries)
 	out := p.entries[:p.head]
-	for _, e := range p.entries[p.head:] {
-		if n := len(out); e.done && n > p.head && out[n-1].done {
-			out[n-1].ts, out[n-1].epoch = e.ts, e.epoch
+	for i := p.head; i < n; i++ {
+		e, done := p.entries[i], p.isDone(i)
+		if k := len(out); done && k > p.head && p.isDone(k-1) {
+			out[k-1].ts, out[k-1].epoch, out[k-1].run = e.last(), e.epoch, true
 			continue
 		}
+		p.setDone(len(out), done)
 		out = append(out, e)
+	}
+	for i := len(out); i < n; i++ {
+		p.setDone(i, false)
 	}
 	clear(p.entries[len(out):])
 	p.entries = out
+	p.dense = false
 }
 
 // Done records that offset's effect is durable and advances the watermark
@@ -180,30 +237,55 @@ func (p *Partition) DoneAll(offsets []int64) int {
 
 // markLocked marks offset finished and reports whether it was outstanding.
 func (p *Partition) markLocked(offset int64) bool {
-	live := p.entries[p.head:]
-	if len(live) == 0 {
+	if p.head == len(p.entries) {
 		return false
 	}
-	// Offsets are usually consecutive: try the offset's distance from the
-	// head first, then search (finished runs cover several offsets).
-	i := int(min(max(offset-live[0].offset, 0), int64(len(live))))
-	if i == len(live) || live[i].offset != offset {
-		i = sort.Search(len(live), func(i int) bool { return live[i].last() >= offset })
+	var i int
+	if p.dense {
+		// No entry read: offset's index is its distance from the first.
+		d := offset - p.entries[0].offset
+		if d < int64(p.head) || d >= int64(len(p.entries)) {
+			return false
+		}
+		i = int(d)
+	} else {
+		live := p.entries[p.head:]
+		// Offsets are usually consecutive: try the offset's distance
+		// from the head first, then search (finished runs cover several
+		// offsets).
+		j := int(min(max(offset-live[0].offset, 0), int64(len(live))))
+		if j == len(live) || live[j].offset != offset {
+			j = sort.Search(len(live), func(i int) bool { return live[i].last() >= offset })
+		}
+		if j == len(live) || live[j].offset != offset {
+			return false
+		}
+		i = p.head + j
 	}
-	if i == len(live) || live[i].offset != offset || live[i].done {
+	if p.isDone(i) {
 		return false
 	}
-	live[i].done, live[i].ts = true, offset
+	p.setDone(i, true)
 	p.pending--
 	return true
 }
 
 // advanceLocked moves the head over the finished offsets.
 func (p *Partition) advanceLocked() {
-	for p.head < len(p.entries) && p.entries[p.head].done {
-		e := p.entries[p.head]
-		p.commit = Offset{Epoch: e.epoch, Offset: e.ts + 1}
-		p.head++
+	h := p.head
+	for h < len(p.entries) {
+		w := ^p.done[h>>6] >> (h & 63) // unfinished entries, from h on
+		if w != 0 {
+			h = min(h+bits.TrailingZeros64(w), len(p.entries))
+			break
+		}
+		h += 64 - h&63
+	}
+	h = min(h, len(p.entries))
+	if h > p.head {
+		e := &p.entries[h-1]
+		p.commit = Offset{Epoch: e.epoch, Offset: e.last() + 1}
+		p.head = h
 	}
 }
 
@@ -228,8 +310,8 @@ func (p *Partition) Position() (next, oldestTs int64, pending int, ok bool) {
 		return 0, 0, 0, false
 	}
 	for i := p.head; i < len(p.entries); i++ {
-		if e := p.entries[i]; !e.done {
-			return e.offset, e.ts, p.pending, true
+		if !p.isDone(i) {
+			return p.entries[i].offset, p.entries[i].ts, p.pending, true
 		}
 	}
 	return p.lastAdd + 1, 0, 0, true
