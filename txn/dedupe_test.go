@@ -56,6 +56,9 @@ func TestDedupeKafka(t *testing.T) {
 	}
 	r, stop := start()
 	testenv.WaitFor(t, time.Minute, "the first inputs committed", func() bool { return k.CaughtUp(ctx, group, in) })
+	// The scope counts a transaction's records once it returns from its
+	// commit, which the group's committed offsets can show first.
+	testenv.WaitFor(t, time.Minute, "the first inputs counted", func() bool { return r.Stats().Kafka.Records == 9 })
 	if st := r.Stats(); st.Kafka.Duplicates != 3 || st.Dedupe.Hits != 3 {
 		t.Errorf("Stats.Kafka.Duplicates %d, Dedupe %+v; want 3 duplicates (m1, e1, e2)", st.Kafka.Duplicates, st.Dedupe)
 	}
@@ -69,6 +72,7 @@ func TestDedupeKafka(t *testing.T) {
 	}
 	r, _ = start()
 	testenv.WaitFor(t, time.Minute, "the later inputs committed", func() bool { return k.CaughtUp(ctx, group, in) })
+	testenv.WaitFor(t, time.Minute, "the later inputs counted", func() bool { return r.Stats().Kafka.Records == 4 })
 	if st := r.Stats(); st.Kafka.Duplicates != 2 {
 		t.Errorf("Stats.Kafka.Duplicates %d after the restart; want 2 (m1, m2 restored from the changelog)", st.Kafka.Duplicates)
 	}
