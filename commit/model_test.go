@@ -55,29 +55,31 @@ func (m *watermarkModel) position() (next, ts int64, pending int, ok bool) {
 	return next, ts, pending, true
 }
 
+// progress is Progress(Done{}) as its doc defines it: the committed offset
+// is the lowest unfinished one (one past the last added when none is), the
+// end one past the highest finished one (at least the committable offset
+// and the committed one), and the unfinished offsets listed are those below
+// the end. The offsets before head are finished and below m.commit.
 func (m *watermarkModel) progress() Done {
 	if len(m.offsets) == 0 {
 		return Done{}
 	}
-	var undone []int64
-	end := max(m.commit.Offset, 0)
+	w, end := m.offsets[len(m.offsets)-1]+1, max(m.commit.Offset, 0)
 	for i := m.head; i < len(m.offsets); i++ {
 		if o := m.offsets[i]; m.done[i] {
 			end = max(end, o+1)
 		} else {
-			undone = append(undone, m.offsets[i])
+			w = min(w, o)
 		}
 	}
-	w := m.offsets[len(m.offsets)-1] + 1
-	if len(undone) > 0 {
-		w = min(w, undone[0])
-	}
 	end = max(end, w)
-	i := 0
-	for i < len(undone) && undone[i] < end {
-		i++
+	var undone []int64
+	for i := m.head; i < len(m.offsets); i++ {
+		if o := m.offsets[i]; !m.done[i] && o < end {
+			undone = append(undone, o)
+		}
 	}
-	return Done{Offset: w, End: end, Undone: undone[:i:i]}
+	return Done{Offset: w, End: end, Undone: undone}
 }
 
 // TestWatermarkAgainstModel drives a watermark and the model with the same
