@@ -82,5 +82,10 @@ func (th TopicHash) Shard(partition int32, offset int64, key []byte, shards int,
 	// Fold the high bits in: FNV's low bits alone spread poorly over small
 	// shard counts.
 	h ^= h >> 32
+	if shards&(shards-1) == 0 {
+		// A power of two (as the default is): the same remainder
+		// without a division, which costs tens of cycles a record.
+		return int(h & uint64(shards-1))
+	}
 	return int(h % uint64(shards))
 }
