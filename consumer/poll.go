@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kscope-dev/kscope/hook"
+	"github.com/kscope-dev/kscope/internal/prefetch"
 	"github.com/kscope-dev/kscope/partition"
 )
 
@@ -267,7 +268,8 @@ func (r *Runner) addToWatermark(st *partState, topic string, recs []*kgo.Record)
 }
 
 // routePoll is the first pass over a poll's records of one partition: it
-// reads each record once (its key, size and offset) and notes its key-shard
+// reads each record once (its key, size and offset; the key asked for
+// keyAhead records before) and notes its key-shard
 // in route, counts each shard's records in next (shifted by one), and
 // returns the offsets of the transaction markers among them (with their
 // bytes: they carry no record to deliver, only an offset the committed
@@ -275,7 +277,13 @@ func (r *Runner) addToWatermark(st *partState, topic string, recs []*kgo.Record)
 func (r *Runner) routePoll(recs []*kgo.Record) (route []routed, next []int, markers []int64, added, markerBytes int64) {
 	th := partition.HashTopic(recs[0].Topic)
 	route, next = r.routeBuf(len(recs))
+	for i := range min(keyAhead, len(recs)) {
+		prefetch.Bytes(recs[i].Key)
+	}
 	for i, rec := range recs {
+		if i+keyAhead < len(recs) {
+			prefetch.Bytes(recs[i+keyAhead].Key)
+		}
 		if rec.Attrs.IsControl() {
 			markers = append(markers, rec.Offset)
 			markerBytes += recordSize(rec)
@@ -291,6 +299,12 @@ func (r *Runner) routePoll(recs []*kgo.Record) (route []routed, next []int, mark
 	}
 	return route, next, markers, added, markerBytes
 }
+
+// keyAhead is how many records ahead of the one it routes routePoll asks
+// the CPU for a key (see package prefetch): far enough for the key to
+// arrive while the records between are routed. Four to 64 measured the
+// same on the benchmark's records.
+const keyAhead = 8
 
 // layOut returns one block for a poll's records of st: one allocation
 // instead of one per record. The block holds each key-shard's records
