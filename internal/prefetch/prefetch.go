@@ -7,8 +7,9 @@
 // caches. Routing a record took 66 to 98 ns on the benchmark's machine
 // (512 KiB of L2 cache a core), about half of it waiting for the key, and
 // 33 to 44 ns once the key was asked for a few records ahead. A prefetch
-// is a hint: it never faults, changes no value, and on an architecture
-// without the instruction Bytes does nothing.
+// is a hint: it never faults and changes no value. On an architecture
+// other than amd64 and arm64, built with the purego tag, or by a toolchain
+// other than gc, Bytes does nothing.
 package prefetch
 
 import "unsafe"
