@@ -17,8 +17,11 @@ var notes = map[string]string{
 		"unlike r1 on kfake where the in-process broker's share dilutes the difference. The ratio is the median of the rounds' ratios. " +
 		"The runner's own path, by its micro-benchmark `BenchmarkDispatchToDone -cpu 1` (no Kafka: a poll's records routed to their " +
 		"key-shards, handed to the workers, run through the handler call, reported done, marked in the watermark), cost 133 to 156 ns a " +
-		"record on the machine of 2026-11-29's runs, where the raw loop spent 300 to 450 ns of client work a record on Apache Kafka. Reading each " +
-		"record's key costs a raw loop about 7 ns a record (bench/comparisons.md): the distance is the hand-off that per-key order across " +
+		"record on the machine of 2026-11-29's runs, where the raw loop spent 300 to 450 ns of client work a record on Apache Kafka. A raw " +
+		"loop that also hashes each record's key pays little for the key's first read, its misses overlapping; kscope's routing pass waited " +
+		"for each key in turn until, since 2026-11-29, it asks the CPU for each key eight records ahead: routing a record went from 66 to 98 " +
+		"ns to 33 to 44, and this ratio from 1.44 to 1.35 in rounds paired in one quick run, from 1.37 to 1.27 between the full runs of " +
+		"record (bench/comparisons.md). The rest of the distance is the hand-off that per-key order across " +
 		"parallel workers needs (a poll's records laid out by key-shard, queued, the workers woken, each record reported done to its " +
 		"partition's watermark). Since 2026-11-29 the AtLeastOnce scope calls the handler directly when nothing wraps its call (no record " +
 		"hooks, rate limits, breakers, admission rules or HandlerTimeout), which took this ratio from 1.53 to 1.37 in the full run. What " +
