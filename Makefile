@@ -66,7 +66,7 @@ bench:
 	cd bench && $(GO) run . -mode full -quick $${TMPDIR:-/tmp}/kscope-bench-quick.json
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-## bench-quick: the benchmark ratios with smaller record counts, in about 5 minutes; the last line is a JSON object
+## bench-quick: the benchmark ratios with smaller record counts, in 5 to 7 minutes (more where the broker's round trips are slow); the last line is a JSON object
 bench-quick:
 	cd bench && $(GO) run . -mode quick
 
