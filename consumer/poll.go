@@ -277,12 +277,16 @@ func (r *Runner) addToWatermark(st *partState, topic string, recs []*kgo.Record)
 func (r *Runner) routePoll(recs []*kgo.Record) (route []routed, next []int, markers []int64, added, markerBytes int64) {
 	th := partition.HashTopic(recs[0].Topic)
 	route, next = r.routeBuf(len(recs))
-	for i := range min(keyAhead, len(recs)) {
+	ahead := 0 // the keys are not read: nothing to ask for
+	if r.routesByKey() {
+		ahead = keyAhead
+	}
+	for i := range min(ahead, len(recs)) {
 		prefetch.Bytes(recs[i].Key)
 	}
 	for i, rec := range recs {
-		if i+keyAhead < len(recs) {
-			prefetch.Bytes(recs[i+keyAhead].Key)
+		if ahead > 0 && i+ahead < len(recs) {
+			prefetch.Bytes(recs[i+ahead].Key)
 		}
 		if rec.Attrs.IsControl() {
 			markers = append(markers, rec.Offset)

@@ -300,11 +300,15 @@ func (r *Runner) renewLocks(ctx context.Context) {
 // Config.NullKeys, or, for a share group's record without
 // ShareConfig.KeyOrder, its offset alone (spread).
 func (r *Runner) routeBy(rec *kgo.Record) ([]byte, partition.NullKeyPolicy) {
-	if r.share != nil && !r.share.cfg.KeyOrder {
+	if !r.routesByKey() {
 		return nil, partition.NullKeySpread
 	}
 	return rec.Key, r.cfg.NullKeys
 }
+
+// routesByKey reports whether routeBy reads records' keys: not for a share
+// group without KeyOrder, whose records spread by offset.
+func (r *Runner) routesByKey() bool { return r.share == nil || r.share.cfg.KeyOrder }
 
 // fetchErrors reports a poll's fetch errors: a fatal one stops the runner,
 // others are logged once as fetching failing, until a fetch succeeds.
